@@ -1,0 +1,70 @@
+"""MATCH (Algorithm 2): align the hidden units of two layers by maximum total cosine similarity."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from scipy.stats import rankdata
+
+_NORM_FLOOR = 1e-12
+
+
+@dataclass(frozen=True)
+class Matching:
+    """Matched row pairs: row a_index[k] of the first matrix goes with row b_index[k] of the second.
+
+    Pairs are ordered by the smaller side's row index (the first side when both are equal), so two
+    matchings of the same pair of layers line up element by element.
+    """
+
+    a_index: np.ndarray
+    b_index: np.ndarray
+    a_rows: int
+    b_rows: int
+
+    @property
+    def size(self) -> int:
+        return int(self.a_index.size)
+
+    @property
+    def smaller_side(self) -> np.ndarray:
+        return self.a_index if self.a_rows <= self.b_rows else self.b_index
+
+    @property
+    def larger_side(self) -> np.ndarray:
+        return self.b_index if self.a_rows <= self.b_rows else self.a_index
+
+
+def cosine_similarity_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity between every row of a and every row of b; all-zero rows score 0."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"MATCH needs two matrices with equal column counts, got {a.shape} and {b.shape}")
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    a_unit = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), _NORM_FLOOR)
+    b_unit = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), _NORM_FLOOR)
+    return a_unit @ b_unit.T
+
+
+def match(a: np.ndarray, b: np.ndarray) -> Matching:
+    """MATCH: the assignment of rows maximising total cosine similarity (rectangular: every smaller-side row)."""
+    similarity = cosine_similarity_matrix(a, b)
+    if a.shape[0] <= b.shape[0]:
+        a_index, b_index = linear_sum_assignment(similarity, maximize=True)
+    else:
+        b_index, a_index = linear_sum_assignment(similarity.T, maximize=True)
+    return Matching(a_index=np.asarray(a_index), b_index=np.asarray(b_index), a_rows=a.shape[0], b_rows=b.shape[0])
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation; 0 when either side is constant (no evidence either way)."""
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"Spearman needs two equal-length vectors, got {x.shape} and {y.shape}")
+    rx = rankdata(x) - (x.size + 1) / 2.0
+    ry = rankdata(y) - (y.size + 1) / 2.0
+    denominator = float(np.sqrt((rx @ rx) * (ry @ ry)))
+    if denominator == 0.0:
+        return 0.0
+    return float(np.clip((rx @ ry) / denominator, -1.0, 1.0))
