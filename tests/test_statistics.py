@@ -8,7 +8,7 @@ from scipy import stats
 from scipy.special import expit
 
 from scanner.errors import IncomparableError
-from scanner.stats.independence import fisher, glu_hidden, permtest, phi_h, phi_match, phi_u
+from scanner.stats.independence import fisher, permtest, phi_h, phi_match, phi_u
 from scanner.stats.l2 import BlockSource, phi_l2
 from scanner.stats.logp import log10_inverse_factorial
 from scanner.stats.matching import match, spearman
@@ -94,7 +94,7 @@ def test_phi_match_survives_permutation_scaling_and_residual_rotation():
     result = phi_match(gate_act.T, up_act.T, gate_act_b.T, up_act_b.T)
     assert result.rho > 0.99
     assert result.log10_p == log10_inverse_factorial(h)
-    assert phi_h(glu_hidden(gate_act, up_act, silu).T, glu_hidden(gate_act_b, up_act_b, silu).T).log10_p > -3
+    assert phi_h((silu(gate_act) * up_act).T, (silu(gate_act_b) * up_act_b).T).log10_p > -3
 
 
 def test_phi_match_pvalues_are_uniform_for_independent_mlps():

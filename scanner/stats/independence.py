@@ -55,11 +55,6 @@ def phi_match(gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np
     return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size)
 
 
-def glu_hidden(gate_act: np.ndarray, up_act: np.ndarray, activation: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Input of the down projection, sigma(Gx) * (Ux), from gate and up activations."""
-    return activation(gate_act) * up_act
-
-
 def fisher(tests: list[BlockTest]) -> float:
     """FISHER (Algorithm 3): one log10 p for blocks whose p-values are independent under the null."""
     return log10_fisher([t.log10_p for t in tests])

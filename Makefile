@@ -1,0 +1,24 @@
+# The two quick-start commands: `make demo` and `make test`. Both create .venv with Python 3.11,
+# install the pinned CPU build of torch first (an unpinned torch would pull a multi-GB CUDA build),
+# then hubtrace itself.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m scanner.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest

@@ -1,0 +1,108 @@
+"""MLP activations on canonical inputs, from the model's own transformers forward pass.
+
+The inputs to every block's MLP are captured with forward pre-hooks on transformers' modules for the
+architecture (no hand-written attention), then each gated MLP's gate and up outputs are computed from
+the adapter's canonical weights. Every MoE expert is evaluated on every token: the result is a
+deterministic function of the MLP input, equivariant to unit permutations, whatever the router does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers.activations import ACT2FN
+
+from scanner.adapters import ArchitectureAdapter, GLUWeights
+from scanner.checkpoint import Checkpoint
+from scanner.errors import CheckpointError, IncomparableError
+
+
+@dataclass(frozen=True)
+class MLPActivations:
+    """One gated MLP's gate (pre-activation) and up outputs on the canonical tokens, shaped (units, tokens)."""
+
+    gate: np.ndarray
+    up: np.ndarray
+
+    def hidden(self, activation: str) -> np.ndarray:
+        """phi_H's matrix: the down projection's input sigma(Gx) * (Ux)."""
+        act = ACT2FN[activation]
+        return (act(torch.from_numpy(self.gate)) * torch.from_numpy(self.up)).numpy()
+
+
+def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedModel:
+    """The transformers model for a validated checkpoint: safetensors only, never remote code, float32."""
+    try:
+        config = AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            checkpoint.path,
+            config=config,
+            dtype=torch.float32,
+            use_safetensors=True,
+            trust_remote_code=False,
+            local_files_only=True,
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc
+    return model.to(device).eval()
+
+
+def _check_length(model: PreTrainedModel, ids: np.ndarray) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and ids.shape[1] > limit:
+        raise IncomparableError(f"canonical sequences of {ids.shape[1]} tokens exceed the model's {limit} positions")
+
+
+@torch.inference_mode()
+def mlp_inputs(
+    model: PreTrainedModel, adapter: ArchitectureAdapter, ids: np.ndarray, batch_size: int = 8
+) -> list[torch.Tensor]:
+    """Every block's MLP input on the token ids, as float32 (tokens, hidden) tensors on the CPU."""
+    _check_length(model, ids)
+    n_layers = adapter.shape.n_layers
+    captured: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
+
+    def capture(layer: int):
+        def hook(_module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            captured[layer].append(hidden.detach().float().reshape(-1, hidden.shape[-1]).cpu())
+
+        return hook
+
+    handles = [
+        model.get_submodule(adapter.mlp_module_path(layer)).register_forward_pre_hook(capture(layer), with_kwargs=True)
+        for layer in range(n_layers)
+    ]
+    device = next(model.parameters()).device
+    try:
+        for start in range(0, ids.shape[0], batch_size):
+            batch = torch.from_numpy(ids[start : start + batch_size]).to(device)
+            model(input_ids=batch, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [torch.cat(chunks) for chunks in captured]
+
+
+@torch.inference_mode()
+def next_token_log_probs(model: PreTrainedModel, ids: np.ndarray, token_range: int, batch_size: int = 8) -> np.ndarray:
+    """log p(next token) over the shared id range [0, token_range), renormalised, shaped (tokens, token_range)."""
+    _check_length(model, ids)
+    device = next(model.parameters()).device
+    chunks = []
+    for start in range(0, ids.shape[0], batch_size):
+        logits = model(input_ids=torch.from_numpy(ids[start : start + batch_size]).to(device), use_cache=False).logits
+        logits = logits[..., :token_range].float()
+        chunks.append(torch.log_softmax(logits, dim=-1).reshape(-1, token_range).cpu())
+    return torch.cat(chunks).numpy()
+
+
+def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights]) -> list[MLPActivations]:
+    """Gate and up outputs of each gated MLP of a block (one per expert) on that block's MLP input."""
+    return [
+        MLPActivations(gate=(mlp_input @ w.gate.T).T.contiguous().numpy(), up=(mlp_input @ w.up.T).T.contiguous().numpy())
+        for w in experts
+    ]

@@ -1,0 +1,84 @@
+"""The outcome of one pairwise test, and its JSON and human-readable renderings."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    """One pair of blocks: which block of each model, its log10 p, and the Spearman rho behind it."""
+
+    layer_a: int
+    layer_b: int
+    log10_p: float
+    rho: float | None = None
+    n_units: int | None = None
+
+
+@dataclass(frozen=True)
+class PairTestResult:
+    """A whole-model test. log10_p is None only for a statistic without a valid null (then value holds it)."""
+
+    model_a: str
+    model_b: str
+    statistic: str
+    log10_p: float | None
+    layers: list[LayerResult]
+    n_layers: int
+    inputs: str | None
+    notes: list[str] = field(default_factory=list)
+    value: float | None = None
+
+    def __post_init__(self) -> None:
+        for x in [self.log10_p, *(layer.log10_p for layer in self.layers)]:
+            if x is not None and not math.isfinite(x):
+                raise ValueError(f"a p-value of a finite statistic must be finite in log space, got {x}")
+
+    def verdict(self, alpha: float = ALPHA) -> str:
+        if self.log10_p is None:
+            return "no p-value: this statistic has no calibrated null; read the raw value with care"
+        if self.log10_p <= math.log10(alpha):
+            return f"DEPENDENT: independence rejected at alpha={alpha} (p = {format_p(self.log10_p)})"
+        return f"no evidence of dependence at alpha={alpha} (p = {format_p(self.log10_p)})"
+
+    def to_json_dict(self) -> dict:
+        data = asdict(self)
+        data["verdict"] = self.verdict()
+        return data
+
+
+def format_p(log10_p: float) -> str:
+    """A p-value as people read it, even when it is 1e-5000: mantissa and exponent from log10 p."""
+    if log10_p > -4:
+        return f"{10 ** log10_p:.4f}"
+    exponent = math.floor(log10_p)
+    return f"{10 ** (log10_p - exponent):.2f}e{exponent}"
+
+
+def render_table(result: PairTestResult) -> str:
+    """Per-block values and the one-line verdict, for a terminal."""
+    lines = [
+        f"model A   : {result.model_a}",
+        f"model B   : {result.model_b}",
+        f"statistic : {result.statistic}" + (f"   inputs: {result.inputs}" if result.inputs else ""),
+    ]
+    if result.layers:
+        lines += ["", f"{'block A':>8} {'block B':>8} {'rho':>8} {'units':>6} {'log10 p':>12} {'p':>12}"]
+        for layer in result.layers:
+            rho = f"{layer.rho:8.4f}" if layer.rho is not None else f"{'-':>8}"
+            units = f"{layer.n_units:6d}" if layer.n_units is not None else f"{'-':>6}"
+            lines.append(
+                f"{layer.layer_a:8d} {layer.layer_b:8d} {rho} {units} {layer.log10_p:12.2f} {format_p(layer.log10_p):>12}"
+            )
+    lines.append("")
+    if result.log10_p is not None:
+        lines.append(f"aggregate log10 p = {result.log10_p:.2f}")
+    if result.value is not None:
+        lines.append(f"raw value = {result.value:.6g}")
+    lines += [f"note: {note}" for note in result.notes]
+    lines.append(f"verdict: {result.verdict()}")
+    return "\n".join(lines)
