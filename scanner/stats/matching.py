@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 from scipy.stats import rankdata
+
+from scanner.stats.assignment import max_weight_assignment
 
 _NORM_FLOOR = 1e-12
 
@@ -52,9 +53,9 @@ def match(a: np.ndarray, b: np.ndarray) -> Matching:
     """MATCH: the assignment of rows maximising total cosine similarity (rectangular: every smaller-side row)."""
     similarity = cosine_similarity_matrix(a, b)
     if a.shape[0] <= b.shape[0]:
-        a_index, b_index = linear_sum_assignment(similarity, maximize=True)
+        a_index, b_index = max_weight_assignment(similarity)
     else:
-        b_index, a_index = linear_sum_assignment(similarity.T, maximize=True)
+        b_index, a_index = max_weight_assignment(similarity.T)
     return Matching(a_index=np.asarray(a_index), b_index=np.asarray(b_index), a_rows=a.shape[0], b_rows=b.shape[0])
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from scanner.errors import IncomparableError
 
-_READS_RESIDUAL = re.compile(r"^(q|k|v|router|(.*\.)?(gate|up)|shared_expert_gate)$")
+_READS_RESIDUAL = re.compile(r"^(q|k|v|router|(.*\.)?(gate|up)|shared_router)$")
 _WRITES_RESIDUAL = re.compile(r"^(o|(.*\.)?down)$")
 _RESIDUAL_VECTOR = re.compile(r"^(attn_norm|mlp_norm|post_attn_norm|post_mlp_norm|final_norm)$")
 _UNTOUCHED = re.compile(r"^(q_norm|k_norm|(q|k|v|o)_bias)$")

@@ -1,0 +1,536 @@
+"""Architecture adapters: a family's stored tensor names -> hubtrace's canonical roles.
+
+Derivation tests compare the same role across two models (layer 3's gate against layer 3's gate), so every family
+must expose its weights under one vocabulary, in one layout (float32, PyTorch (out, in)), with norms given as the
+multiplier the model really applies. Each adapter checks the config's dims against the tensor headers when it is
+built, so a checkpoint whose config lies is refused before any statistic is computed on it.
+
+Canonical block roles: "attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down"; where the family has
+them "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm" and "q_bias", "k_bias", "v_bias", "o_bias"; for MoE
+blocks "router", "experts.{e}.gate", "experts.{e}.up", "experts.{e}.down", and for Qwen2-MoE also
+"shared_expert.gate", "shared_expert.up", "shared_expert.down" and "shared_router" (the (1, d) sigmoid gate that
+scales the shared expert's output; transformers calls it mlp.shared_expert_gate). A family that stores no weight
+for a role (OLMo's parameter-free LayerNorm) simply lacks that role.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from transformers import CONFIG_MAPPING, PretrainedConfig
+
+from scanner.checkpoint import Checkpoint
+from scanner.errors import CheckpointError, UnsupportedArchitectureError
+
+
+@dataclass(frozen=True)
+class GLUWeights:
+    """One gated MLP (a dense block's MLP or one MoE expert): down(act(gate x) * up x). float32, (out, in)."""
+
+    gate: torch.Tensor  # (h, d)
+    up: torch.Tensor  # (h, d)
+    down: torch.Tensor  # (d, h)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dims hubtrace needs, as transformers would build the model (config defaults applied)."""
+
+    architecture: str  # config["architectures"][0] if present, else model_type
+    model_type: str
+    n_layers: int
+    hidden_size: int
+    intermediate_size: int  # per expert for MoE
+    vocab_size: int
+    n_experts: int  # 0 for dense models
+    hidden_act: str  # activation of the gate, e.g. "silu", "gelu_pytorch_tanh"
+    tie_word_embeddings: bool  # True when the output head is the input embedding (no separate head stored)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A stored tensor and the shape the config implies for it (None: a dim the config does not pin)."""
+
+    name: str
+    shape: tuple[int | None, ...]
+
+
+# Role (possibly a stored, fused role such as "qkv" that `_unfuse` splits) -> stored tensor.
+_Layout = dict[str, _Spec]
+
+
+class ArchitectureAdapter:
+    """Llama-layout decoder: separate q/k/v/o and gate/up/down projections under `{root}layers.{i}.`.
+
+    Families differ only in class attributes, and where their layout is fused or sparse they override
+    `_attention_layout`, `_mlp_layout`, `_unfuse` and `_glu_prefixes`.
+    """
+
+    model_types: ClassVar[tuple[str, ...]]
+    architectures: ClassVar[tuple[str, ...]]  # the class names transformers saves in config["architectures"]
+    # Canonical norm role -> module name under the block (its weight is `{name}.weight`).
+    norms: ClassVar[dict[str, str]] = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+    norm_offset: ClassVar[float] = 0.0  # Gemma stores RMSNorm weights as (multiplier - 1)
+    has_final_norm: ClassVar[bool] = True
+    activation_key: ClassVar[str] = "hidden_act"
+    stored_roots: ClassVar[tuple[str, ...]] = ("model.",)  # where embed_tokens and layers live in the file
+    lm_head_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        """Resolve names and dims, then check every tensor's shape against the config (headers only)."""
+        self.checkpoint = checkpoint
+        self._config = _transformers_config(checkpoint)
+        self._text = self._config.get_text_config()
+        self._root = self._find_root()
+        self._lm_head = next((n for n in self.lm_head_names if checkpoint.has(n)), None)
+        tied = self._lm_head is None
+        if tied and not getattr(self._config, "tie_word_embeddings", False):
+            raise CheckpointError(
+                f"{checkpoint.path}: config.json unties the output head (tie_word_embeddings is false) "
+                f"but there is no {self.lm_head_names[0]}"
+            )
+        n_experts, intermediate_size = self._expert_dims()
+        architectures = checkpoint.config.get("architectures") or [checkpoint.config["model_type"]]
+        self.shape = ModelShape(
+            architecture=architectures[0],
+            model_type=checkpoint.config["model_type"],
+            n_layers=self._text.num_hidden_layers,
+            hidden_size=self._text.hidden_size,
+            intermediate_size=intermediate_size,
+            vocab_size=self._text.vocab_size,
+            n_experts=n_experts,
+            hidden_act=getattr(self._text, self.activation_key),
+            tie_word_embeddings=tied,
+        )
+        self._check_shapes()
+
+    # -- public API ------------------------------------------------------------------------------------------
+
+    def block_prefix(self, layer: int) -> str:
+        """Stored tensor-name prefix of block `layer`, e.g. "model.layers.3." (names in the file, not modules)."""
+        return f"{self._root}layers.{layer}."
+
+    def mlp_module_path(self, layer: int) -> str:
+        """Dotted path of block `layer`'s MLP (or sparse MoE block) in the model transformers builds.
+
+        This is the live module name, which may differ from stored names (Mixtral files say block_sparse_moe).
+        """
+        return f"model.layers.{layer}.mlp"
+
+    def embedding_rows(self, ids: Sequence[int]) -> torch.Tensor:
+        """float32 (len(ids), d) input-embedding rows, reading only those rows; stored values (Gemma's sqrt(d)
+        input scaling is applied in forward, not stored, and is not applied here)."""
+        return self.checkpoint.get_rows(self._embed_name, ids).float()
+
+    def mlp(self, layer: int) -> list[GLUWeights]:
+        """Block `layer`'s gated MLPs: one for a dense block; for an MoE block one per routed expert in expert
+        order, then the shared expert (Qwen2-MoE) last."""
+        weights = self._read(self._mlp_layout(layer))
+        return [
+            GLUWeights(weights[f"{p}gate"], weights[f"{p}up"], weights[f"{p}down"]) for p in self._glu_prefixes(layer)
+        ]
+
+    def block_weights(self, layer: int) -> dict[str, torch.Tensor]:
+        """Canonical role -> float32 tensor for every weight of block `layer` (norms as effective multipliers)."""
+        return self._read(self._block_layout(layer))
+
+    def global_weights(self) -> dict[str, torch.Tensor]:
+        """"embed", "lm_head" (the very embedding tensor when tied) and "final_norm" (absent when the family's
+        final norm has no weight, as in OLMo)."""
+        embed = self.checkpoint.get(self._embed_name).float()
+        lm_head = embed if self._lm_head is None else self.checkpoint.get(self._lm_head).float()
+        weights = {"embed": embed, "lm_head": lm_head}
+        if self.has_final_norm:
+            weights["final_norm"] = self.checkpoint.get(f"{self._root}norm.weight").float() + self.norm_offset
+        return weights
+
+    # -- layouts (overridden by families) --------------------------------------------------------------------
+
+    def _expert_dims(self) -> tuple[int, int]:
+        """(number of routed experts, per-expert intermediate size); dense: (0, intermediate_size)."""
+        return 0, self._text.intermediate_size
+
+    def _block_layout(self, layer: int) -> _Layout:
+        return {**self._norm_layout(layer), **self._attention_layout(layer), **self._mlp_layout(layer)}
+
+    def _norm_layout(self, layer: int) -> _Layout:
+        d = self.shape.hidden_size
+        return {
+            role: _Spec(f"{self.block_prefix(layer)}{module}.weight", (None,) if role in ("q_norm", "k_norm") else (d,))
+            for role, module in self.norms.items()
+        }
+
+    def _attention_layout(self, layer: int) -> _Layout:
+        prefix = f"{self.block_prefix(layer)}self_attn."
+        d, q_rows, kv_rows = self.shape.hidden_size, *self._attention_rows()
+        layout = {
+            "q": _Spec(f"{prefix}q_proj.weight", (q_rows, d)),
+            "k": _Spec(f"{prefix}k_proj.weight", (kv_rows, d)),
+            "v": _Spec(f"{prefix}v_proj.weight", (kv_rows, d)),
+            "o": _Spec(f"{prefix}o_proj.weight", (d, q_rows)),
+        }
+        # Biases are optional per checkpoint (Qwen2 always, Llama with attention_bias): take them when stored.
+        for role in ("q", "k", "v", "o"):
+            bias = f"{prefix}{role}_proj.bias"
+            if self.checkpoint.has(bias):
+                layout[f"{role}_bias"] = _Spec(bias, (layout[role].shape[0],))
+        return layout
+
+    def _mlp_layout(self, layer: int) -> _Layout:
+        return self._dense_mlp_layout(layer, self.shape.intermediate_size)
+
+    def _dense_mlp_layout(self, layer: int, hidden: int) -> _Layout:
+        prefix = f"{self.block_prefix(layer)}mlp."
+        return _glu_layout("", prefix, ("gate_proj", "up_proj", "down_proj"), hidden, self.shape.hidden_size)
+
+    def _glu_prefixes(self, layer: int) -> list[str]:
+        """Role prefixes of the gated MLPs that `mlp(layer)` returns, in order."""
+        return [""]
+
+    def _unfuse(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Split stored fused roles into canonical ones (identity for separate projections)."""
+        return weights
+
+    # -- machinery -------------------------------------------------------------------------------------------
+
+    def _attention_rows(self) -> tuple[int, int]:
+        """(rows of q, rows of k and of v), with head_dim as transformers' attention modules derive it."""
+        text = self._text
+        heads = text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        return heads * head_dim, kv_heads * head_dim
+
+    @property
+    def _embed_name(self) -> str:
+        return f"{self._root}embed_tokens.weight"
+
+    def _find_root(self) -> str:
+        for root in self.stored_roots:
+            if self.checkpoint.has(f"{root}embed_tokens.weight"):
+                return root
+        looked = ", ".join(f"{root}embed_tokens.weight" for root in self.stored_roots)
+        raise CheckpointError(f"{self.checkpoint.path} has no token embedding (looked for {looked})")
+
+    def _read(self, layout: _Layout) -> dict[str, torch.Tensor]:
+        weights = {}
+        for role, spec in layout.items():
+            tensor = self.checkpoint.get(spec.name).float()
+            weights[role] = tensor + self.norm_offset if role in self.norms else tensor
+        return self._unfuse(weights)
+
+    def _check_shapes(self) -> None:
+        """Every tensor the adapter will read must exist with the shape the config implies; blocks must be
+        exactly 0..num_hidden_layers-1. Reads headers only."""
+        s = self.shape
+        specs = [_Spec(self._embed_name, (s.vocab_size, s.hidden_size))]
+        if self._lm_head is not None:
+            specs.append(_Spec(self._lm_head, (s.vocab_size, s.hidden_size)))
+        if self.has_final_norm:
+            specs.append(_Spec(f"{self._root}norm.weight", (s.hidden_size,)))
+        layers = _indices(self.checkpoint.tensor_names(), f"{self._root}layers.")
+        if layers != set(range(s.n_layers)):
+            raise CheckpointError(
+                f"{self.checkpoint.path}: config.json says num_hidden_layers={s.n_layers} but the checkpoint "
+                f"stores blocks {_describe(layers)} under {self._root}layers."
+            )
+        for layer in range(s.n_layers):
+            specs.extend(self._block_layout(layer).values())
+        for spec in specs:
+            found = self.checkpoint.shape(spec.name)
+            if len(found) != len(spec.shape) or any(e is not None and e != f for e, f in zip(spec.shape, found)):
+                expected = "(" + ", ".join("?" if e is None else str(e) for e in spec.shape) + ")"
+                raise CheckpointError(
+                    f"{self.checkpoint.path}: tensor {spec.name} has shape {found} but config.json implies {expected}"
+                )
+
+
+class LlamaAdapter(ArchitectureAdapter):
+    model_types = ("llama",)
+    architectures = ("LlamaForCausalLM",)
+
+
+class MistralAdapter(ArchitectureAdapter):
+    model_types = ("mistral",)
+    architectures = ("MistralForCausalLM",)
+
+
+class Qwen2Adapter(ArchitectureAdapter):
+    model_types = ("qwen2",)
+    architectures = ("Qwen2ForCausalLM",)
+
+
+_QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+
+
+class Qwen3Adapter(ArchitectureAdapter):
+    model_types = ("qwen3",)
+    architectures = ("Qwen3ForCausalLM",)
+    norms = {**ArchitectureAdapter.norms, **_QK_NORMS}
+
+
+class GemmaAdapter(ArchitectureAdapter):
+    """Gemma's RMSNorm computes x * (1 + w): the stored w is one less than the multiplier."""
+
+    model_types = ("gemma",)
+    architectures = ("GemmaForCausalLM",)
+    norm_offset = 1.0
+
+
+class Gemma2Adapter(GemmaAdapter):
+    """Gemma 2 norms both sides of attention and of the MLP ("post_attention_layernorm" is a true post-norm)."""
+
+    model_types = ("gemma2",)
+    architectures = ("Gemma2ForCausalLM",)
+    norms = {
+        "attn_norm": "input_layernorm",
+        "post_attn_norm": "post_attention_layernorm",
+        "mlp_norm": "pre_feedforward_layernorm",
+        "post_mlp_norm": "post_feedforward_layernorm",
+    }
+    activation_key = "hidden_activation"
+
+
+class Gemma3Adapter(Gemma2Adapter):
+    """Gemma 3 text (gemma3_text) and the text tower of the multimodal gemma3 checkpoints (text_config).
+
+    Multimodal files store the text model as language_model.model.* (transformers' in-memory names are
+    model.language_model.*); the vision tower is ignored.
+    """
+
+    model_types = ("gemma3_text", "gemma3")
+    architectures = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+    norms = {**Gemma2Adapter.norms, **_QK_NORMS}
+    stored_roots = ("model.", "language_model.model.", "model.language_model.")
+    lm_head_names = ("lm_head.weight", "language_model.lm_head.weight")
+
+    def mlp_module_path(self, layer: int) -> str:
+        if self.shape.model_type == "gemma3":  # transformers builds Gemma3ForConditionalGeneration
+            return f"model.language_model.layers.{layer}.mlp"
+        return super().mlp_module_path(layer)
+
+
+class Phi3Adapter(ArchitectureAdapter):
+    """Phi-3 fuses q/k/v into qkv_proj (rows: q, then k, then v) and gate/up into gate_up_proj (rows: gate, then
+    up, as Phi3MLP does `gate, up = gate_up_proj(x).chunk(2, dim=-1)`)."""
+
+    model_types = ("phi3",)
+    architectures = ("Phi3ForCausalLM",)
+
+    def _attention_layout(self, layer: int) -> _Layout:
+        prefix = f"{self.block_prefix(layer)}self_attn."
+        d, q_rows, kv_rows = self.shape.hidden_size, *self._attention_rows()
+        return {
+            "qkv": _Spec(f"{prefix}qkv_proj.weight", (q_rows + 2 * kv_rows, d)),
+            "o": _Spec(f"{prefix}o_proj.weight", (d, q_rows)),
+        }
+
+    def _mlp_layout(self, layer: int) -> _Layout:
+        prefix = f"{self.block_prefix(layer)}mlp."
+        h, d = self.shape.intermediate_size, self.shape.hidden_size
+        return {
+            "gate_up": _Spec(f"{prefix}gate_up_proj.weight", (2 * h, d)),
+            "down": _Spec(f"{prefix}down_proj.weight", (d, h)),
+        }
+
+    def _unfuse(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if "qkv" in weights:
+            q_rows, kv_rows = self._attention_rows()
+            weights["q"], weights["k"], weights["v"] = weights.pop("qkv").split([q_rows, kv_rows, kv_rows])
+        if "gate_up" in weights:
+            weights["gate"], weights["up"] = weights.pop("gate_up").chunk(2)
+        return weights
+
+
+class OlmoAdapter(ArchitectureAdapter):
+    """OLMo (v1) normalizes with a parameter-free LayerNorm: no norm roles and no final_norm."""
+
+    model_types = ("olmo",)
+    architectures = ("OlmoForCausalLM",)
+    norms = {}
+    has_final_norm = False
+
+
+class Olmo2Adapter(ArchitectureAdapter):
+    """OLMo 2 norms the outputs of attention and MLP (no pre-norms) and q/k over all heads at once."""
+
+    model_types = ("olmo2",)
+    architectures = ("Olmo2ForCausalLM",)
+    norms = {
+        "post_attn_norm": "post_attention_layernorm",
+        "post_mlp_norm": "post_feedforward_layernorm",
+        **_QK_NORMS,
+    }
+
+
+class _MoEAdapter(ArchitectureAdapter):
+    """Sparse blocks, stored either per expert (Hub layout, which transformers 5 save_pretrained also writes) or
+    as transformers 5's in-memory fused tensors: experts.gate_up_proj (E, 2h, d) whose rows are gate then up
+    (`gate, up = linear(x, gate_up_proj[e]).chunk(2, dim=-1)`), and experts.down_proj (E, d, h)."""
+
+    def _is_sparse(self, layer: int) -> bool:
+        return True
+
+    def _routed_layout(self, layer: int, moe_prefix: str, names: tuple[str, str, str]) -> _Layout:
+        """Router and routed experts of a sparse block: per expert under `moe_prefix` (router `{moe_prefix}gate`,
+        expert e's gate/up/down `{moe_prefix}experts.{e}.{names}`), or fused under `{block}mlp.`."""
+        e, h, d = self.shape.n_experts, self.shape.intermediate_size, self.shape.hidden_size
+        fused = f"{self.block_prefix(layer)}mlp."
+        if self.checkpoint.has(f"{fused}experts.gate_up_proj"):
+            return {
+                "router": _Spec(f"{fused}gate.weight", (e, d)),
+                "experts.gate_up": _Spec(f"{fused}experts.gate_up_proj", (e, 2 * h, d)),
+                "experts.down": _Spec(f"{fused}experts.down_proj", (e, d, h)),
+            }
+        layout = {"router": _Spec(f"{moe_prefix}gate.weight", (e, d))}
+        for expert in range(e):
+            layout |= _glu_layout(f"experts.{expert}.", f"{moe_prefix}experts.{expert}.", names, h, d)
+        return layout
+
+    def _glu_prefixes(self, layer: int) -> list[str]:
+        if not self._is_sparse(layer):
+            return [""]
+        return [f"experts.{e}." for e in range(self.shape.n_experts)]
+
+    def _unfuse(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if "experts.gate_up" in weights:
+            for expert, (gate_up, down) in enumerate(zip(weights.pop("experts.gate_up"), weights.pop("experts.down"))):
+                gate, up = gate_up.chunk(2)
+                weights |= {f"experts.{expert}.gate": gate, f"experts.{expert}.up": up, f"experts.{expert}.down": down}
+        return weights
+
+
+class MixtralAdapter(_MoEAdapter):
+    """Hub/saved layout: block_sparse_moe.experts.{e}.w1 (gate), w3 (up), w2 (down); router block_sparse_moe.gate.
+    transformers 5 renames block_sparse_moe to mlp in memory (and in the fused layout)."""
+
+    model_types = ("mixtral",)
+    architectures = ("MixtralForCausalLM",)
+
+    def _expert_dims(self) -> tuple[int, int]:
+        return self._text.num_local_experts, self._text.intermediate_size
+
+    def _mlp_layout(self, layer: int) -> _Layout:
+        return self._routed_layout(layer, f"{self.block_prefix(layer)}block_sparse_moe.", ("w1", "w3", "w2"))
+
+
+class Qwen2MoeAdapter(_MoEAdapter):
+    """Routed experts mlp.experts.{e}.{gate,up,down}_proj, router mlp.gate, an always-on shared expert
+    mlp.shared_expert.* scaled by sigmoid(mlp.shared_expert_gate x); blocks listed in mlp_only_layers, or off the
+    decoder_sparse_step grid, are dense MLPs of intermediate_size."""
+
+    model_types = ("qwen2_moe",)
+    architectures = ("Qwen2MoeForCausalLM",)
+
+    def _expert_dims(self) -> tuple[int, int]:
+        return self._text.num_experts, self._text.moe_intermediate_size
+
+    def _is_sparse(self, layer: int) -> bool:
+        """The rule of Qwen2MoeDecoderLayer.__init__."""
+        text = self._text
+        return (
+            layer not in text.mlp_only_layers
+            and text.num_experts > 0
+            and (layer + 1) % text.decoder_sparse_step == 0
+        )
+
+    def _mlp_layout(self, layer: int) -> _Layout:
+        if not self._is_sparse(layer):
+            return self._dense_mlp_layout(layer, self._text.intermediate_size)
+        prefix = f"{self.block_prefix(layer)}mlp."
+        d, shared = self.shape.hidden_size, self._text.shared_expert_intermediate_size
+        names = ("gate_proj", "up_proj", "down_proj")
+        return {
+            **self._routed_layout(layer, prefix, names),
+            **_glu_layout("shared_expert.", f"{prefix}shared_expert.", names, shared, d),
+            "shared_router": _Spec(f"{prefix}shared_expert_gate.weight", (1, d)),
+        }
+
+    def _glu_prefixes(self, layer: int) -> list[str]:
+        routed = super()._glu_prefixes(layer)
+        return [*routed, "shared_expert."] if self._is_sparse(layer) else routed
+
+
+_ADAPTERS: tuple[type[ArchitectureAdapter], ...] = (
+    LlamaAdapter,
+    MistralAdapter,
+    Qwen2Adapter,
+    Qwen3Adapter,
+    GemmaAdapter,
+    Gemma2Adapter,
+    Gemma3Adapter,
+    Phi3Adapter,
+    OlmoAdapter,
+    Olmo2Adapter,
+    MixtralAdapter,
+    Qwen2MoeAdapter,
+)
+
+
+def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
+    """The adapter for this checkpoint's family, already checked against its tensor headers.
+
+    Raises UnsupportedArchitectureError for a family (or a head, e.g. ...ForSequenceClassification) hubtrace has
+    no mapping for, and CheckpointError when the config and the stored shapes disagree.
+    """
+    model_type = checkpoint.config.get("model_type")
+    architectures = checkpoint.config.get("architectures") or []
+    for adapter in _ADAPTERS:
+        if model_type in adapter.model_types:
+            if architectures and architectures[0] not in adapter.architectures:
+                raise UnsupportedArchitectureError(
+                    f"{checkpoint.path}: architecture {architectures[0]} is not supported for model_type "
+                    f"{model_type!r}; supported: {', '.join(adapter.architectures)}"
+                )
+            return adapter(checkpoint)
+    supported = sorted(t for adapter in _ADAPTERS for t in adapter.model_types)
+    raise UnsupportedArchitectureError(
+        f"{checkpoint.path}: model_type {model_type!r} (architectures {architectures}) is not supported; "
+        f"supported model_types: {', '.join(supported)}"
+    )
+
+
+def _transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
+    """config.json as transformers' own config class reads it: its defaults, legacy fixes and type checks.
+
+    Only built-in config classes are used (auto_map was refused when the checkpoint was opened).
+    """
+    model_type = checkpoint.config["model_type"]
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(checkpoint.config))
+    # The config classes raise assorted errors (strict dataclass validation, ValueError, TypeError) on bad input.
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{checkpoint.path / 'config.json'} is not a valid {model_type} config: {reason}"
+        ) from exc
+
+
+def _glu_layout(role_prefix: str, stored_prefix: str, names: tuple[str, str, str], hidden: int, d: int) -> _Layout:
+    """Roles {role_prefix}gate/up/down -> `{stored_prefix}{name}.weight`, shaped (h, d), (h, d), (d, h)."""
+    gate, up, down = names
+    return {
+        f"{role_prefix}gate": _Spec(f"{stored_prefix}{gate}.weight", (hidden, d)),
+        f"{role_prefix}up": _Spec(f"{stored_prefix}{up}.weight", (hidden, d)),
+        f"{role_prefix}down": _Spec(f"{stored_prefix}{down}.weight", (d, hidden)),
+    }
+
+
+def _indices(names: Iterable[str], prefix: str) -> set[int]:
+    """The integers i for which some name starts with `{prefix}{i}.`."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    return {int(m.group(1)) for name in names if (m := pattern.match(name))}
+
+
+def _describe(indices: set[int]) -> str:
+    if not indices:
+        return "none"
+    ordered = sorted(indices)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}..{ordered[-1]}"
+    return ", ".join(map(str, ordered))

@@ -1,0 +1,136 @@
+"""Ways a hub model is derived from another: fine-tune, merge, structured prune, MLP retraining.
+
+Each returns a new model (the parent is left untouched) plus what ground truth must record.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaMLP
+
+from scanner.zoo.arch import arch_of, new_model
+from scanner.zoo.languages import MarkovLanguage
+from scanner.zoo.training import TrainLog, TrainSpec, single_thread, train_lm
+
+MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def finetune(parent: LlamaForCausalLM, language: MarkovLanguage, spec: TrainSpec) -> tuple[LlamaForCausalLM, TrainLog]:
+    """Continue training a copy of ``parent`` on ``language``."""
+    child = copy.deepcopy(parent)
+    return child, train_lm(child, language, spec)
+
+
+def merge(models: Sequence[LlamaForCausalLM], weights: Sequence[float]) -> LlamaForCausalLM:
+    """Weighted parameter average of same-shape models (a "model soup" / linear merge)."""
+    if len(models) != len(weights) or abs(sum(weights) - 1.0) > 1e-9:
+        raise ValueError("merge needs one weight per model, summing to 1")
+    states = [m.state_dict() for m in models]
+    merged = {k: sum(w * s[k].double() for w, s in zip(weights, states, strict=True)).float() for k in states[0]}
+    child = copy.deepcopy(models[0])
+    child.load_state_dict(merged)
+    return child
+
+
+def prune_depth(parent: LlamaForCausalLM, kept_blocks: Sequence[int]) -> LlamaForCausalLM:
+    """Keep only ``kept_blocks`` (in order); block ``kept_blocks[j]`` of the parent becomes block ``j``."""
+    child = new_model(arch_of(parent).with_(num_layers=len(kept_blocks)), seed=0)
+    state = {}
+    for key, value in parent.state_dict().items():
+        if key.startswith("model.layers."):
+            _, _, index, rest = key.split(".", 3)
+            if int(index) in kept_blocks:
+                state[f"model.layers.{list(kept_blocks).index(int(index))}.{rest}"] = value.clone()
+        else:
+            state[key] = value.clone()
+    child.load_state_dict(state)
+    return child
+
+
+def scattered_units(width: int, keep: int, num_blocks: int, generator: torch.Generator) -> list[list[int]]:
+    """Per block, a sorted random subset of ``keep`` of ``width`` MLP units, never the leading prefix."""
+    kept = []
+    for _ in range(num_blocks):
+        units = sorted(torch.randperm(width, generator=generator)[:keep].tolist())
+        if units == list(range(keep)):
+            raise ValueError("random unit subset collided with the prefix; choose another seed")
+        kept.append(units)
+    return kept
+
+
+def prune_width(parent: LlamaForCausalLM, kept_units: Sequence[Sequence[int]]) -> LlamaForCausalLM:
+    """Keep, in every block, only the listed MLP units (gate/up rows and down columns)."""
+    widths = {len(u) for u in kept_units}
+    if len(widths) != 1 or len(kept_units) != parent.config.num_hidden_layers:
+        raise ValueError("need one equally sized unit list per block")
+    child = new_model(arch_of(parent).with_(intermediate_size=widths.pop()), seed=0)
+    state = {k: v.clone() for k, v in parent.state_dict().items()}
+    for i, units in enumerate(kept_units):
+        idx = torch.tensor(units)
+        prefix = f"model.layers.{i}.mlp."
+        state[prefix + "gate_proj.weight"] = state[prefix + "gate_proj.weight"][idx].clone()
+        state[prefix + "up_proj.weight"] = state[prefix + "up_proj.weight"][idx].clone()
+        state[prefix + "down_proj.weight"] = state[prefix + "down_proj.weight"][:, idx].clone()
+    child.load_state_dict(state)
+    return child
+
+
+@dataclass(frozen=True)
+class RetrainLog:
+    """MLP distillation record (paper 4.2.1 / App. F): per-block final MSE and the target's mean square."""
+
+    width: int
+    steps: int
+    lr: float
+    batch_size: int
+    seed: int
+    final_mse: list[float]
+    target_mean_square: list[float]
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def retrain_mlps(
+    parent: LlamaForCausalLM, width: int, steps: int, lr: float, batch_size: int, seed: int
+) -> tuple[LlamaForCausalLM, RetrainLog]:
+    """Replace every block's MLP by a freshly initialised one of ``width`` units distilled on Gaussian inputs.
+
+    As in the paper's App. F, each new MLP is trained alone (the rest of the model is untouched)
+    with Adam and MSE to match the original MLP's outputs on x ~ N(0, I). All blocks are retrained
+    because a Llama config has a single intermediate size.
+    """
+    child = new_model(arch_of(parent).with_(intermediate_size=width), seed=seed)
+    state = {k: v.clone() for k, v in parent.state_dict().items() if ".mlp." not in k}
+    mses, scales = [], []
+    data = torch.Generator().manual_seed(seed)
+    with single_thread():
+        for i, block in enumerate(parent.model.layers):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed * 1000 + i)
+                student = LlamaMLP(child.config)
+            opt = torch.optim.Adam(student.parameters(), lr=lr)
+            for _ in range(steps):
+                x = torch.randn(batch_size, parent.config.hidden_size, generator=data)
+                with torch.no_grad():
+                    target = block.mlp(x)
+                loss = F.mse_loss(student(x), target)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                x = torch.randn(4 * batch_size, parent.config.hidden_size, generator=data)
+                target = block.mlp(x)
+                mses.append(float(F.mse_loss(student(x), target)))
+                scales.append(float(target.pow(2).mean()))
+            for proj in MLP_PROJS:
+                state[f"model.layers.{i}.mlp.{proj}.weight"] = getattr(student, proj).weight.detach().clone()
+    child.load_state_dict(state)
+    log = RetrainLog(width, steps, lr, batch_size, seed, mses, scales)
+    return child, log
