@@ -9,12 +9,14 @@ share a family, i.e. descend from the same independently initialised base.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -51,9 +53,10 @@ class ZooSpec:
     long_finetune_steps: int = 1000
     long_finetune_lr: float = 5e-3
     heal_steps: int = 80
-    retrain_steps: int = 1000
-    retrain_lr: float = 1e-3
-    retrain_batch_size: int = 256
+    retrain_blocks: tuple[int, ...] = (1, 3)
+    retrain_steps: int = 6000
+    retrain_lr: float = 3e-3
+    retrain_batch_size: int = 512
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -292,7 +295,7 @@ class _Builder:
     def retrain_mlps(self, model_id: str, parent: str, spec: ZooSpec, *, policy: CardClass,
                      license_id: str) -> None:
         source = self.models[parent]
-        child, log = retrain_mlps(source, 2 * source.config.intermediate_size, spec.retrain_steps, spec.retrain_lr,
+        child, log = retrain_mlps(source, spec.retrain_blocks, spec.retrain_steps, spec.retrain_lr,
                                   spec.retrain_batch_size, derived_seed(self.seed, f"{model_id}/retrain"))
         language = self.languages[parent]
         details = {"retrain": log.to_json(), "eval_loss_parent": eval_loss(source, language),
@@ -366,9 +369,27 @@ def _build(root: Path, kind: str, spec: ZooSpec | IndependentSpec, force: bool,
     if not force and (zoo := _cached(root, kind, digest)) is not None:
         return zoo
     root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(root):  # concurrent callers (test workers, the demo) wait and then reuse one build
+        if not force and (zoo := _cached(root, kind, digest)) is not None:
+            return zoo
+        return _build_locked(root, kind, spec_json, digest, spec.seed, spec.batch_size, recipe)
+
+
+@contextmanager
+def _exclusive(root: Path) -> Iterator[None]:
+    with open(root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_locked(root: Path, kind: str, spec_json: dict[str, Any], digest: str, seed: int, batch_size: int,
+                  recipe: Callable[[_Builder], None]) -> Zoo:
     (root / GROUND_TRUTH).unlink(missing_ok=True)
     start = time.perf_counter()
-    builder = _Builder(root, spec.seed, spec.batch_size)
+    builder = _Builder(root, seed, batch_size)
     recipe(builder)
     zoo = Zoo(root, kind, digest, round(time.perf_counter() - start, 2), builder.records)
     tmp = root / (GROUND_TRUTH + ".tmp")

@@ -85,7 +85,7 @@ def prune_width(parent: LlamaForCausalLM, kept_units: Sequence[Sequence[int]]) -
 class RetrainLog:
     """MLP distillation record (paper 4.2.1 / App. F): per-block final MSE and the target's mean square."""
 
-    width: int
+    blocks: list[int]
     steps: int
     lr: float
     batch_size: int
@@ -98,39 +98,37 @@ class RetrainLog:
 
 
 def retrain_mlps(
-    parent: LlamaForCausalLM, width: int, steps: int, lr: float, batch_size: int, seed: int
+    parent: LlamaForCausalLM, blocks: Sequence[int], steps: int, lr: float, batch_size: int, seed: int
 ) -> tuple[LlamaForCausalLM, RetrainLog]:
-    """Replace every block's MLP by a freshly initialised one of ``width`` units distilled on Gaussian inputs.
+    """Replace the MLPs of ``blocks`` by freshly initialised ones distilled on Gaussian inputs.
 
-    As in the paper's App. F, each new MLP is trained alone (the rest of the model is untouched)
-    with Adam and MSE to match the original MLP's outputs on x ~ N(0, I). All blocks are retrained
-    because a Llama config has a single intermediate size.
+    As in the paper's 4.2.1 / App. F, each new MLP is trained alone (everything else is untouched)
+    with Adam and MSE to match the original MLP's outputs on x ~ N(0, I). The width stays the
+    parent's: a Llama config has a single intermediate size for all blocks.
     """
-    child = new_model(arch_of(parent).with_(intermediate_size=width), seed=seed)
-    state = {k: v.clone() for k, v in parent.state_dict().items() if ".mlp." not in k}
+    child = copy.deepcopy(parent)
     mses, scales = [], []
     data = torch.Generator().manual_seed(seed)
     with single_thread():
-        for i, block in enumerate(parent.model.layers):
+        for i in blocks:
+            teacher = parent.model.layers[i].mlp
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed * 1000 + i)
-                student = LlamaMLP(child.config)
+                student = LlamaMLP(parent.config)
             opt = torch.optim.Adam(student.parameters(), lr=lr)
             for _ in range(steps):
                 x = torch.randn(batch_size, parent.config.hidden_size, generator=data)
                 with torch.no_grad():
-                    target = block.mlp(x)
+                    target = teacher(x)
                 loss = F.mse_loss(student(x), target)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
             with torch.no_grad():
                 x = torch.randn(4 * batch_size, parent.config.hidden_size, generator=data)
-                target = block.mlp(x)
+                target = teacher(x)
                 mses.append(float(F.mse_loss(student(x), target)))
                 scales.append(float(target.pow(2).mean()))
-            for proj in MLP_PROJS:
-                state[f"model.layers.{i}.mlp.{proj}.weight"] = getattr(student, proj).weight.detach().clone()
-    child.load_state_dict(state)
-    log = RetrainLog(width, steps, lr, batch_size, seed, mses, scales)
+            child.model.layers[i].mlp = student.eval()
+    log = RetrainLog(list(blocks), steps, lr, batch_size, seed, mses, scales)
     return child, log

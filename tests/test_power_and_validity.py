@@ -1,0 +1,66 @@
+"""The issue's acceptance tests for the statistics on real checkpoints: valid under independence, powerful otherwise.
+
+Everything goes through ``compare_models``, the function behind ``hubtrace test``, on zoo models written to disk.
+All models and inputs are seeded, so each test is deterministic; the stated false-failure rates are what the
+thresholds would give over fresh seeds.
+"""
+
+from __future__ import annotations
+
+import pytest
+from scipy.stats import kstest
+
+from scanner.compare import compare_models
+from scanner.stats.logp import log10_fisher
+from scanner.zoo import Zoo
+
+pytestmark = pytest.mark.slow
+
+#: alpha of each KS test: a false-failure rate of 0.1% per statistic if the p-values were exactly uniform and the
+#: 66 pairs independent (they share models, which widens the spread of the KS distance a little).
+KS_ALPHA = 1e-3
+
+
+@pytest.mark.parametrize("statistic", ["up", "hidden", "match"])
+def test_pvalues_of_independent_pairs_are_uniform(independent_zoo: Zoo, statistic: str) -> None:
+    pairs = independent_zoo.pairs(dependent=False)
+    assert len(pairs) >= 50
+    log10_ps = [compare_models(independent_zoo[a].path, independent_zoo[b].path, statistic).log10_p for a, b in pairs]
+    p_values = [10.0**x for x in log10_ps]
+    ks = kstest(p_values, "uniform")
+    assert ks.pvalue > KS_ALPHA, f"{statistic}: KS D={ks.statistic:.3f}, p={ks.pvalue:.2g}; min log10 p {min(log10_ps):.1f}"
+
+
+def test_phi_match_finds_every_dependent_pair_of_the_zoo(zoo: Zoo) -> None:
+    """Camouflaged, pruned and healed, merged, retrained-MLP and long fine-tune pairs included; siblings too."""
+    results = {(a, b): compare_models(zoo[a].path, zoo[b].path, "match") for a, b in zoo.pairs(dependent=True)}
+    relations = {zoo[m].relation for pair in results for m in pair}
+    assert {"camouflage", "prune_depth", "prune_width", "merge", "retrained_mlp", "finetune"} <= relations
+    weak = {pair: round(r.log10_p, 1) for pair, r in results.items() if r.log10_p > -20}
+    assert not weak
+
+
+def test_phi_match_does_not_confuse_same_data_twins(zoo: Zoo) -> None:
+    """Same data, same shape, different seed: independent, so no rejection (a 1% false-failure rate by design)."""
+    twin = next(m for m in zoo.models.values() if m.details.get("twin_of"))
+    result = compare_models(zoo[twin.details["twin_of"]].path, twin.path, "match")
+    assert result.log10_p > -2
+
+
+def test_retrained_blocks_alone_still_reject(zoo: Zoo) -> None:
+    """Paper 4.2.1: only the re-initialised, distilled MLPs, aggregated, against the parent at alpha = 0.01."""
+    (remix,) = zoo.with_relation("retrained_mlp")
+    result = compare_models(zoo[remix.parents[0]].path, remix.path, "match")
+    retrained = remix.details["retrain"]["blocks"]
+    assert log10_fisher([result.layers[i].log10_p for i in retrained]) <= -2
+
+
+def test_phi_u_detects_plain_fine_tunes_and_is_fooled_by_camouflage(zoo: Zoo) -> None:
+    for model in zoo.with_relation("finetune"):
+        assert compare_models(zoo[model.parents[0]].path, model.path, "up").log10_p <= -20, model.id
+    camouflaged = zoo.with_relation("camouflage")
+    assert camouflaged
+    for model in camouflaged:
+        up = compare_models(zoo[model.parents[0]].path, model.path, "up")
+        assert up.log10_p > -2, f"{model.id}: phi_U should be fooled by the permutation, got {up.log10_p:.1f}"
+        assert compare_models(zoo[model.parents[0]].path, model.path, "match").log10_p <= -20
