@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.slow
 BASE = "aurora-labs/aurora-base"
 TWIN = "tundra-research/tundra-64"
 CHAT = "finch-nlp/aurora-chat"
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
-    built = build_zoo(tmp_path_factory.mktemp("zoo"))
-    print(f"\nzoo build: {built.build_seconds:.1f} s for {len(built.ids)} models")
-    return built
 
 
 def weights(zoo: Zoo, model_id: str) -> dict[str, torch.Tensor]:
@@ -80,9 +72,7 @@ def test_ground_truth_file_round_trips_and_is_reused(zoo: Zoo) -> None:
     assert sorted(map(tuple, data["dependent_pairs"])) == sorted(zoo.pairs(True))
     assert Zoo.load(zoo.root) == zoo
     before = (zoo[BASE].path / "model.safetensors").stat().st_mtime_ns
-    start = time.perf_counter()
     again = build_zoo(zoo.root)
-    assert time.perf_counter() - start < 5.0
     assert again == zoo and (zoo[BASE].path / "model.safetensors").stat().st_mtime_ns == before
 
 
