@@ -22,7 +22,10 @@ from scanner.errors import CheckpointError, IncomparableError
 
 @dataclass(frozen=True)
 class MLPActivations:
-    """One gated MLP's gate (pre-activation) and up outputs on the canonical tokens, shaped (units, tokens)."""
+    """One gated MLP's gate (pre-activation) and up outputs on the canonical tokens, shaped (units, tokens).
+
+    float32 when computed; fingerprints hold them in their storage dtype (float16 by default).
+    """
 
     gate: np.ndarray
     up: np.ndarray
@@ -30,7 +33,7 @@ class MLPActivations:
     def hidden(self, activation: str) -> np.ndarray:
         """phi_H's matrix: the down projection's input sigma(Gx) * (Ux)."""
         act = ACT2FN[activation]
-        return (act(torch.from_numpy(self.gate)) * torch.from_numpy(self.up)).numpy()
+        return (act(torch.from_numpy(self.gate).float()) * torch.from_numpy(self.up).float()).numpy()
 
 
 def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedModel:
@@ -50,7 +53,8 @@ def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedMod
     return model.to(device).eval()
 
 
-def _check_length(model: PreTrainedModel, ids: np.ndarray) -> None:
+def check_sequence_length(model: PreTrainedModel, ids: np.ndarray) -> None:
+    """Refuse sequences longer than the model's positions (its activations there would be meaningless)."""
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and ids.shape[1] > limit:
         raise IncomparableError(f"canonical sequences of {ids.shape[1]} tokens exceed the model's {limit} positions")
@@ -61,7 +65,7 @@ def mlp_inputs(
     model: PreTrainedModel, adapter: ArchitectureAdapter, ids: np.ndarray, batch_size: int = 8
 ) -> list[torch.Tensor]:
     """Every block's MLP input on the token ids, as float32 (tokens, hidden) tensors on the CPU."""
-    _check_length(model, ids)
+    check_sequence_length(model, ids)
     n_layers = adapter.shape.n_layers
     captured: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
 
@@ -90,7 +94,7 @@ def mlp_inputs(
 @torch.inference_mode()
 def next_token_log_probs(model: PreTrainedModel, ids: np.ndarray, token_range: int, batch_size: int = 8) -> np.ndarray:
     """log p(next token) over the shared id range [0, token_range), renormalised, shaped (tokens, token_range)."""
-    _check_length(model, ids)
+    check_sequence_length(model, ids)
     device = next(model.parameters()).device
     chunks = []
     for start in range(0, ids.shape[0], batch_size):
@@ -103,6 +107,11 @@ def next_token_log_probs(model: PreTrainedModel, ids: np.ndarray, token_range: i
 def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights]) -> list[MLPActivations]:
     """Gate and up outputs of each gated MLP of a block (one per expert) on that block's MLP input."""
     return [
-        MLPActivations(gate=(mlp_input @ w.gate.T).T.contiguous().numpy(), up=(mlp_input @ w.up.T).T.contiguous().numpy())
+        MLPActivations(gate=_units_by_tokens(mlp_input @ w.gate.T), up=_units_by_tokens(mlp_input @ w.up.T))
         for w in experts
     ]
+
+
+def _units_by_tokens(outputs: torch.Tensor) -> np.ndarray:
+    """(tokens, units) outputs on any device and dtype -> float32 (units, tokens) on the CPU."""
+    return outputs.T.float().contiguous().cpu().numpy()

@@ -139,6 +139,11 @@ class ArchitectureAdapter:
         """Canonical role -> float32 tensor for every weight of block `layer` (norms as effective multipliers)."""
         return self._read(self._block_layout(layer))
 
+    def stored_names(self, layer: int) -> dict[str, str]:
+        """Role -> stored tensor name for every weight of block `layer`, fused roles ("qkv", "gate_up",
+        "experts.gate_up") left fused; reads nothing."""
+        return {role: spec.name for role, spec in self._block_layout(layer).items()}
+
     def global_weights(self) -> dict[str, torch.Tensor]:
         """"embed", "lm_head" (the very embedding tensor when tied) and "final_norm" (absent when the family's
         final norm has no weight, as in OLMo)."""
@@ -498,7 +503,8 @@ def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
 def _transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
     """config.json as transformers' own config class reads it: its defaults, legacy fixes and type checks.
 
-    Only built-in config classes are used (auto_map was refused when the checkpoint was opened).
+    Only built-in config classes are used: opening the checkpoint refused auto_map for any other model_type and
+    removed it from the config otherwise.
     """
     model_type = checkpoint.config["model_type"]
     try:

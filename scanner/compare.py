@@ -5,23 +5,32 @@ I/O and orchestration live here; the statistics themselves are pure functions in
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from scanner.activations import glu_activations, load_causal_lm, mlp_inputs, next_token_log_probs
-from scanner.adapters import ArchitectureAdapter, adapter_for
-from scanner.checkpoint import Checkpoint, open_checkpoint
+from scanner.activations import load_causal_lm, next_token_log_probs
+from scanner.adapters import ArchitectureAdapter
+from scanner.checkpoint import Checkpoint
 from scanner.errors import IncomparableError
+from scanner.fingerprint import fingerprint_pair, model_token_range
+from scanner.fingerprint_compare import (
+    FINGERPRINT_STATISTICS,
+    block_result,
+    compare_fingerprints,
+    depth_note,
+    expert_note,
+    input_notes,
+)
 from scanner.inputs import InputSet, InputSpec, canonical_inputs, shared_token_range
 from scanner.results import LayerResult, PairTestResult
-from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match, phi_u
+from scanner.stats.independence import BlockTest, phi_u
 from scanner.stats.jsd import mean_jensen_shannon
 from scanner.stats.l2 import BlockSource, phi_l2
 from scanner.stats.logp import log10_fisher
+from scanner.validate import validate_checkpoint
 
 STATISTICS = ("match", "up", "hidden", "l2", "jsd")
 
@@ -36,47 +45,26 @@ class OpenModel:
 
     @property
     def token_range(self) -> int:
-        base = self.checkpoint.tokenizer_base_vocab_size()
-        vocab = self.adapter.shape.vocab_size
-        return min(vocab, base) if base else vocab
+        return model_token_range(self.checkpoint, self.adapter)
 
 
 def open_model(path: str | Path) -> OpenModel:
-    checkpoint = open_checkpoint(path)
-    return OpenModel(name=str(path), checkpoint=checkpoint, adapter=adapter_for(checkpoint))
+    """Every check of `validate_checkpoint` (NaN/Inf weights and folder safety included) before any statistic."""
+    checkpoint, adapter = validate_checkpoint(path)
+    return OpenModel(name=str(path), checkpoint=checkpoint, adapter=adapter)
 
 
 def _pair_inputs(a: OpenModel, b: OpenModel, spec: InputSpec, notes: list[str]) -> InputSet:
-    hash_a, hash_b = a.checkpoint.tokenizer_hash(), b.checkpoint.tokenizer_hash()
-    if hash_a and hash_b and hash_a != hash_b:
-        notes.append("the tokenizers differ, so the same ids mean different text: activation tests keep their validity but lose power")
-    if a.token_range != b.token_range:
-        notes.append(f"vocabularies differ ({a.token_range} vs {b.token_range} ids); inputs use the shared first {min(a.token_range, b.token_range)}")
-    return canonical_inputs(shared_token_range(a.token_range, b.token_range), spec)
-
-
-def _model_mlp_inputs(model: OpenModel, inputs: InputSet, device: str) -> list:
-    lm = load_causal_lm(model.checkpoint, device)
-    try:
-        return mlp_inputs(lm, model.adapter, inputs.ids)
-    finally:
-        del lm
-        gc.collect()
+    shared = shared_token_range(a.token_range, b.token_range)
+    notes += input_notes((a.checkpoint.tokenizer_hash(), b.checkpoint.tokenizer_hash()), (a.token_range, b.token_range), shared)
+    return canonical_inputs(shared, spec)
 
 
 def _paired_experts(a: OpenModel, b: OpenModel, layer_a: int, layer_b: int, notes: list[str]):
     experts_a, experts_b = a.adapter.mlp(layer_a), b.adapter.mlp(layer_b)
-    if len(experts_a) != len(experts_b):
-        note = f"expert counts differ ({len(experts_a)} vs {len(experts_b)}); experts are paired by index up to the smaller count"
-        if note not in notes:
-            notes.append(note)
+    if len(experts_a) != len(experts_b) and expert_note(len(experts_a), len(experts_b)) not in notes:
+        notes.append(expert_note(len(experts_a), len(experts_b)))
     return list(zip(experts_a, experts_b))
-
-
-def _block_result(layer_a: int, layer_b: int, tests: list[BlockTest]) -> LayerResult:
-    if len(tests) == 1:
-        return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units)
-    return LayerResult(layer_a, layer_b, fisher(tests), None, sum(t.n_units for t in tests))
 
 
 def _blockwise(
@@ -84,11 +72,8 @@ def _blockwise(
 ) -> list[LayerResult]:
     depth_a, depth_b = a.adapter.shape.n_layers, b.adapter.shape.n_layers
     if depth_a != depth_b:
-        notes.append(
-            f"depths differ ({depth_a} vs {depth_b} blocks): blocks are paired by index over the common first "
-            f"{min(depth_a, depth_b)}; `hubtrace localize` searches all block pairs"
-        )
-    return [_block_result(layer, layer, block_tests(layer, layer)) for layer in range(min(depth_a, depth_b))]
+        notes.append(depth_note(depth_a, depth_b))
+    return [block_result(layer, layer, block_tests(layer, layer)) for layer in range(min(depth_a, depth_b))]
 
 
 def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
@@ -103,22 +88,10 @@ def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
     )
 
 
-def _test_activations(a: OpenModel, b: OpenModel, statistic: str, inputs: InputSet, device: str, notes: list[str]):
-    inputs_a, inputs_b = _model_mlp_inputs(a, inputs, device), _model_mlp_inputs(b, inputs, device)
-
-    def block_tests(layer_a: int, layer_b: int) -> list[BlockTest]:
-        acts_a = glu_activations(inputs_a[layer_a], a.adapter.mlp(layer_a))
-        acts_b = glu_activations(inputs_b[layer_b], b.adapter.mlp(layer_b))
-        if len(acts_a) != len(acts_b):
-            _paired_experts(a, b, layer_a, layer_b, notes)
-        if statistic == "hidden":
-            act_a, act_b = a.adapter.shape.hidden_act, b.adapter.shape.hidden_act
-            return [phi_h(x.hidden(act_a), y.hidden(act_b)) for x, y in zip(acts_a, acts_b)]
-        return [phi_match(x.gate, x.up, y.gate, y.up) for x, y in zip(acts_a, acts_b)]
-
-    if statistic == "hidden":
-        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
-    return _blockwise(a, b, notes, block_tests)
+def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
+    """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does."""
+    fingerprints = fingerprint_pair(a.checkpoint.path, b.checkpoint.path, inputs=spec, device=device)
+    return replace(compare_fingerprints(*fingerprints, statistic), model_a=a.name, model_b=b.name)
 
 
 def _block_source(model: OpenModel) -> BlockSource:
@@ -142,7 +115,7 @@ def compare_models(
     if statistic not in STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
     a, b = open_model(path_a), open_model(path_b)
-    notes: list[str] = []
+    notes = [f"{m.name}: {note}" for m in (a, b) for note in m.checkpoint.notes]
     n_layers = min(a.adapter.shape.n_layers, b.adapter.shape.n_layers)
     common = dict(model_a=a.name, model_b=b.name, statistic=statistic, n_layers=n_layers)
 
@@ -156,15 +129,15 @@ def compare_models(
         )
         return PairTestResult(log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.observed, **common)
 
-    input_set = _pair_inputs(a, b, inputs, notes)
-    if statistic == "jsd":
-        log_probs = [next_token_log_probs(load_causal_lm(m.checkpoint, device), input_set.ids, input_set.token_range) for m in (a, b)]
-        notes.append("phi_JSD has no valid null distribution (it is invariant to every output-preserving change): raw value only, no p-value")
-        return PairTestResult(
-            log10_p=None, layers=[], inputs=input_set.id, notes=notes, value=mean_jensen_shannon(*log_probs), **common
-        )
-    layers = _test_activations(a, b, statistic, input_set, device, notes)
-    return PairTestResult(log10_p=fisher_of(layers), layers=layers, inputs=input_set.id, notes=notes, **common)
+    if statistic in FINGERPRINT_STATISTICS:
+        result = _test_activations(a, b, statistic, inputs, device)
+        return replace(result, notes=[*notes, *result.notes])
+    input_set = _pair_inputs(a, b, inputs, notes)  # jsd
+    log_probs = [next_token_log_probs(load_causal_lm(m.checkpoint, device), input_set.ids, input_set.token_range) for m in (a, b)]
+    notes.append("phi_JSD has no valid null distribution (it is invariant to every output-preserving change): raw value only, no p-value")
+    return PairTestResult(
+        log10_p=None, layers=[], inputs=input_set.id, notes=notes, value=mean_jensen_shannon(*log_probs), **common
+    )
 
 
 def fisher_of(layers: list[LayerResult]) -> float:

@@ -17,5 +17,9 @@ class UnsupportedArchitectureError(CheckpointError):
     """No adapter maps this architecture's tensor names to the canonical roles."""
 
 
+class FingerprintError(CheckpointError):
+    """A fingerprint file is missing, truncated, altered or from an unknown format version."""
+
+
 class IncomparableError(HubtraceError):
     """Two models (or fingerprints) cannot be compared with the requested statistic, and the message says why."""

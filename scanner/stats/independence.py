@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from scanner.stats.logp import log10_fisher, log10_matching_p, log10_permutation_p
-from scanner.stats.matching import Matching, match, spearman
+from scanner.stats.matching import Matching, cosine_similarity_matrix, match, match_similarity, spearman
 
 Theta = TypeVar("Theta")
 
@@ -49,8 +49,13 @@ def phi_match(gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np
     the output, so the two matchings agree for dependent models whatever was done to the units, and
     are unrelated for independent ones. Works for different widths (the smaller side is matched).
     """
-    by_gate = match(gate_a, gate_b)
-    by_up = match(up_a, up_b)
+    return phi_match_similarity(cosine_similarity_matrix(gate_a, gate_b), cosine_similarity_matrix(up_a, up_b))
+
+
+def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:
+    """phi_MATCH from the two precomputed cosine matrices (gate and up), each shaped (units_a, units_b)."""
+    by_gate = match_similarity(gate_similarity)
+    by_up = match_similarity(up_similarity)
     rho = spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float))
     return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.stats import rankdata
@@ -42,21 +43,31 @@ def cosine_similarity_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine similarity between every row of a and every row of b; all-zero rows score 0."""
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"MATCH needs two matrices with equal column counts, got {a.shape} and {b.shape}")
+    return unit_rows(a) @ unit_rows(b).T
+
+
+def unit_rows(a: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length in float32 (all-zero rows stay zero): cosines are then dot products.
+
+    Callers comparing one layer against many (localized testing) normalise once and reuse the result.
+    """
     a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    a_unit = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), _NORM_FLOOR)
-    b_unit = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), _NORM_FLOOR)
-    return a_unit @ b_unit.T
+    return a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), _NORM_FLOOR)
 
 
 def match(a: np.ndarray, b: np.ndarray) -> Matching:
     """MATCH: the assignment of rows maximising total cosine similarity (rectangular: every smaller-side row)."""
-    similarity = cosine_similarity_matrix(a, b)
-    if a.shape[0] <= b.shape[0]:
+    return match_similarity(cosine_similarity_matrix(a, b))
+
+
+def match_similarity(similarity: Any) -> Matching:
+    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device)."""
+    a_rows, b_rows = similarity.shape
+    if a_rows <= b_rows:
         a_index, b_index = max_weight_assignment(similarity)
     else:
         b_index, a_index = max_weight_assignment(similarity.T)
-    return Matching(a_index=np.asarray(a_index), b_index=np.asarray(b_index), a_rows=a.shape[0], b_rows=b.shape[0])
+    return Matching(a_index=np.asarray(a_index), b_index=np.asarray(b_index), a_rows=a_rows, b_rows=b_rows)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:

@@ -1,0 +1,93 @@
+"""Benchmark: one 7B-shaped pair (32 blocks x 11008 units) compared from synthetic fingerprints.
+
+    python bench/bench_7b_pair.py                          # 512 tokens, dependent and independent pair
+    python bench/bench_7b_pair.py --sequences 32 --pairs dependent
+
+The fingerprints are real ``Fingerprint`` objects (metadata of a zoo model's fingerprint on the chosen
+input set, so they are comparable) whose blocks are replaced by synthetic gate/up activations: Gaussian
+for model A; for the dependent model B, A's units permuted per block, up rescaled, plus noise of equal
+scale (cosine ~0.7 with the true partner); for the independent B, fresh Gaussians. Synthesis is not
+timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs once per pair under cProfile, which reports
+where the time goes (cosine products vs assignments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import os
+import pstats
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from scanner.activations import MLPActivations
+from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprint_compare import compare_fingerprints
+from scanner.inputs import InputSpec
+from scanner.zoo import build_zoo
+
+UNITS, BLOCKS = 11008, 32
+
+
+def synthetic_pair(template: Fingerprint, blocks: int, units: int, dependent: bool, seed: int):
+    """Two comparable 7B-shaped fingerprints; B derives from A (permuted, rescaled, noisy) when dependent."""
+    rng = np.random.default_rng(seed)
+    tokens = template.blocks[0][0].gate.shape[1]
+    blocks_a, blocks_b = [], []
+    for _ in range(blocks):
+        gate, up = (rng.standard_normal((units, tokens), dtype=np.float32) for _ in range(2))
+        blocks_a.append([MLPActivations(gate=gate, up=up)])
+        if dependent:
+            perm = rng.permutation(units)
+            gate_b = gate[perm] + rng.standard_normal((units, tokens), dtype=np.float32)
+            up_b = 2.5 * (up[perm] + rng.standard_normal((units, tokens), dtype=np.float32))
+        else:
+            gate_b, up_b = (rng.standard_normal((units, tokens), dtype=np.float32) for _ in range(2))
+        blocks_b.append([MLPActivations(gate=gate_b, up=up_b)])
+
+    def fingerprint(name: str, activations) -> Fingerprint:
+        meta = dataclasses.replace(template.meta, model=name, n_layers=blocks, intermediate_size=units)
+        return dataclasses.replace(template, meta=meta, blocks=activations)
+
+    return fingerprint("synthetic-7b-a", blocks_a), fingerprint("synthetic-7b-b", blocks_b)
+
+
+def profile_compare(a: Fingerprint, b: Fingerprint) -> None:
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    result = profiler.runcall(compare_fingerprints, a, b)
+    total = time.perf_counter() - start
+    print(f"compare_fingerprints: {total:.1f} s total, log10 p = {result.log10_p:.1f}, "
+          f"rho per block {min(x.rho for x in result.layers):+.3f} .. {max(x.rho for x in result.layers):+.3f}")
+    stats = pstats.Stats(profiler)
+    wanted = ("cosine_similarity_matrix", "unit_rows", "solve_assignment", "spearman", "log10_matching_p", "phi_match")
+    for (filename, _, name), row in sorted(stats.stats.items(), key=lambda kv: -kv[1][3]):
+        if name in wanted:
+            print(f"  {name:<26} {row[3]:8.2f} s cumulative over {row[1]} calls  ({Path(filename).name})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--zoo", type=Path, default=Path(".hubtrace-cache/zoo"))
+    parser.add_argument("--sequences", type=int, default=8, help="canonical sequences of 64 tokens")
+    parser.add_argument("--units", type=int, default=UNITS)
+    parser.add_argument("--blocks", type=int, default=BLOCKS)
+    parser.add_argument("--pairs", choices=("dependent", "independent", "both"), default="both")
+    args = parser.parse_args()
+    spec = InputSpec(n_sequences=args.sequences, seq_len=64)
+    template = fingerprint_model(build_zoo(args.zoo)["aurora-labs/aurora-base"].path, inputs=spec)
+    print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; {args.blocks} blocks x {args.units} units, "
+          f"{spec.n_sequences * spec.seq_len} tokens ({template.meta.input_set})")
+    for dependent in {"dependent": [True], "independent": [False], "both": [True, False]}[args.pairs]:
+        a, b = synthetic_pair(template, args.blocks, args.units, dependent, seed=7 + dependent)
+        print(f"## {'dependent' if dependent else 'independent'} pair")
+        profile_compare(a, b)
+        del a, b
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Benchmark: peak memory while fingerprinting a 7B-shaped bf16 checkpoint (13.5 GB, Hub-style shards).
+
+    nice python bench/bench_streaming_memory.py                   # default input set
+    nice python bench/bench_streaming_memory.py --sequences 8     # 512 tokens
+
+Writes a random-weight Llama-2-7B-shaped checkpoint (bf16, ~5 GB shards, index) into a temporary
+folder under .hubtrace-cache/bench, fingerprints it in a child process with ``fingerprint_model``
+(streamed block by block), and reports the child's peak RSS (getrusage), with the anonymous and
+file-backed parts sampled from /proc every 0.2 s. The checkpoint is deleted afterwards. Goal: <= 4 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from synthetic_checkpoint import scratch_checkpoint
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from scanner.fingerprint import fingerprint_model, write_fingerprint
+from scanner.inputs import InputSpec
+start = time.perf_counter()
+fp = fingerprint_model(sys.argv[1], inputs=InputSpec(n_sequences=int(sys.argv[3]), seq_len=int(sys.argv[4])), device=sys.argv[5])
+seconds = time.perf_counter() - start
+write_fingerprint(fp, sys.argv[2])
+print(f"fingerprint: {seconds:.1f} s, {len(fp.blocks)} blocks, input set {fp.meta.input_set}, "
+      f"file {Path(sys.argv[2]).stat().st_size / 2**20:.0f} MiB")
+"""
+
+
+def _status(pid: int) -> dict[str, int]:
+    """VmRSS, RssAnon, RssFile of a live process, in KiB (empty once it has exited)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in lines) if k in ("VmRSS", "RssAnon", "RssFile")}
+
+
+def measure(model: Path, out: Path, sequences: int, seq_len: int, device: str) -> None:
+    cmd = [sys.executable, "-c", CHILD, str(model), str(out), str(sequences), str(seq_len), device]
+    peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    child = subprocess.Popen(cmd)
+    while child.poll() is None:
+        for key, value in _status(child.pid).items():
+            peak[key] = max(peak[key], value)
+        time.sleep(0.2)
+    if child.returncode != 0:
+        raise SystemExit(f"fingerprinting failed with exit status {child.returncode}")
+    max_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    gib = 2**20
+    print(f"peak RSS (getrusage): {max_rss / gib:.2f} GiB; sampled peaks: RSS {peak['VmRSS'] / gib:.2f} GiB, "
+          f"anonymous {peak['RssAnon'] / gib:.2f} GiB, file-backed (mmap) {peak['RssFile'] / gib:.2f} GiB; goal <= 4 GB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="7b", choices=("7b", "1b"))
+    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--cache", type=Path, default=Path(".hubtrace-cache/bench"))
+    args = parser.parse_args()
+    with scratch_checkpoint(args.cache, args.shape) as model:
+        measure(model, model.parent / "fingerprint.safetensors", args.sequences, args.seq_len, args.device)
+
+
+if __name__ == "__main__":
+    main()

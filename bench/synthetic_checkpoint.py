@@ -1,0 +1,100 @@
+"""Random-weight Llama checkpoints laid out like the Hub's (bf16 safetensors shards plus an index), for benches.
+
+Shards are written one at a time, so the writer holds at most one shard's tensors in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+#: Llama-2-7B's shape (6.74e9 parameters) and TinyLlama-1.1B's.
+SHAPES = {
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=32000),
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4, vocab_size=32000),
+}
+
+
+def _tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    d, h, head = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], d)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (d, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, d),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "mlp.gate_proj.weight": (h, d),
+            p + "mlp.up_proj.weight": (h, d),
+            p + "mlp.down_proj.weight": (d, h),
+        }
+    return shapes | {"model.norm.weight": (d,), "lm_head.weight": (c["vocab_size"], d)}
+
+
+def write_random_llama(root: Path, shape: str, *, shard_bytes: int = 5 * 10**9, seed: int = 0) -> int:
+    """Write config.json, model-0000k-of-0000n.safetensors and the index under root; returns the parameter count."""
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        **SHAPES[shape],
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    shapes = _tensor_shapes(config)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, dims in shapes.items():
+        nbytes = 2 * int(torch.Size(dims).numel())
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    generator = torch.Generator().manual_seed(seed)
+    weight_map = {}
+    for k, names in enumerate(shards, start=1):
+        filename = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name in names:
+            if name.endswith("norm.weight"):
+                tensors[name] = torch.ones(shapes[name], dtype=torch.bfloat16)
+            else:
+                tensors[name] = (0.02 * torch.randn(shapes[name], generator=generator)).to(torch.bfloat16)
+            weight_map[name] = filename
+        save_file(tensors, str(root / filename), metadata={"format": "pt"})
+        del tensors
+    total = sum(int(torch.Size(d).numel()) for d in shapes.values())
+    index = {"metadata": {"total_size": 2 * total}, "weight_map": weight_map}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return total
+
+
+@contextmanager
+def scratch_checkpoint(cache: Path, shape: str, *, shard_bytes: int = 5 * 10**9) -> Iterator[Path]:
+    """A random checkpoint in a fresh folder under cache (its parent folder is yours too), deleted afterwards."""
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"random-{shape}-", dir=cache))
+    try:
+        start = time.perf_counter()
+        params = write_random_llama(work / "model", shape, shard_bytes=shard_bytes)
+        shards = sorted((work / "model").glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in shards)
+        print(f"wrote {params / 1e9:.2f}e9 parameters, {size / 1e9:.2f} GB in {len(shards)} shards "
+              f"in {time.perf_counter() - start:.0f} s")
+        yield work / "model"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,350 @@
+"""Fingerprints: everything the activation statistics need from a model, read once, kept in one small file.
+
+A fingerprint holds every block's gate and up activations on the canonical inputs (per expert for MoE),
+plus what comparisons and screening need without the checkpoint: dims, depth, vocabulary and tokenizer
+identity, the input set, per-tensor sha256 of the stored weights (exact copies), the parameter count and
+small permutation-invariant summaries. Comparing two models is then a computation on two files.
+
+The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up`, shaped (units, tokens)); the
+metadata is JSON under the header's `__metadata__` together with a sha256 over the tensors, checked on
+every read. Activations are stored as float16 (halving the size; see docs/fingerprints.md for the measured
+effect on p-values), float32 for any tensor that float16 cannot hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from scanner import __version__
+from scanner.activations import MLPActivations
+from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
+from scanner.checkpoint import Checkpoint, open_checkpoint
+from scanner.errors import FingerprintError
+from scanner.inputs import InputSpec, canonical_inputs
+from scanner.streaming import stream_blocks
+
+FINGERPRINT_FORMAT = 1
+STORAGE_DTYPES = ("float16", "float32")
+#: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
+QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+_META_KEY = "hubtrace_fingerprint"
+_CONTENT_KEY = "content_sha256"
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+@dataclass(frozen=True)
+class FingerprintMeta:
+    """What a comparison needs to know about the model without opening it. JSON-serialisable."""
+
+    model: str
+    architecture: str
+    model_type: str
+    n_layers: int
+    hidden_size: int
+    intermediate_size: int
+    n_experts: int
+    vocab_size: int
+    token_range: int
+    tokenizer_hash: str | None
+    hidden_act: str
+    input_set: str
+    input_spec: dict
+    parameter_count: int
+    tensor_hashes: dict[str, str]
+    summaries: dict
+    hubtrace_version: str
+    format_version: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A model's metadata and its activations: blocks[layer][expert] with gate/up shaped (units, tokens)."""
+
+    meta: FingerprintMeta
+    blocks: list[list[MLPActivations]]
+
+    def comparable_with(self, other: Fingerprint) -> str | None:
+        """None when activation statistics may compare the two; otherwise why not (one line)."""
+        a, b = self.meta, other.meta
+        if a.input_set == b.input_set:
+            return None
+        if a.token_range != b.token_range and a.input_spec == b.input_spec:
+            return (
+                f"the fingerprints draw their canonical ids from different ranges ({a.input_set} vs {b.input_set}): "
+                f"the same input set needs the shared range; fingerprint both models with token range "
+                f"{min(a.token_range, b.token_range)}"
+            )
+        return f"the fingerprints were taken on different input sets ({a.input_set} vs {b.input_set})"
+
+
+def model_token_range(checkpoint: Checkpoint, adapter: ArchitectureAdapter) -> int:
+    """The ids whose meaning the model's tokenizer defines: its base vocabulary (added tokens excluded) when
+    tokenizer.json says, else the embedding rows."""
+    base = checkpoint.tokenizer_base_vocab_size()
+    vocab = adapter.shape.vocab_size
+    return min(vocab, base) if base else vocab
+
+
+def fingerprint_model(
+    path: str | Path,
+    *,
+    inputs: InputSpec = InputSpec(),
+    device: str = "cpu",
+    token_range: int | None = None,
+    storage_dtype: str = "float16",
+) -> Fingerprint:
+    """Read a checkpoint once, block by block, into its fingerprint.
+
+    token_range overrides the model's own id range (a pair test of two vocabularies uses the shared one);
+    activations are rounded to storage_dtype here, so a fingerprint compares the same before and after a
+    write/read round trip.
+    """
+    if storage_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
+    checkpoint = open_checkpoint(path)
+    adapter = adapter_for(checkpoint)
+    own_range = model_token_range(checkpoint, adapter)
+    input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # hashing reads the files while the blocks compute
+        hashes = pool.submit(_tensor_hashes, checkpoint)
+        blocks: list[list[MLPActivations]] = []
+        per_block: list[dict[str, Any]] = []
+        for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
+            blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
+            per_block.append(_block_summary(block.experts, blocks[-1]))
+            del block
+        tensor_hashes = hashes.result()
+    shape = adapter.shape
+    meta = FingerprintMeta(
+        model=str(path),
+        architecture=shape.architecture,
+        model_type=shape.model_type,
+        n_layers=shape.n_layers,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        n_experts=shape.n_experts,
+        vocab_size=shape.vocab_size,
+        token_range=input_set.token_range,
+        tokenizer_hash=checkpoint.tokenizer_hash(),
+        hidden_act=shape.hidden_act,
+        input_set=input_set.id,
+        input_spec=asdict(inputs),
+        parameter_count=sum(math.prod(checkpoint.shape(n)) for n in checkpoint.tensor_names()),
+        tensor_hashes=tensor_hashes,
+        summaries=_summaries(per_block),
+        hubtrace_version=__version__,
+        format_version=FINGERPRINT_FORMAT,
+        dtype=storage_dtype,
+    )
+    checkpoint.close()
+    return Fingerprint(meta=meta, blocks=blocks)
+
+
+def fingerprint_pair(
+    path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu"
+) -> tuple[Fingerprint, Fingerprint]:
+    """Fingerprints of two sides, each a model directory or a fingerprint file, on one input set if possible.
+
+    A file side fixes the input set (its spec and id range) for a directory side; two directories use
+    `inputs` on their shared id range. Whether the result is comparable is `comparable_with`'s call.
+    """
+    files = {p: read_fingerprint(p) for p in (Path(path_a), Path(path_b)) if Path(p).is_file()}
+    if files:
+        fixed = next(iter(files.values())).meta
+        inputs, token_range = InputSpec(**fixed.input_spec), fixed.token_range
+    else:
+        checkpoints = [open_checkpoint(p) for p in (path_a, path_b)]
+        token_range = min(model_token_range(c, adapter_for(c)) for c in checkpoints)
+    return tuple(  # type: ignore[return-value]
+        files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range)
+        for p in (path_a, path_b)
+    )
+
+
+def write_fingerprint(fp: Fingerprint, path: str | Path) -> str:
+    """Write atomically (temporary file in the same folder, then rename); returns the file's sha256."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        _tensor_name(layer, expert, part): getattr(acts, part)
+        for layer, experts in enumerate(fp.blocks)
+        for expert, acts in enumerate(experts)
+        for part in ("gate", "up")
+    }
+    metadata = {_META_KEY: json.dumps(asdict(fp.meta), sort_keys=True), _CONTENT_KEY: _content_sha256(tensors)}
+    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=metadata)
+        digest = _file_sha256(Path(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return digest
+
+
+def read_fingerprint_meta(path: str | Path) -> FingerprintMeta:
+    """Only the metadata (header), without reading or checking the activations."""
+    with _open(path) as handle:
+        return _parse_meta(path, handle.metadata())
+
+
+def read_fingerprint(path: str | Path) -> Fingerprint:
+    """Read and check a fingerprint file; FingerprintError (one line) if it is corrupt or of another format."""
+    with _open(path) as handle:
+        meta = _parse_meta(path, handle.metadata())
+        names = set(handle.keys())
+        try:
+            tensors = {name: handle.get_tensor(name) for name in sorted(names)}
+        except SafetensorError as exc:
+            raise FingerprintError(f"{path}: cannot read the activations: {exc}") from exc
+        stored_sha = handle.metadata().get(_CONTENT_KEY)
+    if stored_sha != _content_sha256(tensors):
+        raise FingerprintError(f"{path}: the activations do not match their recorded sha256 (altered or damaged file)")
+    blocks = []
+    n_tokens = meta.input_spec.get("n_sequences", 0) * meta.input_spec.get("seq_len", 0)
+    for layer in range(meta.n_layers):
+        experts = []
+        while _tensor_name(layer, len(experts), "gate") in names:
+            gate, up = (tensors.pop(_tensor_name(layer, len(experts), p), None) for p in ("gate", "up"))
+            if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens:
+                raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
+            experts.append(MLPActivations(gate=gate, up=up))
+        if not experts:
+            raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
+        blocks.append(experts)
+    leftover = sorted(tensors)
+    if leftover:
+        raise FingerprintError(f"{path}: unexpected tensors {leftover[:3]} beyond the {meta.n_layers} blocks")
+    return Fingerprint(meta=meta, blocks=blocks)
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _tensor_name(layer: int, expert: int, part: str) -> str:
+    return f"blocks.{layer}.{expert}.{part}"
+
+
+def _stored(acts: MLPActivations, storage_dtype: str) -> MLPActivations:
+    return MLPActivations(gate=_as_storage(acts.gate, storage_dtype), up=_as_storage(acts.up, storage_dtype))
+
+
+def _as_storage(values: np.ndarray, storage_dtype: str) -> np.ndarray:
+    """float16 when every value fits (finite, |x| <= 65504), else float32: never an overflow to inf."""
+    if storage_dtype == "float16" and np.abs(values).max(initial=0.0) <= _FLOAT16_MAX:
+        return values.astype(np.float16)
+    return values.astype(np.float32, copy=False)
+
+
+def _tensor_hashes(checkpoint: Checkpoint) -> dict[str, str]:
+    return {name: checkpoint.tensor_sha256(name) for name in checkpoint.tensor_names()}
+
+
+def _kurtosis(weights: torch.Tensor) -> float:
+    """Excess kurtosis of all entries (population moments, as scipy.stats.kurtosis defaults to)."""
+    x = weights.flatten().double()
+    centred = x - x.mean()
+    m2 = centred.square().mean()
+    return float(centred.pow(4).mean() / m2.square() - 3.0) if m2 > 0 else 0.0
+
+
+def _block_summary(experts: list[GLUWeights], activations: list[MLPActivations]) -> dict[str, Any]:
+    rms = {
+        part: np.concatenate([np.sqrt(np.mean(np.square(getattr(a, part), dtype=np.float64), axis=1)) for a in activations])
+        for part in ("gate", "up")
+    }
+    kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part)) for e in experts])) for part in ("gate", "up", "down")}
+    return {
+        "kurtosis": kurtosis,
+        "gate_rms_quantiles": np.quantile(rms["gate"], QUANTILES).tolist(),
+        "up_rms_quantiles": np.quantile(rms["up"], QUANTILES).tolist(),
+    }
+
+
+def _summaries(per_block: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-block lists (index = block). Every entry is invariant to permuting hidden units (and experts)."""
+    return {
+        "mlp_weight_kurtosis": [float(np.mean(list(b["kurtosis"].values()))) for b in per_block],
+        "gate_weight_kurtosis": [b["kurtosis"]["gate"] for b in per_block],
+        "up_weight_kurtosis": [b["kurtosis"]["up"] for b in per_block],
+        "down_weight_kurtosis": [b["kurtosis"]["down"] for b in per_block],
+        "activation_rms_quantiles": list(QUANTILES),
+        "gate_rms_quantiles": [b["gate_rms_quantiles"] for b in per_block],
+        "up_rms_quantiles": [b["up_rms_quantiles"] for b in per_block],
+    }
+
+
+def _content_sha256(tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def _file_sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(8 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _open:
+    """safe_open as a context manager that turns every way a file can be unreadable into FingerprintError."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __enter__(self) -> Any:
+        if not self.path.is_file():
+            raise FingerprintError(f"fingerprint file {self.path} does not exist or is not a file")
+        try:
+            self.handle = safe_open(str(self.path), framework="numpy")
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise FingerprintError(f"{self.path} is not a readable fingerprint (safetensors) file: {exc}") from exc
+        return self.handle
+
+    def __exit__(self, *exc: object) -> None:
+        del self.handle
+
+
+def _parse_meta(path: str | Path, metadata: dict[str, str] | None) -> FingerprintMeta:
+    raw = (metadata or {}).get(_META_KEY)
+    if raw is None:
+        raise FingerprintError(f"{path} is a safetensors file but not a hubtrace fingerprint (no {_META_KEY} metadata)")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise FingerprintError(f"{path}: fingerprint metadata is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise FingerprintError(f"{path}: fingerprint metadata is not a JSON object")
+    version = data.get("format_version")
+    if version != FINGERPRINT_FORMAT:
+        raise FingerprintError(
+            f"{path}: fingerprint format {version!r}, but this hubtrace (version {__version__}) reads format "
+            f"{FINGERPRINT_FORMAT}; re-fingerprint the model"
+        )
+    expected = {f.name for f in fields(FingerprintMeta)}
+    if set(data) != expected:
+        missing, extra = sorted(expected - set(data)), sorted(set(data) - expected)
+        raise FingerprintError(f"{path}: fingerprint metadata fields differ (missing {missing}, unexpected {extra})")
+    return FingerprintMeta(**data)

@@ -1,0 +1,88 @@
+"""phi_MATCH and phi_H between two fingerprints: the activation statistics with no checkpoint open.
+
+`scanner.compare.compare_models` computes its activation statistics through here too, so a test from two
+fingerprint files gives exactly the numbers of a live test on the same input set.
+"""
+
+from __future__ import annotations
+
+from scanner.errors import IncomparableError
+from scanner.fingerprint import Fingerprint
+from scanner.results import LayerResult, PairTestResult
+from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
+from scanner.stats.logp import log10_fisher
+
+FINGERPRINT_STATISTICS = ("match", "hidden")
+
+
+def compare_fingerprints(a: Fingerprint, b: Fingerprint, statistic: str = "match") -> PairTestResult:
+    """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
+
+    Raises IncomparableError when the fingerprints were taken on different input sets.
+    """
+    if statistic not in FINGERPRINT_STATISTICS:
+        raise ValueError(
+            f"statistic {statistic!r} cannot be computed from fingerprints; choose one of {', '.join(FINGERPRINT_STATISTICS)}"
+        )
+    reason = a.comparable_with(b)
+    if reason is not None:
+        raise IncomparableError(reason)
+    notes = input_notes(
+        (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
+    )
+    depth = min(len(a.blocks), len(b.blocks))
+    if len(a.blocks) != len(b.blocks):
+        notes.append(depth_note(len(a.blocks), len(b.blocks)))
+    layers = []
+    for layer in range(depth):
+        experts_a, experts_b = a.blocks[layer], b.blocks[layer]
+        if len(experts_a) != len(experts_b) and expert_note(len(experts_a), len(experts_b)) not in notes:
+            notes.append(expert_note(len(experts_a), len(experts_b)))
+        if statistic == "hidden":
+            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act)) for x, y in zip(experts_a, experts_b)]
+        else:
+            tests = [phi_match(x.gate, x.up, y.gate, y.up) for x, y in zip(experts_a, experts_b)]
+        layers.append(block_result(layer, layer, tests))
+    if statistic == "hidden":
+        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
+    return PairTestResult(
+        model_a=a.meta.model,
+        model_b=b.meta.model,
+        statistic=statistic,
+        log10_p=log10_fisher([layer.log10_p for layer in layers]),
+        layers=layers,
+        n_layers=depth,
+        inputs=a.meta.input_set,
+        notes=notes,
+    )
+
+
+def input_notes(tokenizer_hashes: tuple[str | None, str | None], id_ranges: tuple[int, int], shared: int) -> list[str]:
+    """What a reader should know about the inputs of a pair: other tokenizers, other vocabularies."""
+    notes = []
+    hash_a, hash_b = tokenizer_hashes
+    if hash_a and hash_b and hash_a != hash_b:
+        notes.append(
+            "the tokenizers differ, so the same ids mean different text: activation tests keep their validity but lose power"
+        )
+    if id_ranges[0] != id_ranges[1]:
+        notes.append(f"vocabularies differ ({id_ranges[0]} vs {id_ranges[1]} ids); inputs use the shared first {shared}")
+    return notes
+
+
+def depth_note(depth_a: int, depth_b: int) -> str:
+    return (
+        f"depths differ ({depth_a} vs {depth_b} blocks): blocks are paired by index over the common first "
+        f"{min(depth_a, depth_b)}; `hubtrace localize` searches all block pairs"
+    )
+
+
+def expert_note(experts_a: int, experts_b: int) -> str:
+    return f"expert counts differ ({experts_a} vs {experts_b}); experts are paired by index up to the smaller count"
+
+
+def block_result(layer_a: int, layer_b: int, tests: list[BlockTest]) -> LayerResult:
+    """One block pair's result; an MoE block's experts are combined by FISHER (rho is then undefined)."""
+    if len(tests) == 1:
+        return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units)
+    return LayerResult(layer_a, layer_b, fisher(tests), None, sum(t.n_units for t in tests))

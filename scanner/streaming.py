@@ -1,0 +1,215 @@
+"""MLP activations of a checkpoint read one block at a time: peak memory is one block, not the model.
+
+The model is built by transformers on the meta device (no memory, no remote code), so every module is
+transformers' own for the architecture. Only the small pieces that run before the first block are made
+real: the embedding rows the canonical ids use (the ids are renumbered into that small table, so Gemma's
+scaled embedding still applies its own scale) and whatever the model initialises itself (rotary
+frequencies), through the model's own `_init_weights`.
+
+One forward pass of the base model with every decoder layer replaced by a recorder collects, for each
+block, the exact arguments the model's forward would call it with (causal or sliding-window mask,
+position embeddings, position ids) and the hidden states entering block 0. Then each block in turn gets
+its weights from safetensors (stored names, or the adapter's per-expert tensors fused the way
+transformers 5 holds experts), runs on all canonical sequences at once with a forward pre-hook capturing
+its MLP input, and goes back to the meta device before the next block is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from scanner.activations import MLPActivations, check_sequence_length, glu_activations
+from scanner.adapters import ArchitectureAdapter, GLUWeights
+from scanner.checkpoint import Checkpoint
+from scanner.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class StreamedBlock:
+    """One block's gated MLPs (float32, CPU; as `adapter.mlp` returns them) and their activations."""
+
+    layer: int
+    experts: list[GLUWeights]
+    activations: list[MLPActivations]
+
+
+def stream_mlp_activations(
+    checkpoint: Checkpoint,
+    adapter: ArchitectureAdapter,
+    ids: np.ndarray,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> Iterator[tuple[int, list[MLPActivations]]]:
+    """(layer, per-expert gate/up activations) for every block in order, on token ids (n_sequences, seq_len).
+
+    Each block's weights are read once and freed before the next block is read. dtype defaults to float32
+    on the CPU and bfloat16 on CUDA; activations always come back as float32 numpy arrays (units, tokens).
+    """
+    for block in stream_blocks(checkpoint, adapter, ids, device=device, dtype=dtype):
+        yield block.layer, block.activations
+
+
+@torch.inference_mode()
+def stream_blocks(
+    checkpoint: Checkpoint,
+    adapter: ArchitectureAdapter,
+    ids: np.ndarray,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> Iterator[StreamedBlock]:
+    """`stream_mlp_activations` with each block's MLP weights alongside, for summaries that need them."""
+    dtype = dtype or default_dtype(device)
+    lm = _meta_model(checkpoint)
+    check_sequence_length(lm, ids)
+    layers = lm.get_submodule(adapter.mlp_module_path(0).removesuffix(".0.mlp"))
+    base = lm.get_submodule(adapter.mlp_module_path(0).removesuffix(".layers.0.mlp"))
+    hidden, calls = _block_calls(lm, base, layers, adapter, ids, device, dtype)
+    for layer, module in enumerate(layers):
+        experts = adapter.mlp(layer)
+        _load_block(module, checkpoint, adapter, layer, experts, device, dtype)
+        captured: list[torch.Tensor] = []
+        handle = lm.get_submodule(adapter.mlp_module_path(layer)).register_forward_pre_hook(
+            lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
+        )
+        try:
+            out = module(hidden, **calls[layer])
+        finally:
+            handle.remove()
+            module.to_empty(device="meta")
+            checkpoint.close()  # drop the block's memory maps too
+        hidden = out[0] if isinstance(out, tuple) else out
+        mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
+        on_device = [GLUWeights(*(w.to(device=device, dtype=dtype) for w in (e.gate, e.up, e.down))) for e in experts]
+        activations = glu_activations(mlp_input, on_device)
+        del captured, mlp_input, on_device, out
+        yield StreamedBlock(layer, experts, activations)
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """float32 on the CPU (exact comparisons); bfloat16 on CUDA where supported, else float16."""
+    if not device.startswith("cuda"):
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def _meta_model(checkpoint: Checkpoint) -> PreTrainedModel:
+    """The architecture's transformers model with every tensor on the meta device (built-in classes only)."""
+    try:
+        config = AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False, local_files_only=True)
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc
+    return lm.eval()
+
+
+class _Recorded(Exception):
+    """Raised by the last recorder: the base model's forward has handed out every block's arguments."""
+
+
+def _block_calls(
+    lm: PreTrainedModel,
+    base: nn.Module,
+    layers: nn.ModuleList,
+    adapter: ArchitectureAdapter,
+    ids: np.ndarray,
+    device: str,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """Hidden states entering block 0 and the keyword arguments the base model's forward gives each block."""
+    unique, local_ids = np.unique(ids, return_inverse=True)
+    _materialize_globals(lm, base, layers, adapter.embedding_rows(unique.tolist()), device, dtype)
+    entry: list[torch.Tensor] = []
+    calls: list[dict[str, Any]] = []
+
+    def recorder(layer: int):
+        def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if args:
+                raise CheckpointError(f"{type(layers[layer]).__name__} was called with positional arguments")
+            if not entry:
+                entry.append(hidden_states)
+            calls.append(kwargs)
+            if layer == len(layers) - 1:
+                raise _Recorded
+            return hidden_states
+
+        return forward
+
+    for layer, module in enumerate(layers):
+        module.forward = recorder(layer)
+    try:
+        base(input_ids=torch.from_numpy(local_ids.reshape(ids.shape)).to(device), use_cache=False)
+    except _Recorded:
+        pass
+    finally:
+        for module in layers:
+            del module.forward  # back to the class's forward
+    if len(calls) != len(layers):
+        raise CheckpointError(f"{lm.config.model_type}: the model ran {len(calls)} of its {len(layers)} blocks")
+    return entry[0], calls
+
+
+def _materialize_globals(
+    lm: PreTrainedModel, base: nn.Module, layers: nn.ModuleList, rows: torch.Tensor, device: str, dtype: torch.dtype
+) -> None:
+    """Make real what runs before block 0: an embedding table of just `rows`, and the model's own buffers.
+
+    Buffers (rotary frequencies, Gemma 3's embedding scale) are filled by the model's `_init_weights`, as
+    `from_pretrained` does for tensors a checkpoint does not store.
+    """
+    in_layers = {id(m) for m in layers.modules()}
+    embed = base.get_input_embeddings()
+    embed.weight = nn.Parameter(torch.empty(rows.shape, device=device, dtype=dtype), requires_grad=False)
+    embed.padding_idx = None  # ids are renumbered; padding_idx only matters for gradients anyway
+    for module in base.modules():
+        if id(module) in in_layers or module is layers:
+            continue
+        module.to_empty(device=device, recurse=False)
+        lm._init_weights(module)
+        for name, param in module.named_parameters(recurse=False):
+            if param.is_floating_point():
+                setattr(module, name, nn.Parameter(param.to(dtype), requires_grad=False))
+    embed.weight.copy_(rows.to(device=device, dtype=dtype))
+
+
+def _load_block(
+    module: nn.Module,
+    checkpoint: Checkpoint,
+    adapter: ArchitectureAdapter,
+    layer: int,
+    experts: list[GLUWeights],
+    device: str,
+    dtype: torch.dtype,
+) -> None:
+    """Give a meta-device decoder layer its real weights: stored tensors by name, fused experts from `experts`."""
+    prefix = adapter.block_prefix(layer)
+    state: dict[str, torch.Tensor] = {}
+    for key in module.state_dict():
+        if checkpoint.has(prefix + key):
+            state[key] = checkpoint.get(prefix + key)
+        else:
+            state[key] = _fused_expert_tensor(key, adapter, layer, experts)
+    module.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
+
+
+def _fused_expert_tensor(key: str, adapter: ArchitectureAdapter, layer: int, experts: list[GLUWeights]) -> torch.Tensor:
+    """transformers 5 holds routed experts fused (experts.gate_up_proj (E, 2h, d), experts.down_proj (E, d, h))
+    and Mixtral's router as mlp.gate; Hub files store them per expert (block_sparse_moe.*)."""
+    routed = experts[: adapter.shape.n_experts]
+    if key.endswith("experts.gate_up_proj"):
+        return torch.stack([torch.cat([e.gate, e.up]) for e in routed])
+    if key.endswith("experts.down_proj"):
+        return torch.stack([e.down for e in routed])
+    names = adapter.stored_names(layer)
+    if key.endswith("mlp.gate.weight") and "router" in names:
+        return adapter.checkpoint.get(names["router"])
+    raise CheckpointError(f"{adapter.checkpoint.path}: no stored tensor for {adapter.block_prefix(layer)}{key}")

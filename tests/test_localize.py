@@ -1,0 +1,144 @@
+"""Localized testing: the block map and unit maps between zoo models, the block-map rule, and `hubtrace localize`.
+
+Zoo models and canonical inputs are seeded, so every test is deterministic. Under independence each
+block pair's p-value is uniform, and the Bonferroni correction bounds the chance that an independent
+pair maps any block at the default threshold by 10**-2: that is the false-failure rate of the
+"maps nothing" tests over fresh seeds. The other zoo assertions hold with p-values near the 128-unit
+permutation floor (log10 p ~ -215), where a false failure would need a miracle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from scanner.cli import EXIT_REFUSED, app
+from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
+from scanner.inputs import InputSpec
+from scanner.localize import localize, plot_unit_map
+from scanner.stats.block_map import block_map, bonferroni_log10
+from scanner.zoo import Zoo
+
+BASE = "aurora-labs/aurora-base"
+TWIN = "tundra-research/tundra-64"
+LITE = "kestrel/aurora-lite"
+COBALT = "cobalt-ai/cobalt-base"
+PYLON = "pylon/pylon-base"
+CHAT = "finch-nlp/aurora-chat"
+NIMBUS = "nimbus/nimbus-1"
+SLIM = "lumen/aurora-slim"
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def fingerprints(zoo: Zoo) -> dict[str, Fingerprint]:
+    return {m: fingerprint_model(zoo[m].path) for m in (BASE, TWIN, LITE, COBALT, PYLON, CHAT, NIMBUS, SLIM)}
+
+
+def test_depth_pruned_model_maps_to_exactly_its_kept_blocks(zoo: Zoo, fingerprints) -> None:
+    kept = zoo[LITE].details["kept_blocks"]
+    result = localize(fingerprints[BASE], fingerprints[LITE])
+    assert len(result.pairs) == 4 * len(kept)
+    assert result.map == [(a, b) for b, a in enumerate(kept)]
+    for (a, b), unit_map in result.unit_maps.items():  # healed, never permuted: units stay in place
+        assert np.mean(unit_map == np.arange(unit_map.size)) > 0.9, (a, b)
+
+
+def test_width_pruned_model_maps_its_units_to_the_kept_units(zoo: Zoo, fingerprints) -> None:
+    kept = zoo[SLIM].details["kept_units"]
+    result = localize(fingerprints[BASE], fingerprints[SLIM])
+    assert result.map == [(i, i) for i in range(len(kept))]
+    for i, units in enumerate(kept):
+        np.testing.assert_array_equal(result.unit_maps[(i, i)], np.asarray(units))
+
+
+@pytest.mark.parametrize(("parent", "copy"), [(COBALT, PYLON), (CHAT, NIMBUS)])
+def test_camouflaged_copy_maps_blocks_in_order_and_units_to_the_planted_permutation(zoo: Zoo, fingerprints, parent, copy):
+    permutations = zoo[copy].details["camouflage"]["mlp_permutations"]
+    result = localize(fingerprints[parent], fingerprints[copy])
+    assert result.map == [(i, i) for i in range(len(permutations))]
+    for i, planted in enumerate(permutations):
+        # camouflage writes unit k of the copy from unit planted[k] of the parent
+        np.testing.assert_array_equal(result.unit_maps[(i, i)], np.asarray(planted))
+
+
+@pytest.mark.parametrize("other", [TWIN, COBALT])
+def test_independent_models_map_nothing(fingerprints, other) -> None:
+    result = localize(fingerprints[BASE], fingerprints[other])
+    assert result.map == [] and result.unit_maps == {}
+    assert min(p.log10_p for p in result.pairs) > -2 - np.log10(len(result.pairs))
+
+
+def test_monotone_map_skips_a_decoy_that_would_break_the_order() -> None:
+    # B is A with block 2 removed; block 3 of B also looks faintly like A's block 0 (a decoy).
+    log10_p = np.full((5, 4), -0.3)
+    for b, a in enumerate([0, 1, 3, 4]):
+        log10_p[a, b] = -200.0
+    log10_p[0, 3] = -8.0
+    assert block_map(log10_p) == [(0, 0), (1, 1), (3, 2), (4, 3)]
+    assert block_map(log10_p, monotone=False) == [(0, 0), (1, 1), (3, 2), (4, 3)]
+    log10_p[4, 3] = -0.3  # without the true partner, only the free map takes the decoy (order breaks)
+    assert block_map(log10_p) == [(0, 0), (1, 1), (3, 2)]
+    assert block_map(log10_p, monotone=False) == [(0, 0), (1, 1), (3, 2), (0, 3)]
+
+
+def test_threshold_is_applied_after_bonferroni_over_all_block_pairs() -> None:
+    log10_p = np.zeros((4, 5))
+    log10_p[2, 3] = -2 - np.log10(20) + 1e-9  # corrected: just above -2
+    assert block_map(log10_p) == []
+    log10_p[2, 3] -= 2e-9
+    assert block_map(log10_p) == [(2, 3)]
+    assert bonferroni_log10(np.array([[-0.1, -3.0]]))[0].tolist() == pytest.approx([0.0, -3.0 + np.log10(2)])
+    with pytest.raises(ValueError):
+        block_map(log10_p, threshold_log10=0.5)
+
+
+def test_unit_map_plot_is_a_real_scatter(tmp_path: Path) -> None:
+    planted = np.random.default_rng(0).permutation(300)
+    path = plot_unit_map(planted, tmp_path / "nested" / "map.png", layer_a=3, layer_b=2)
+    image = imread(path)
+    assert path.stat().st_size > 5000
+    dark = image[..., :3].mean(axis=-1) < 0.6  # marker and text pixels on a white canvas
+    assert 0.005 < dark.mean() < 0.5
+
+
+def test_cli_json_shape_and_plots(zoo: Zoo, tmp_path: Path) -> None:
+    plots = tmp_path / "plots"
+    result = runner.invoke(app, ["localize", str(zoo[BASE].path), str(zoo[LITE].path), "--json", "--plot-dir", str(plots)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["pairs"]) == 12
+    assert all(set(p) == {"layer_a", "layer_b", "log10_p"} for p in data["pairs"])
+    assert [(m["layer_a"], m["layer_b"]) for m in data["map"]] == [(0, 0), (1, 1), (3, 2)]
+    assert all(set(m) == {"layer_a", "layer_b"} for m in data["map"])
+    assert sorted(Path(p).name for p in data["plots"]) == ["unit-map-a0-b0.png", "unit-map-a1-b1.png", "unit-map-a3-b2.png"]
+    assert all(Path(p).stat().st_size > 5000 for p in data["plots"])
+
+
+def test_cli_accepts_a_fingerprint_file_and_fingerprints_the_other_side_on_its_inputs(zoo: Zoo, tmp_path: Path) -> None:
+    spec = InputSpec(seed=3, n_sequences=8, seq_len=32)
+    file_a = tmp_path / "cobalt.safetensors"
+    write_fingerprint(fingerprint_model(zoo[COBALT].path, inputs=spec), file_a)
+    result = runner.invoke(app, ["localize", str(file_a), str(zoo[PYLON].path)])
+    assert result.exit_code == 0, result.output
+    assert "4 blocks" in result.stdout and "16 block pairs tested" in result.stdout
+    rows = [line.split()[:2] for line in result.stdout.splitlines()]
+    assert [(int(b), int(a)) for b, a in (r for r in rows if len(r) == 2) if b.isdigit() and a.isdigit()] == [
+        (i, i) for i in range(4)
+    ]
+
+
+def test_cli_refuses_fingerprints_of_different_input_sets(zoo: Zoo, tmp_path: Path) -> None:
+    files = []
+    for seed in (0, 1):
+        files.append(tmp_path / f"base-{seed}.safetensors")
+        write_fingerprint(fingerprint_model(zoo[BASE].path, inputs=InputSpec(seed=seed, n_sequences=4, seq_len=16)), files[-1])
+    result = runner.invoke(app, ["localize", *map(str, files)])
+    assert result.exit_code == EXIT_REFUSED
+    assert result.output.startswith("hubtrace: error:") and "Traceback" not in result.output
