@@ -14,7 +14,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from transformers import CONFIG_MAPPING
 
 from scanner.errors import CheckpointError, UnsafeCheckpointError
 
@@ -35,6 +36,7 @@ TOKENIZER_FILES = (
 )
 # The safetensors library refuses larger headers too; a bigger claim is corruption or an attack.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+_HASH_CHUNK = 8 << 20
 
 _DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
@@ -62,6 +64,8 @@ class _TensorEntry:
     file: Path
     dtype: torch.dtype
     shape: tuple[int, ...]
+    start: int = 0  # absolute byte offset of the tensor's data in `file`
+    nbytes: int = 0
 
 
 class Checkpoint:
@@ -71,9 +75,12 @@ class Checkpoint:
     `with` block), so reading many tensors of one shard maps it once.
     """
 
-    def __init__(self, path: Path, config: dict[str, Any], entries: dict[str, _TensorEntry]) -> None:
+    def __init__(
+        self, path: Path, config: dict[str, Any], entries: dict[str, _TensorEntry], notes: tuple[str, ...] = ()
+    ) -> None:
         self.path = path
-        self.config = config
+        self.config = config  # config.json as hubtrace uses it (an ignored auto_map removed)
+        self.notes = notes  # what was accepted with a caveat, for results to repeat
         self._entries = entries
         self._handles: dict[Path, Any] = {}
 
@@ -121,6 +128,48 @@ class Checkpoint:
         if not pieces:
             return torch.empty((0, *entry.shape[1:]), dtype=entry.dtype)
         return torch.cat(pieces)
+
+    def tensor_sha256(self, name: str) -> str:
+        """sha256 of a tensor's stored bytes, streamed from the file in chunks (never the whole tensor in memory).
+
+        Equal hashes mean bit-identical stored tensors: an exact copy is found without comparing any statistic.
+        """
+        digest = hashlib.sha256()
+        for chunk in self._stored_bytes(name, _HASH_CHUNK):
+            digest.update(chunk)
+        return digest.hexdigest()
+
+    def tensor_chunks(self, name: str, max_bytes: int = 16 << 20) -> Iterator[torch.Tensor]:
+        """The tensor's stored values, flattened, as consecutive 1-D chunks of at most `max_bytes` each.
+
+        Read straight from the file into one reused buffer, so checking every value of a 2 GB embedding costs
+        `max_bytes` of memory, not 2 GB. A chunk is valid only until the next one is produced.
+        """
+        entry = self._entry(name)
+        itemsize = entry.dtype.itemsize
+        for chunk in self._stored_bytes(name, max(itemsize, max_bytes - max_bytes % itemsize)):
+            yield torch.frombuffer(chunk, dtype=entry.dtype)
+
+    def _stored_bytes(self, name: str, chunk_bytes: int) -> Iterator[memoryview]:
+        """A tensor's stored bytes in order, `chunk_bytes` at a time (the last may be shorter), in one reused buffer."""
+        entry = self._entry(name)
+        buffer = memoryview(bytearray(min(chunk_bytes, entry.nbytes)))
+        try:
+            with open(entry.file, "rb") as handle:
+                handle.seek(entry.start)
+                left = entry.nbytes
+                while left:
+                    view = buffer[: min(left, chunk_bytes)]
+                    filled = 0
+                    while filled < len(view):
+                        got = handle.readinto(view[filled:])
+                        if not got:
+                            raise CheckpointError(f"{entry.file} ended inside tensor {name}")
+                        filled += got
+                    yield view
+                    left -= filled
+        except OSError as exc:
+            raise CheckpointError(f"cannot read tensor {name} from {entry.file}: {exc.strerror or exc}") from exc
 
     def tokenizer_hash(self) -> str | None:
         """sha256 over the tokenizer files present (name and content of each), or None when there are none.
@@ -199,11 +248,30 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     config = _read_json(config_file)
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
-    if "auto_map" in config:
+    notes = _remote_code_policy(config_file, config)
+    return Checkpoint(folder, config, _weight_entries(folder), notes)
+
+
+def _remote_code_policy(config_file: Path, config: dict[str, Any]) -> tuple[str, ...]:
+    """Refuse a config that only remote code can read; for a built-in model_type drop auto_map and say so.
+
+    auto_map names Python files in the folder that transformers imports only under trust_remote_code=True, which
+    hubtrace never passes. When transformers ships the model_type, its own classes read the config and weights
+    (the tests compare weights and what they compute, so the custom code is not needed); otherwise nothing can.
+    """
+    if "auto_map" not in config:
+        return ()
+    model_type = config.get("model_type")
+    if not (isinstance(model_type, str) and model_type in CONFIG_MAPPING):
         raise UnsafeCheckpointError(
-            f"{config_file} has auto_map (remote code); hubtrace never runs code from a checkpoint"
+            f"{config_file}: model_type {model_type!r} is not built into transformers, so the model needs remote "
+            "code (auto_map), which hubtrace never runs"
         )
-    return Checkpoint(folder, config, _weight_entries(folder))
+    del config["auto_map"]
+    return (
+        f"config.json names remote code (auto_map); hubtrace did not run it and read the model with transformers' "
+        f"built-in {model_type} classes",
+    )
 
 
 def _weight_entries(folder: Path) -> dict[str, _TensorEntry]:
@@ -268,7 +336,7 @@ def _read_header(file: Path) -> dict[str, _TensorEntry]:
         raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{file}: safetensors header is not valid JSON ({exc})") from exc
     if not isinstance(header, dict):
         raise CheckpointError(f"{file}: safetensors header is not a JSON object")
@@ -289,7 +357,7 @@ def _read_header(file: Path) -> dict[str, _TensorEntry]:
             raise CheckpointError(
                 f"{file} is truncated: tensor {name} ends at data byte {end} but the file holds only {data_size}"
             )
-        entries[name] = _TensorEntry(file, dtype, shape)
+        entries[name] = _TensorEntry(file, dtype, shape, 8 + header_len + begin, end - begin)
         spans.append((begin, end, name))
     spans.sort()
     for (_, prev_end, prev_name), (begin, _, name) in zip(spans, spans[1:]):
@@ -326,7 +394,7 @@ def _read_json(file: Path) -> Any:
         raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
     try:
         return json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{file} is not valid JSON: {exc}") from exc
 
 

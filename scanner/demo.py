@@ -1,29 +1,34 @@
-"""The quick-start demo: build (or reuse) the model zoo and test a base model against three others.
+"""The quick-start demo (`make demo`): build (or reuse) the model zoo and scan it as a hub.
 
-`make demo` runs this. It shows the three outcomes an investigator meets: a disguised copy caught, a
-pruned derivative caught across depths, and an independently trained twin left alone.
+It runs the real scan job (configs/demo.yaml) on a local Ray with a DuckDB file under ``hubtrace-out/``, then
+prints the families it found, which cards disagree with the weights, and where the database and exports are.
+A second run finds nothing new and finishes in seconds.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from scanner.compare import compare_models
-from scanner.results import render_table
-from scanner.zoo import build_zoo
+from rich.console import Console
 
 ZOO_DIR = Path(".hubtrace-cache/zoo")
-BASE = "aurora-labs/aurora-base"
-SUSPECTS = ("nimbus/nimbus-1", "kestrel/aurora-lite", "tundra-research/tundra-64")
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 
 
 def main() -> None:
-    print(f"building or reusing the demo model zoo in {ZOO_DIR} ...", flush=True)
-    zoo = build_zoo(ZOO_DIR)
-    for suspect in SUSPECTS:
-        truth = zoo[suspect]
-        print(f"\n== {BASE} vs {suspect} (truth: {truth.relation}) ==")
-        print(render_table(compare_models(zoo[BASE].path, truth.path, "match")))
+    from jobs.config import load_config
+    from jobs.scan import run_scan
+    from jobs.summary import render_summary
+    from scanner.zoo import build_zoo
+
+    console = Console()
+    console.print(f"building or reusing the demo model zoo in {ZOO_DIR} ...")
+    build_zoo(ZOO_DIR)
+    summary = run_scan(load_config(CONFIG).with_overrides(local=ZOO_DIR), console=console)
+    console.print(render_summary(summary))
+    console.print(f"\nquery the results:  duckdb {summary.db} \"SELECT * FROM current_pair_tests ORDER BY log10_p\"")
+    console.print(f"lineage graph:      hubtrace graph --db {summary.db} --format html --out lineage.html")
+    console.print(f"cards vs weights:   hubtrace discrepancies --db {summary.db}")
 
 
 if __name__ == "__main__":

@@ -203,11 +203,21 @@ def test_pickle_beside_safetensors_is_ignored(tmp_path: Path) -> None:
     assert open_checkpoint(folder).tensor_names() == ["w"]
 
 
-def test_auto_map_is_unsafe(tmp_path: Path) -> None:
+def test_auto_map_with_a_custom_model_type_is_unsafe(tmp_path: Path) -> None:
+    config = {"model_type": "evil", "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}}
+    folder = _folder(tmp_path / "m", {"w": torch.ones(3)}, config=config)
+    with pytest.raises(UnsafeCheckpointError, match="'evil' is not built into transformers.*auto_map.*never runs"):
+        open_checkpoint(folder)
+
+
+def test_auto_map_with_a_built_in_model_type_is_dropped_and_noted(tmp_path: Path) -> None:
+    """Hub Llamas often carry an auto_map left over from their training code: transformers' own classes read them."""
     config = {**CONFIG, "auto_map": {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}}
     folder = _folder(tmp_path / "m", {"w": torch.ones(3)}, config=config)
-    with pytest.raises(UnsafeCheckpointError, match="auto_map.*never runs code"):
-        open_checkpoint(folder)
+    (folder / "modeling_evil.py").write_text("raise SystemExit('remote code ran')\n")
+    checkpoint = open_checkpoint(folder)
+    assert "auto_map" not in checkpoint.config
+    assert len(checkpoint.notes) == 1 and "did not run it" in checkpoint.notes[0]
 
 
 def test_missing_folder(tmp_path: Path) -> None:

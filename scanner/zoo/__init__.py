@@ -15,7 +15,8 @@ from scanner.zoo.build import (
     train_independent_models,
 )
 from scanner.zoo.camouflage import max_logit_diff
-from scanner.zoo.cards import classify_card, read_card
+from scanner.cards import read_card
+from scanner.zoo.cards import classify_card
 
 __all__ = [
     "GROUND_TRUTH",

@@ -1,37 +1,22 @@
-"""Hugging Face model cards (README.md with YAML front matter) that are honest, silent or false about lineage.
+"""Model cards for the zoo: which lineage claim each model's card makes, and writing it out.
 
-A card's claim is what a hub scan would read: ``base_model`` (one id or a list), the optional
-``base_model_relation`` and a ``from-scratch`` tag. Comparing that claim with the true parents
-gives the card's class, which the zoo's ground truth records and the tests re-derive.
+A card is honest, silent or false about lineage; comparing its claim (read back with `scanner.cards`) with the
+true parents gives the card's class, which the zoo's ground truth records and the tests re-derive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import yaml
 
+from scanner.cards import FROM_SCRATCH_TAG, Card
+
 CardClass = Literal["honest", "silent", "false"]
-FROM_SCRATCH_TAG = "from-scratch"
 HUB_RELATIONS = {"finetune": "finetune", "merge": "merge"}
 """Zoo relations that have a Hugging Face ``base_model_relation`` value; other derivations declare none."""
-
-
-@dataclass(frozen=True)
-class Card:
-    """The lineage-relevant content of a model card."""
-
-    license: str
-    base_model: tuple[str, ...] = ()
-    base_model_relation: str | None = None
-    tags: tuple[str, ...] = ()
-
-    @property
-    def claims_from_scratch(self) -> bool:
-        return FROM_SCRATCH_TAG in self.tags
 
 
 def make_card(
@@ -82,17 +67,3 @@ def write_card(model_dir: Path, model_id: str, card: Card) -> None:
     front = yaml.safe_dump(meta, sort_keys=False)
     (model_dir / "README.md").write_text(f"---\n{front}---\n\n# {model_id}\n\n{describe(card)}\n", encoding="utf-8")
 
-
-def read_card(model_dir: Path) -> Card:
-    """Parse a card's YAML front matter (``base_model`` may be a string or a list)."""
-    text = (model_dir / "README.md").read_text(encoding="utf-8")
-    if not text.startswith("---\n"):
-        raise ValueError(f"{model_dir}: README.md has no YAML front matter")
-    meta = yaml.safe_load(text[4 : text.index("\n---", 3)]) or {}
-    base = meta.get("base_model") or ()
-    return Card(
-        license=str(meta.get("license", "")),
-        base_model=(base,) if isinstance(base, str) else tuple(base),
-        base_model_relation=meta.get("base_model_relation"),
-        tags=tuple(meta.get("tags") or ()),
-    )

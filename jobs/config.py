@@ -1,0 +1,219 @@
+"""The scan's YAML configuration: what to scan, where results go, how Ray runs it.
+
+Every model forbids unknown keys, so a typo in a nightly config fails the job at once with the file, the key
+path and the keys that are allowed, instead of silently scanning with a default. Relative paths are relative to
+the working directory of the scan (under ``ray job submit --working-dir .`` that is the uploaded copy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scanner.inputs import InputSpec
+
+EXPORT_FORMATS = ("graphml", "gexf", "json", "dot", "html", "png")
+
+
+class ConfigError(ValueError):
+    """A scan configuration that cannot be used; the message names the file and the offending keys."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalSourceConfig(_Strict):
+    """A folder laid out like the Hub: ``<path>/<org>/<name>/`` holding Hugging Face-format models."""
+
+    kind: Literal["local"]
+    path: Path
+
+
+class HfCacheSourceConfig(_Strict):
+    """Models already in a Hugging Face cache (``HF_HUB_CACHE`` when ``cache_dir`` is not given)."""
+
+    kind: Literal["hf_cache"]
+    cache_dir: Path | None = None
+
+
+class HubSourceConfig(_Strict):
+    """The Hub (or a mirror at ``endpoint``), listed with the Hub's own filters; at most ``limit`` models."""
+
+    kind: Literal["hub"]
+    endpoint: str | None = None
+    author: str | None = None
+    search: str | None = None
+    filter: str | None = None
+    limit: int | None = Field(default=None, ge=1)
+    token_env: str = "HF_TOKEN"   # name of the environment variable holding the token; never the token itself
+    download_dir: Path | None = None  # Hugging Face cache for fetched files; default <output_dir>/hub-cache
+
+
+SourceConfig = Annotated[LocalSourceConfig | HfCacheSourceConfig | HubSourceConfig, Field(discriminator="kind")]
+
+
+class InputsConfig(_Strict):
+    """The canonical input set every fingerprint is taken on (see scanner.inputs)."""
+
+    seed: int = 0
+    n_sequences: int = Field(default=InputSpec.n_sequences, ge=1)
+    seq_len: int = Field(default=InputSpec.seq_len, ge=1)
+
+    def spec(self) -> InputSpec:
+        return InputSpec(seed=self.seed, n_sequences=self.n_sequences, seq_len=self.seq_len)
+
+
+class PairsConfig(_Strict):
+    """Which pairs are tested: every comparable pair, and/or each model with the bases its card declares."""
+
+    comparable: bool = True
+    declared: bool = True
+    batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch
+
+
+class RayConfig(_Strict):
+    """Where Ray runs and how much of it the scan takes.
+
+    ``address`` None: join the cluster in ``RAY_ADDRESS`` (set by ``ray job submit``), else start a local one
+    with ``num_cpus``. ``actors`` "auto": one per GPU on a GPU cluster, else one per ``cpus_per_actor`` CPUs.
+    """
+
+    address: str | None = None
+    num_cpus: int | None = Field(default=None, ge=1)
+    actors: int | Literal["auto"] = "auto"
+    cpus_per_actor: float = Field(default=1.0, gt=0)
+    cpus_per_pair_task: float = Field(default=1.0, gt=0)
+    max_in_flight: int | None = Field(default=None, ge=1)  # default: two per actor
+    max_restarts: int = Field(default=2, ge=0)
+    max_task_retries: int = Field(default=2, ge=0)
+
+    @model_validator(mode="after")
+    def _positive_actors(self) -> RayConfig:
+        if self.actors != "auto" and self.actors < 1:
+            raise ValueError("actors must be 'auto' or at least 1")
+        return self
+
+
+class DevicesConfig(_Strict):
+    """``auto``: GPU actors (``num_gpus`` each) when the cluster has GPUs, CPU actors otherwise;
+    ``gpu`` requires GPUs (the scan stops with an error instead of waiting forever); ``cpu`` never asks."""
+
+    mode: Literal["auto", "cpu", "gpu"] = "auto"
+    gpus_per_actor: float = Field(default=1.0, gt=0)
+
+
+class LineageConfig(_Strict):
+    """False-discovery control for calling tested pairs dependent (lineage_graph.rebuild_lineage)."""
+
+    q: float = Field(default=0.05, gt=0, lt=1)
+    method: Literal["bh", "by"] = "bh"
+
+
+class ScanConfig(_Strict):
+    """One scan: sources, the canonical inputs and statistic, pair policy, Ray, devices, lineage, outputs."""
+
+    sources: list[SourceConfig] = Field(min_length=1)
+    output_dir: Path = Path("hubtrace-out")
+    db: Path | None = None            # default <output_dir>/hubtrace.duckdb
+    inputs: InputsConfig = InputsConfig()
+    statistic: Literal["match", "hidden"] = "match"
+    pairs: PairsConfig = PairsConfig()
+    ray: RayConfig = RayConfig()
+    devices: DevicesConfig = DevicesConfig()
+    lineage: LineageConfig = LineageConfig()
+    exports: list[Literal["graphml", "gexf", "json", "dot", "html", "png"]] = ["html", "graphml", "json"]
+    rescan_errors: bool = False       # retry models that failed at an unchanged revision (fetch errors always are)
+
+    @property
+    def db_path(self) -> Path:
+        return self.db if self.db is not None else self.output_dir / "hubtrace.duckdb"
+
+    @property
+    def fingerprint_dir(self) -> Path:
+        return self.output_dir / "fingerprints"
+
+    @property
+    def export_dir(self) -> Path:
+        return self.output_dir / "exports"
+
+    def with_overrides(self, *, local: Path | None = None, db: Path | None = None,
+                       output_dir: Path | None = None) -> ScanConfig:
+        """The command line's overrides: ``local`` replaces every source with that one folder."""
+        update: dict[str, Any] = {}
+        if local is not None:
+            update["sources"] = [LocalSourceConfig(kind="local", path=local)]
+        if db is not None:
+            update["db"] = db
+        if output_dir is not None:
+            update["output_dir"] = output_dir
+        return self.model_copy(update=update)
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+def load_config(path: str | Path) -> ScanConfig:
+    """Read and validate a YAML scan config; every problem becomes one `ConfigError` naming file and key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a mapping of keys to values, got {type(raw).__name__}")
+    try:
+        return ScanConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: invalid scan config:\n" + "\n".join(_describe(err) for err in e.errors())) from e
+
+
+def _describe(error: dict) -> str:
+    loc = tuple(error["loc"])
+    key = _key_path(loc)
+    if error["type"] == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        return f"  {key}: unknown key; allowed here: {', '.join(allowed)}"
+    if error["type"] == "missing":
+        return f"  {key}: required key is missing"
+    if error["type"] == "union_tag_invalid":
+        return f"  {key}: unknown source kind; allowed: local, hf_cache, hub"
+    if error["type"] == "union_tag_not_found":
+        return f"  {key}: a source needs 'kind' (local, hf_cache or hub)"
+    return f"  {key}: {error['msg']} (got {error.get('input')!r})"
+
+
+def _key_path(loc: tuple) -> str:
+    """``sources[0].limit`` for pydantic's ("sources", 0, "hub", "limit")."""
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not (i >= 2 and loc[i - 2] == "sources" and part in SOURCE_KINDS):
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The field names of the model at ``loc``; a source's loc names its kind after the list index."""
+    model: type[BaseModel] = ScanConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is ScanConfig and part in SOURCE_KINDS:
+            model = SOURCE_KINDS[part]
+            continue
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+    return sorted(model.model_fields)
+
+
+SOURCE_KINDS: dict[str, type[BaseModel]] = {
+    "local": LocalSourceConfig, "hf_cache": HfCacheSourceConfig, "hub": HubSourceConfig,
+}

@@ -1,0 +1,97 @@
+"""Which pairs a scan tests, and a count of why the others are not tested. Pure: no Ray, no store.
+
+Two fingerprints are comparable when they were taken on the same canonical input set (the same token ids, which
+needs the same shared token range); φ_MATCH itself works across widths and depths. Models are grouped by input
+set, so counting the incomparable pairs of a hub with thousands of models does not enumerate them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from jobs.actors import PairJob
+
+PairKey = tuple[str, str, str, str]   # (model_a, revision_a, model_b, revision_b), model_a < model_b
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model with a current fingerprint for this scan's input spec."""
+
+    model_id: str
+    revision: str
+    input_set: str
+    path: str
+    declared_base_models: tuple[str, ...] = ()
+
+
+@dataclass
+class PairPlan:
+    """Pairs to test now, and how many pairs fell into each category (for the run summary)."""
+
+    jobs: list[PairJob] = field(default_factory=list)
+    comparable: int = 0                  # comparable pairs among the candidates (tested before or not)
+    declared: int = 0                    # pairs a card declares (model, its base), both scanned and comparable
+    declared_incomparable: int = 0       # declared pairs on different input sets: not tested
+    declared_base_not_scanned: int = 0   # a declared base that is not among the scanned models
+    incomparable: Counter = field(default_factory=Counter)   # reason -> pairs
+    already_tested: int = 0
+
+    def to_json_dict(self) -> dict:
+        return {"to_test": len(self.jobs), "comparable": self.comparable, "declared": self.declared,
+                "declared_incomparable": self.declared_incomparable,
+                "declared_base_not_scanned": self.declared_base_not_scanned,
+                "incomparable": dict(self.incomparable), "already_tested": self.already_tested}
+
+
+def incomparable_reason(input_set_a: str, input_set_b: str) -> str | None:
+    if input_set_a == input_set_b:
+        return None
+    return f"different canonical input sets ({input_set_a} vs {input_set_b}: token ranges differ)"
+
+
+def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, comparable: bool = True,
+               declared: bool = True) -> PairPlan:
+    """All comparable pairs (if ``comparable``) plus each model with its declared bases (if ``declared``),
+    minus the pairs ``tested`` already holds at these revisions; sorted so batches share fingerprints."""
+    by_id = {c.model_id: c for c in candidates}
+    plan = PairPlan()
+    declared_pairs: set[tuple[str, str]] = set()
+    for c in by_id.values():
+        for base in c.declared_base_models:
+            if base == c.model_id:
+                continue
+            if base not in by_id:
+                plan.declared_base_not_scanned += 1
+            elif incomparable_reason(c.input_set, by_id[base].input_set) is None:
+                declared_pairs.add((min(base, c.model_id), max(base, c.model_id)))
+            else:
+                plan.declared_incomparable += 1
+    plan.declared = len(declared_pairs)
+
+    groups: dict[str, list[Candidate]] = {}
+    for c in sorted(by_id.values(), key=lambda c: c.model_id):
+        groups.setdefault(c.input_set, []).append(c)
+    for (set_a, members_a), (set_b, members_b) in combinations(sorted(groups.items()), 2):
+        plan.incomparable[incomparable_reason(set_a, set_b)] += len(members_a) * len(members_b)
+
+    for members in groups.values():
+        plan.comparable += len(members) * (len(members) - 1) // 2
+        for a, b in combinations(members, 2):
+            is_declared = (a.model_id, b.model_id) in declared_pairs
+            if not (comparable or (declared and is_declared)):
+                continue
+            if (a.model_id, a.revision, b.model_id, b.revision) in tested:
+                plan.already_tested += 1
+                continue
+            plan.jobs.append(PairJob(a.model_id, a.revision, a.path, b.model_id, b.revision, b.path, a.input_set,
+                                     "declared_base" if declared and is_declared else "comparable"))
+    plan.jobs.sort(key=lambda j: (j.model_a, j.model_b))
+    return plan
+
+
+def batches(jobs: list[PairJob], size: int) -> list[list[PairJob]]:
+    return [jobs[i:i + size] for i in range(0, len(jobs), size)]

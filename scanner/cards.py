@@ -1,0 +1,109 @@
+"""The lineage claim in a Hugging Face model card (README.md with YAML front matter).
+
+A scan compares what a card declares with what the weights say, so this reads only the declaration: the
+``base_model`` (one id or a list), ``base_model_relation``, ``license`` and ``tags`` (``from-scratch`` among
+them). Cards are written by strangers: a missing README, a card without front matter, YAML that does not parse
+or fields of the wrong type give an empty claim and a note saying why, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+FROM_SCRATCH_TAG = "from-scratch"
+# The relations the Hub's model tree knows (its base_model:<relation>:<id> tags use the same words).
+HUB_RELATION_VALUES = frozenset({"adapter", "finetune", "merge", "quantized"})
+# Front matter sits at the top; reading more of a huge README would only cost memory.
+MAX_CARD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Card:
+    """The lineage-relevant content of a model card; ``notes`` say what could not be read and why."""
+
+    license: str | None = None
+    base_model: tuple[str, ...] = ()
+    base_model_relation: str | None = None
+    tags: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def claims_from_scratch(self) -> bool:
+        return FROM_SCRATCH_TAG in self.tags
+
+
+def read_card(model_dir: Path) -> Card:
+    """The claim in ``model_dir/README.md``; an empty claim with a note if there is none or it is unreadable."""
+    readme = Path(model_dir) / "README.md"
+    try:
+        if not stat.S_ISREG(os.stat(readme).st_mode):  # a FIFO or device would block or never end
+            return Card(notes=("README.md is not a regular file",))
+        with readme.open("rb") as f:
+            raw = f.read(MAX_CARD_BYTES)
+    except FileNotFoundError:
+        return Card(notes=("no README.md (model card)",))
+    except OSError as e:
+        return Card(notes=(f"README.md unreadable: {e.strerror or e}",))
+    return parse_card(raw.decode("utf-8-sig", errors="replace"))
+
+
+def parse_card(text: str) -> Card:
+    """The claim in a card's text (front matter delimited by ``---`` lines, as the Hub reads it)."""
+    match = REGEX_YAML_BLOCK.search(text.removeprefix("\ufeff"))
+    if match is None:
+        return Card(notes=("model card has no YAML front matter",))
+    try:
+        meta = yaml.safe_load(match.group(2))
+    except (yaml.YAMLError, RecursionError, ValueError) as e:
+        return Card(notes=(f"model card front matter is not valid YAML: {_first_line(e)}",))
+    return card_from_metadata(meta)
+
+
+def card_from_metadata(meta: Any) -> Card:
+    """The claim in already-parsed card metadata (front matter, or the Hub's ``cardData``), checked field by field."""
+    if meta is None:
+        return Card()
+    if not isinstance(meta, dict):
+        return Card(notes=(f"model card metadata is a {type(meta).__name__}, not a mapping",))
+    notes: list[str] = []
+    license_id = meta.get("license")
+    if license_id is not None and not isinstance(license_id, str):
+        notes.append(f"license is a {type(license_id).__name__}, not a string; ignored")
+        license_id = None
+    relation = meta.get("base_model_relation")
+    if relation is not None and relation not in HUB_RELATION_VALUES:
+        notes.append(f"base_model_relation {str(relation)[:80]!r} is not one of {sorted(HUB_RELATION_VALUES)}; ignored")
+        relation = None
+    return Card(
+        license=license_id,
+        base_model=_strings(meta.get("base_model"), "base_model", notes),
+        base_model_relation=relation,
+        tags=_strings(meta.get("tags"), "tags", notes),
+        notes=tuple(notes),
+    )
+
+
+def _strings(value: Any, field: str, notes: list[str]) -> tuple[str, ...]:
+    """A YAML field that may be one string or a list of strings; anything else is dropped with a note."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value.strip() else ()
+    if not isinstance(value, list):
+        notes.append(f"{field} is a {type(value).__name__}, not a string or a list; ignored")
+        return ()
+    kept = tuple(v for v in value if isinstance(v, str) and v.strip())
+    if len(kept) != len(value):
+        notes.append(f"{field}: {len(value) - len(kept)} entries that are not non-empty strings ignored")
+    return kept
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__

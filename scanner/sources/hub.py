@@ -1,0 +1,220 @@
+"""The Hugging Face Hub as a source: list models with their declared lineage, then fetch only what a
+fingerprint reads, pinned to the listed commit.
+
+Listing asks for the fields a scan needs in one pass (``expand``), so no per-model call is made until a model
+is fetched. Fetching first reads the file list at the exact revision and refuses a repo whose only weights are
+pickles before a single weight byte moves; then it downloads the config, the card, the tokenizer files and the
+safetensors weights (the single file, or the index and exactly the shards it names) into a Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import TypeVar
+
+import httpx2
+from huggingface_hub import HfApi, ModelInfo, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HFValidationError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+    XetDownloadError,
+)
+from huggingface_hub.repocard_data import CardData
+from huggingface_hub.utils import validate_repo_id
+
+from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata
+from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES
+from scanner.errors import CheckpointError, UnsafeCheckpointError
+from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceError, SourceFetchError
+from scanner.sources.retry import RetryPolicy, call_with_retries
+
+T = TypeVar("T")
+# What a scan reads from a listing. The Hub refuses baseModels when listing (only model_info accepts it), so
+# declared parents come from cardData and the base_model:… tags the Hub derives from the card.
+LIST_EXPAND = ["sha", "createdAt", "lastModified", "tags", "cardData", "safetensors", "siblings"]
+API_TIMEOUT_S = 60.0  # huggingface_hub sets none for model_info; a stalled server must not stall a worker
+CONFIG = "config.json"
+CARD = "README.md"
+_FETCH_ERRORS = (HfHubHTTPError, EntryNotFoundError, httpx2.HTTPError, XetDownloadError, OSError)
+
+
+def discover_hub(*, endpoint: str | None = None, token: str | None = None, author: str | None = None,
+                 search: str | None = None, filter: str | None = None, limit: int | None = None
+                 ) -> Iterator[ModelRecord | SourceError]:
+    """Records for the models the Hub lists for these filters (at most ``limit``), in the Hub's order.
+
+    A listing that fails after the client's own retries ends the iteration with one `SourceError` for the whole
+    source; a listed model without a usable id or sha becomes a `SourceError` of its own.
+    """
+    api = HfApi(endpoint=endpoint.rstrip("/") if endpoint else None, token=token)
+    models = iter(api.list_models(author=author, search=search, filter=filter, limit=limit, expand=LIST_EXPAND))
+    while True:
+        try:
+            info = next(models)
+        except StopIteration:
+            return
+        except (HfHubHTTPError, httpx2.HTTPError, ValueError, TypeError, KeyError) as e:
+            yield SourceError(WHOLE_SOURCE, f"{api.endpoint}/api/models", f"listing models failed: {_one_line(e)}")
+            return
+        yield hub_record(info, api.endpoint)
+
+
+def hub_record(info: ModelInfo, endpoint: str) -> ModelRecord | SourceError:
+    """The record for one listed model: its sha, dates, tags and the lineage its card (or the Hub) declares."""
+    location = f"{endpoint}/{info.id}"
+    try:
+        validate_repo_id(info.id)
+    except HFValidationError as e:
+        return SourceError(str(info.id), location, f"not a valid repo id: {_one_line(e)}")
+    if "/" not in info.id:
+        return SourceError(info.id, location, "repo id has no organisation (expected org/name)")
+    if not info.sha:
+        return SourceError(info.id, location, "the Hub listed no commit sha for this model")
+    card_data = info.card_data.to_dict() if isinstance(info.card_data, CardData) else info.card_data
+    card = card_from_metadata(card_data)
+    hub_tags = tuple(t for t in info.tags or () if isinstance(t, str))
+    tag_bases, tag_relation = _declared_by_tags(hub_tags)
+    listed_bases, listed_relation = _declared_by_base_models(getattr(info, "base_models", None))
+    tags = hub_tags + tuple(t for t in card.tags if t not in hub_tags)
+    license_tags = [t.removeprefix("license:") for t in hub_tags if t.startswith("license:")]
+    return ModelRecord(
+        model_id=info.id,
+        revision=info.sha,
+        source="hub",
+        location=location,
+        base_models=card.base_model or listed_bases or tag_bases,
+        base_model_relation=card.base_model_relation or listed_relation or tag_relation,
+        claims_from_scratch=FROM_SCRATCH_TAG in tags,
+        license=card.license or (license_tags[0] if license_tags else None),
+        tags=tags,
+        created_at=info.created_at,
+        last_modified=info.last_modified,
+        notes=card.notes,
+    )
+
+
+def materialize(record: ModelRecord, cache_dir: Path, *, token: str | None = None,
+                retry: RetryPolicy = RetryPolicy()) -> Path:
+    """A local folder holding what fingerprints read of ``record`` at exactly ``record.revision``.
+
+    Local and cached records are already folders and come back as they are. Hub records are fetched into the
+    Hugging Face cache at ``cache_dir`` (so `discover_hf_cache(cache_dir)` sees them) and the snapshot folder is
+    returned. Raises `UnsafeCheckpointError` for pickle-only repos and `CheckpointError` for repos without
+    safetensors weights or config (both before any weight is downloaded), `SourceFetchError` when the Hub keeps
+    failing or the revision is gone.
+    """
+    if record.source != "hub":
+        return Path(record.location)
+    endpoint = record.location.removesuffix(f"/{record.model_id}")
+    if endpoint == record.location:
+        raise SourceFetchError(f"{record.model_id}: location {record.location!r} is not <endpoint>/<model id>")
+    api = HfApi(endpoint=endpoint, token=token)
+    where = f"{record.model_id}@{record.revision[:12]}"
+    info = _fetching(where, "model info", retry,
+                     lambda: api.model_info(record.model_id, revision=record.revision, expand=["sha", "siblings"],
+                                            timeout=API_TIMEOUT_S))
+    if info.sha != record.revision:
+        raise SourceFetchError(f"{where}: the Hub answered for commit {info.sha}, not the requested one")
+    files = {s.rfilename for s in info.siblings or ()}
+
+    def fetch(name: str) -> Path:
+        return Path(_fetching(where, name, retry, lambda: hf_hub_download(
+            record.model_id, name, revision=record.revision, cache_dir=cache_dir, endpoint=endpoint, token=token)))
+
+    weights = _weight_plan(where, files)
+    snapshot = fetch(CONFIG).parent
+    for name in sorted(files & {CARD, *TOKENIZER_FILES}):
+        fetch(name)
+    for name in weights:
+        fetch(name)
+    if SHARD_INDEX in weights:
+        for name in _shards(where, snapshot / SHARD_INDEX, files):
+            fetch(name)
+    return snapshot
+
+
+def _weight_plan(where: str, files: set[str]) -> list[str]:
+    """The single weights file, or the shard index; refuses pickle-only and weightless repos up front."""
+    if CONFIG not in files:
+        raise CheckpointError(f"{where}: repo has no {CONFIG}")
+    if SINGLE_WEIGHTS in files:
+        return [SINGLE_WEIGHTS]
+    if SHARD_INDEX in files:
+        return [SHARD_INDEX]
+    pickles = sorted(f for f in files if "/" not in f and any(fnmatch(f, p) for p in PICKLE_WEIGHT_PATTERNS))
+    if pickles:
+        raise UnsafeCheckpointError(
+            f"{where}: repo has only pickle weights ({', '.join(pickles)}); hubtrace never unpickles, "
+            "so nothing was downloaded"
+        )
+    raise CheckpointError(f"{where}: repo has no {SINGLE_WEIGHTS} or {SHARD_INDEX}")
+
+
+def _shards(where: str, index: Path, files: set[str]) -> list[str]:
+    """The shard files a downloaded index names, each a top-level safetensors file present in the repo."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{where}: {SHARD_INDEX} is not a JSON object: {_one_line(e)}") from e
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{where}: {SHARD_INDEX} has no weight_map")
+    shards = sorted({str(v) for v in weight_map.values()})
+    bad = [s for s in shards if "/" in s or not s.endswith(".safetensors") or s not in files]
+    if bad:
+        raise CheckpointError(f"{where}: {SHARD_INDEX} names shards that are not top-level files of the repo: "
+                              f"{', '.join(bad[:5])}")
+    return shards
+
+
+def _fetching(where: str, what: str, retry: RetryPolicy, fn: Callable[[], T]) -> T:
+    """``fn()`` with retries; Hub failures that remain become `SourceFetchError` with a one-line reason."""
+    try:
+        return call_with_retries(fn, retry)
+    except RevisionNotFoundError as e:
+        raise SourceFetchError(f"{where}: revision no longer on the Hub ({what})") from e
+    except RepositoryNotFoundError as e:
+        raise SourceFetchError(f"{where}: repo not found or not accessible ({what})") from e
+    except _FETCH_ERRORS as e:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        detail = f"HTTP {status}" if status else type(e).__name__
+        raise SourceFetchError(f"{where}: fetching {what} failed ({detail}): {_one_line(e)}") from e
+
+
+def _declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """Parents and relation from the Hub's ``base_model:<id>`` and ``base_model:<relation>:<id>`` tags."""
+    bases: list[str] = []
+    relation = None
+    for tag in tags:
+        if not tag.startswith("base_model:"):
+            continue
+        rest = tag.removeprefix("base_model:")
+        kind, _, model = rest.partition(":")
+        if model and kind in HUB_RELATION_VALUES:
+            relation = relation or kind
+        else:
+            model = rest
+        if model and model not in bases:
+            bases.append(model)
+    return tuple(bases), relation
+
+
+def _declared_by_base_models(value: object) -> tuple[tuple[str, ...], str | None]:
+    """Parents and relation from model_info's ``baseModels`` ({"relation": ..., "models": [{"id": ...}]})."""
+    if not isinstance(value, dict):
+        return (), None
+    models = value.get("models")
+    ids = tuple(m["id"] for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)) \
+        if isinstance(models, list) else ()
+    relation = value.get("relation")
+    return ids, relation if relation in HUB_RELATION_VALUES else None
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:300] if text else type(error).__name__

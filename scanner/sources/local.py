@@ -1,0 +1,128 @@
+"""Models in a local folder tree laid out like the Hub: ``<root>/<org>/<name>/``.
+
+Every ``org/name`` directory is a candidate model, including ones that turn out broken (no config, pickle only,
+empty): they get a record so that the scan can record why they failed. What discovery itself cannot do safely is
+a `SourceError` instead: a symlink loop, a link that leaves the root, an unreadable directory. The revision is a
+hash over the files' relative paths, sizes and modification times, so an edited model gets a new revision
+without reading any weights.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from scanner.cards import read_card
+from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceError, record_from_card
+
+# Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
+MAX_FILES = 10_000
+MAX_DEPTH = 8
+
+
+class _Unsafe(Exception):
+    """A path discovery refuses to follow; the message becomes a SourceError reason."""
+
+
+def discover_local(root: Path) -> Iterator[ModelRecord | SourceError]:
+    """One record (or SourceError) per ``org/name`` directory under ``root``, in sorted order."""
+    try:
+        real_root = Path(os.path.realpath(root, strict=True))
+    except OSError as e:
+        yield SourceError(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e)}")
+        return
+    if not real_root.is_dir():
+        yield SourceError(WHOLE_SOURCE, str(root), "local model root is not a directory")
+        return
+    try:
+        orgs = _children(real_root)
+    except OSError as e:
+        yield SourceError(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e)}")
+        return
+    for org in orgs:
+        try:
+            org_dir = _inside(real_root, org)
+            if not org_dir.is_dir():
+                continue  # loose files next to the org folders (e.g. a manifest) are not models
+            names = _children(org_dir)
+        except (_Unsafe, OSError) as e:
+            yield SourceError(org.name, str(org), _describe(e))
+            continue
+        for entry in names:
+            model_id = f"{org.name}/{entry.name}"
+            try:
+                model_dir = _inside(real_root, entry)
+                if not model_dir.is_dir():
+                    continue
+                yield _record(real_root, model_id, model_dir)
+            except (_Unsafe, OSError) as e:
+                yield SourceError(model_id, str(entry), _describe(e))
+
+
+def _record(real_root: Path, model_id: str, model_dir: Path) -> ModelRecord:
+    files = _file_stats(real_root, model_dir)
+    digest = hashlib.sha256()
+    for rel, size, mtime_ns in files:
+        digest.update(f"{rel}\0{size}\0{mtime_ns}\n".encode())
+    newest = max((mtime_ns for _, _, mtime_ns in files), default=None)
+    return record_from_card(
+        model_id,
+        digest.hexdigest(),
+        "local",
+        str(model_dir),
+        read_card(model_dir),
+        last_modified=datetime.fromtimestamp(newest / 1e9, tz=UTC) if newest is not None else None,
+    )
+
+
+def _file_stats(real_root: Path, model_dir: Path) -> list[tuple[str, int, int]]:
+    """(relative path, size, mtime_ns) of the folder's files, sorted; links are checked, never followed out."""
+    out: list[tuple[str, int, int]] = []
+    pending: list[tuple[Path, int]] = [(model_dir, 0)]
+    while pending:
+        folder, depth = pending.pop()
+        for entry in _children(folder):
+            rel = entry.relative_to(model_dir).as_posix()
+            target = _inside(real_root, entry) if entry.is_symlink() else entry
+            st = os.stat(target)
+            if stat.S_ISDIR(st.st_mode):
+                if entry.is_symlink():
+                    out.append((rel, -1, 0))  # a linked folder inside the root: named, not descended (no cycles)
+                elif depth + 1 > MAX_DEPTH:
+                    raise _Unsafe(f"{rel}: folders nested deeper than {MAX_DEPTH} levels")
+                else:
+                    pending.append((entry, depth + 1))
+            elif stat.S_ISREG(st.st_mode):
+                out.append((rel, st.st_size, st.st_mtime_ns))
+            if len(out) > MAX_FILES:
+                raise _Unsafe(f"more than {MAX_FILES} files in the model folder")
+    return sorted(out)
+
+
+def _children(folder: Path) -> list[Path]:
+    """Visible entries, sorted (hidden ones such as .cache/ or .git/ are tool state, not the model)."""
+    return sorted(folder / name for name in os.listdir(folder) if not name.startswith("."))
+
+
+def _inside(real_root: Path, path: Path) -> Path:
+    """``path`` with links resolved, refusing loops, dangling links and anything outside the root."""
+    try:
+        real = Path(os.path.realpath(path, strict=True))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Unsafe(f"{path.name}: symlink loop") from e
+        raise _Unsafe(f"{path.name}: {_describe(e)}") from e
+    if real != real_root and not real.is_relative_to(real_root):
+        raise _Unsafe(f"{path.name}: symlink points outside the model root (to {real})")
+    return real
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror} ({error.filename})" if error.filename else error.strerror
+    return str(error)

@@ -1,0 +1,63 @@
+"""What a source says about one model before anything is downloaded, and how a source reports a model it
+could not describe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from scanner.cards import Card
+from scanner.errors import HubtraceError
+
+#: ``SourceError.model_id`` when a whole source failed (unreadable root, listing that errored) rather than one model.
+WHOLE_SOURCE = "*"
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One model at one revision, as a source lists it, with the lineage its card declares."""
+
+    model_id: str                 # "org/name"
+    revision: str                 # hub commit sha; local: sha256 over (relative path, size, mtime_ns) of its files
+    source: str                   # "local" | "hf_cache" | "hub"
+    location: str                 # local folder, or "<endpoint>/<model_id>" before download
+    base_models: tuple[str, ...]  # declared: card base_model, or the Hub's baseModels / base_model: tags
+    base_model_relation: str | None
+    claims_from_scratch: bool
+    license: str | None
+    tags: tuple[str, ...]
+    created_at: datetime | None
+    last_modified: datetime | None
+    notes: tuple[str, ...] = ()   # what could not be read (e.g. a card without front matter)
+
+
+@dataclass(frozen=True)
+class SourceError:
+    """A model (or, with model_id == WHOLE_SOURCE, a whole source) that discovery could not turn into a record."""
+
+    model_id: str
+    location: str
+    reason: str
+
+
+class SourceFetchError(HubtraceError):
+    """A model's files could not be fetched (Hub errors that outlasted the retries, a revision that vanished)."""
+
+
+def record_from_card(model_id: str, revision: str, source: str, location: str, card: Card, *,
+                     created_at: datetime | None = None, last_modified: datetime | None = None) -> ModelRecord:
+    """A record whose lineage claim is exactly what ``card`` declares (local folders, cached snapshots)."""
+    return ModelRecord(
+        model_id=model_id,
+        revision=revision,
+        source=source,
+        location=location,
+        base_models=card.base_model,
+        base_model_relation=card.base_model_relation,
+        claims_from_scratch=card.claims_from_scratch,
+        license=card.license,
+        tags=card.tags,
+        created_at=created_at,
+        last_modified=last_modified,
+        notes=card.notes,
+    )

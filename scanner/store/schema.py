@@ -1,0 +1,73 @@
+"""The store's schema as an ordered list of migrations, so a file written by an older hubtrace is brought up to
+date when a newer one opens it for writing. Each migration runs once, in its own transaction, and is recorded in
+``schema_version``; its statements are also safe to run again (``IF NOT EXISTS``, ``OR REPLACE``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL,
+    hubtrace_version VARCHAR NOT NULL)"""
+
+CORE_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS scan_runs (
+        run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ NOT NULL, finished_at TIMESTAMPTZ,
+        status VARCHAR NOT NULL CHECK (status IN ('running', 'succeeded', 'failed')),
+        config JSON, hubtrace_version VARCHAR NOT NULL, summary JSON)""",
+    """CREATE TABLE IF NOT EXISTS models (
+        model_id VARCHAR NOT NULL, revision VARCHAR NOT NULL, source VARCHAR, location VARCHAR,
+        architecture VARCHAR, model_type VARCHAR, hidden_size INTEGER, intermediate_size INTEGER,
+        n_layers INTEGER, n_experts INTEGER, vocab_size INTEGER, tokenizer_hash VARCHAR, parameter_count BIGINT,
+        declared_base_models VARCHAR[], declared_relation VARCHAR, claims_from_scratch BOOLEAN, license VARCHAR,
+        tags VARCHAR[], created_at TIMESTAMPTZ, last_modified TIMESTAMPTZ,
+        status VARCHAR NOT NULL CHECK (status IN ('ok', 'error', 'superseded')),
+        first_seen_run VARCHAR, last_seen_run VARCHAR,
+        PRIMARY KEY (model_id, revision))""",
+    """CREATE TABLE IF NOT EXISTS fingerprints (
+        model_id VARCHAR NOT NULL, revision VARCHAR NOT NULL, input_set VARCHAR NOT NULL, path VARCHAR NOT NULL,
+        file_sha256 VARCHAR, n_tokens BIGINT, hubtrace_version VARCHAR, run_id VARCHAR, created_at TIMESTAMPTZ,
+        PRIMARY KEY (model_id, revision, input_set))""",
+    """CREATE TABLE IF NOT EXISTS pair_tests (
+        model_a VARCHAR NOT NULL, revision_a VARCHAR NOT NULL, model_b VARCHAR NOT NULL,
+        revision_b VARCHAR NOT NULL, statistic VARCHAR NOT NULL, input_set VARCHAR NOT NULL,
+        log10_p DOUBLE, n_layers INTEGER, layers JSON, notes VARCHAR[],
+        reason VARCHAR CHECK (reason IN ('comparable', 'declared_base')),
+        hubtrace_version VARCHAR, run_id VARCHAR, tested_at TIMESTAMPTZ, superseded BOOLEAN NOT NULL DEFAULT false,
+        PRIMARY KEY (model_a, revision_a, model_b, revision_b, statistic, input_set),
+        CHECK (model_a < model_b OR (model_a = model_b AND revision_a < revision_b)))""",
+    """CREATE TABLE IF NOT EXISTS scan_errors (
+        run_id VARCHAR NOT NULL, model_id VARCHAR NOT NULL, stage VARCHAR NOT NULL, revision VARCHAR,
+        location VARCHAR, error_type VARCHAR, reason VARCHAR, "at" TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (run_id, model_id, stage))""",
+    "CREATE OR REPLACE VIEW current_models AS SELECT * FROM models WHERE status <> 'superseded'",
+    "CREATE OR REPLACE VIEW current_pair_tests AS SELECT * FROM pair_tests WHERE NOT superseded",
+)
+
+
+def _lineage_ddl() -> Sequence[str]:
+    # Imported when the migration runs: the lineage package (networkx, scipy) is not needed to open a store.
+    from lineage_graph.build import LINEAGE_DDL
+
+    return LINEAGE_DDL
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the schema: its version number, what it adds, and its DDL (a callable so a step's DDL may
+    live with the module that owns those tables)."""
+
+    version: int
+    description: str
+    statements: Callable[[], Sequence[str]]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "models, fingerprints, pair_tests, scan_runs, scan_errors and the current_* views",
+              lambda: CORE_DDL),
+    Migration(2, "lineage tables: lineage_edges, families, family_members, discrepancies", _lineage_ddl),
+)
+"""Append new steps at the end with the next version number; never edit or reorder a released step."""
+
+LATEST_VERSION = MIGRATIONS[-1].version

@@ -1,0 +1,348 @@
+"""The scan database: one DuckDB file, one writer, every write an idempotent upsert inside a transaction.
+
+DuckDB lets one process hold a file read-write, and while it does no other process can open the file at all
+(not even read-only); several read-only processes can share it when no writer is open. A scan is therefore the
+only writer, and investigators open with ``read_only=True`` between scans. Everything a retried or rerun scan
+writes is keyed by a primary key and written with ``ON CONFLICT DO UPDATE``, so writing the same thing twice
+leaves one row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from scanner import __version__
+from scanner.errors import HubtraceError
+from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
+
+if TYPE_CHECKING:
+    from scanner.fingerprint import FingerprintMeta
+    from scanner.sources import ModelRecord
+
+MODEL_STATUSES = ("ok", "error", "superseded")
+RUN_STATUSES = ("running", "succeeded", "failed")
+PAIR_REASONS = ("comparable", "declared_base")
+
+PairKey = tuple[str, str, str, str]
+"""(model_a, revision_a, model_b, revision_b) with (model_a, revision_a) < (model_b, revision_b)."""
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.*?) \(PID (?P<pid>\d+)\)")
+
+
+class StoreError(HubtraceError):
+    """The database cannot be opened or used as asked (missing file, newer or older schema, bad values)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process (normally a running scan) holds the database file open for writing."""
+
+
+@dataclass(frozen=True)
+class PairTestRow:
+    """One stored pair test. Either order of the two models is accepted; the store keeps model_a < model_b."""
+
+    model_a: str
+    revision_a: str
+    model_b: str
+    revision_b: str
+    statistic: str
+    input_set: str
+    log10_p: float | None
+    n_layers: int
+    layers: list[dict] = field(default_factory=list)   # {layer_a, layer_b, log10_p, rho, n_units}
+    notes: list[str] = field(default_factory=list)
+    reason: str = "comparable"                          # 'comparable' | 'declared_base'
+    run_id: str | None = None
+
+    def normalized(self) -> PairTestRow:
+        """The same test with the smaller (model, revision) first; per-block layer indices follow their model."""
+        if (self.model_a, self.revision_a) <= (self.model_b, self.revision_b):
+            return self
+        layers = [{**d, "layer_a": d.get("layer_b"), "layer_b": d.get("layer_a")} for d in self.layers]
+        return PairTestRow(self.model_b, self.revision_b, self.model_a, self.revision_a, self.statistic,
+                           self.input_set, self.log10_p, self.n_layers, layers, list(self.notes), self.reason,
+                           self.run_id)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        n = self.normalized()
+        return (n.model_a, n.revision_a, n.model_b, n.revision_b, n.statistic, n.input_set)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_run_id() -> str:
+    """Sortable by start time and unique across machines: ``20250101T020000Z-1a2b3c``."""
+    return f"{_now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise StoreError(f"{what} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+_PAIR_SCHEMA = pa.schema([
+    ("model_a", pa.string()), ("revision_a", pa.string()), ("model_b", pa.string()), ("revision_b", pa.string()),
+    ("statistic", pa.string()), ("input_set", pa.string()), ("log10_p", pa.float64()), ("n_layers", pa.int32()),
+    ("layers", pa.string()), ("notes", pa.list_(pa.string())), ("reason", pa.string()), ("run_id", pa.string()),
+])
+_PAIR_COLUMNS = ", ".join(_PAIR_SCHEMA.names)
+
+_MODEL_COLUMNS = ("source", "location", "architecture", "model_type", "hidden_size", "intermediate_size",
+                  "n_layers", "n_experts", "vocab_size", "tokenizer_hash", "parameter_count",
+                  "declared_base_models", "declared_relation", "claims_from_scratch", "license", "tags",
+                  "created_at", "last_modified")
+_META_COLUMNS = ("architecture", "model_type", "hidden_size", "intermediate_size", "n_layers", "n_experts",
+                 "vocab_size", "tokenizer_hash", "parameter_count")
+
+
+class Store:
+    """The scan database. Use as a context manager; ``read_only=True`` for investigators (no writes, no
+    migrations, and the file must already exist)."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.is_file():
+            raise StoreError(f"no scan database at {self.path} (run a scan first, or check --db)")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._con = self._connect()
+        self._depth = 0
+        try:
+            self._con.execute("SET TimeZone = 'UTC'")
+            if read_only:
+                self._check_version()
+            else:
+                self._migrate()
+        except BaseException:
+            self._con.close()
+            raise
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        try:
+            return duckdb.connect(str(self.path), read_only=self.read_only)
+        except duckdb.IOException as exc:
+            held = _LOCK_HOLDER.search(str(exc))
+            if held is None:
+                raise StoreError(f"cannot open the scan database {self.path}: {exc}") from exc
+            raise StoreLockedError(
+                f"the scan database {self.path} is held open for writing by process {held['pid']} "
+                f"(normally a scan that is still running); DuckDB lets no other process open the file, not even "
+                f"read-only, until it finishes. Wait for the scan to end, or query a copy of the file."
+            ) from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"{self.path} is not a readable DuckDB database: {exc}") from exc
+
+    # schema ---------------------------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        """The newest migration applied to this file (0 for a file hubtrace never wrote)."""
+        if not self._rows("SELECT 1 FROM information_schema.tables WHERE table_name = 'schema_version'"):
+            return 0
+        return int(self._rows("SELECT coalesce(max(version), 0) FROM schema_version")[0][0])
+
+    def _check_version(self) -> None:
+        version = self.schema_version()
+        if version < LATEST_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, this hubtrace needs {LATEST_VERSION}: open it once "
+                f"read-write (any scan does) to migrate it")
+
+    def _migrate(self) -> None:
+        self._con.execute(SCHEMA_VERSION_DDL)
+        version = self.schema_version()
+        if version > LATEST_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this hubtrace ({__version__}, schema "
+                f"{LATEST_VERSION}) knows; upgrade hubtrace before writing to it")
+        for migration in MIGRATIONS:
+            if migration.version <= version:
+                continue
+            with self.transaction():
+                for statement in migration.statements():
+                    self._con.execute(statement)
+                self._con.execute("INSERT INTO schema_version VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                  [migration.version, migration.description, _now(), __version__])
+
+    # plumbing -------------------------------------------------------------------------------------------------
+    @property
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """The raw connection, for callers that own a multi-statement write (lineage rebuild)."""
+        return self._con
+
+    def _rows(self, sql: str, params: list | dict | None = None) -> list[tuple]:
+        # Fetch everything: DuckDB 2.0 refuses further work on a connection while a result is half read.
+        return self._con.execute(sql, params or []).fetchall()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """All writes inside commit together or not at all; nested uses join the outermost transaction."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self._con
+            finally:
+                self._depth -= 1
+            return
+        self._con.execute("BEGIN TRANSACTION")
+        self._depth = 1
+        try:
+            yield self._con
+        except BaseException:
+            self._depth = 0
+            self._con.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self._con.execute("COMMIT")
+
+    def query(self, sql: str, params: list | dict | None = None) -> pl.DataFrame:
+        """Run one SQL statement and return its rows as a polars frame (empty frames keep their columns)."""
+        relation = self._con.sql(sql, params=params or None)
+        return pl.DataFrame() if relation is None else relation.pl()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # runs -----------------------------------------------------------------------------------------------------
+    def start_run(self, config: dict) -> str:
+        """Record a scan as running and return its id."""
+        run_id = new_run_id()
+        self._con.execute(
+            "INSERT INTO scan_runs (run_id, started_at, status, config, hubtrace_version) "
+            "VALUES (?, ?, 'running', ?, ?)", [run_id, _now(), json.dumps(config, default=str), __version__])
+        return run_id
+
+    def finish_run(self, run_id: str, status: str, summary: dict) -> None:
+        _check(status, RUN_STATUSES, "run status")
+        updated = self._rows(
+            "UPDATE scan_runs SET finished_at = ?, status = ?, summary = ? WHERE run_id = ? RETURNING run_id",
+            [_now(), status, json.dumps(summary, default=str), run_id])
+        if not updated:
+            raise StoreError(f"no scan run {run_id!r} in {self.path}")
+
+    # models and fingerprints ----------------------------------------------------------------------------------
+    def known_revision(self, model_id: str) -> str | None:
+        """The revision of the model's current (not superseded) row, or None for a model never seen."""
+        rows = self._rows(
+            "SELECT revision FROM current_models WHERE model_id = ? ORDER BY last_seen_run DESC NULLS LAST LIMIT 1",
+            [model_id])
+        return rows[0][0] if rows else None
+
+    def upsert_model(self, record: ModelRecord, meta: FingerprintMeta | None, run_id: str, status: str) -> None:
+        """Store a model at one revision. A different revision already stored for the model is marked
+        'superseded', with its pair tests (kept as history). Fields the fingerprint would give stay as they were
+        when ``meta`` is None (an error at a revision that once fingerprinted keeps its dimensions)."""
+        _check(status, ("ok", "error"), "model status")
+        values: dict[str, Any] = {
+            "source": record.source, "location": str(record.location),
+            "declared_base_models": list(record.base_models), "declared_relation": record.base_model_relation,
+            "claims_from_scratch": bool(record.claims_from_scratch), "license": record.license,
+            "tags": list(record.tags), "created_at": record.created_at, "last_modified": record.last_modified,
+        }
+        for column in _META_COLUMNS:
+            values[column] = getattr(meta, column, None) if meta is not None else None
+        columns = ("model_id", "revision", *_MODEL_COLUMNS, "status", "first_seen_run", "last_seen_run")
+        params = [record.model_id, record.revision, *(values[c] for c in _MODEL_COLUMNS), status, run_id, run_id]
+        updates = ", ".join(
+            [f"{c} = coalesce(excluded.{c}, models.{c})" if c in _META_COLUMNS else f"{c} = excluded.{c}"
+             for c in _MODEL_COLUMNS] + ["status = excluded.status", "last_seen_run = excluded.last_seen_run"])
+        with self.transaction() as con:
+            con.execute("UPDATE models SET status = 'superseded' WHERE model_id = ? AND revision <> ? "
+                        "AND status <> 'superseded'", [record.model_id, record.revision])
+            con.execute("UPDATE pair_tests SET superseded = true WHERE NOT superseded AND "
+                        "((model_a = $m AND revision_a <> $r) OR (model_b = $m AND revision_b <> $r))",
+                        {"m": record.model_id, "r": record.revision})
+            con.execute(f"INSERT INTO models ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                        f"ON CONFLICT (model_id, revision) DO UPDATE SET {updates}", params)
+            # A model that returned to an earlier revision: its old tests against current partners hold again.
+            con.execute(
+                "UPDATE pair_tests SET superseded = false WHERE superseded AND ("
+                "(model_a = $m AND revision_a = $r AND (model_b, revision_b) IN "
+                "  (SELECT (model_id, revision) FROM current_models)) OR "
+                "(model_b = $m AND revision_b = $r AND (model_a, revision_a) IN "
+                "  (SELECT (model_id, revision) FROM current_models)))",
+                {"m": record.model_id, "r": record.revision})
+
+    def put_fingerprint(self, model_id: str, revision: str, input_set: str, path: str | Path,
+                        file_sha256: str | None, n_tokens: int | None, run_id: str | None) -> None:
+        self._con.execute(
+            "INSERT INTO fingerprints VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
+            "path = excluded.path, file_sha256 = excluded.file_sha256, n_tokens = excluded.n_tokens, "
+            "hubtrace_version = excluded.hubtrace_version, run_id = excluded.run_id, created_at = excluded.created_at",
+            [model_id, revision, input_set, str(path), file_sha256, n_tokens, __version__, run_id, _now()])
+
+    def fingerprint_path(self, model_id: str, revision: str, input_set: str) -> str | None:
+        rows = self._rows("SELECT path FROM fingerprints WHERE model_id = ? AND revision = ? AND input_set = ?",
+                          [model_id, revision, input_set])
+        return rows[0][0] if rows else None
+
+    # pair tests -----------------------------------------------------------------------------------------------
+    def tested_pair_keys(self, statistic: str, input_set: str) -> set[PairKey]:
+        """Pairs with a current (not superseded) test of this statistic on this input set."""
+        rows = self._rows("SELECT model_a, revision_a, model_b, revision_b FROM current_pair_tests "
+                          "WHERE statistic = ? AND input_set = ?", [statistic, input_set])
+        return {(a, ra, b, rb) for a, ra, b, rb in rows}
+
+    def put_pair_tests(self, rows: Iterable[PairTestRow]) -> None:
+        """Store a batch of tests in one transaction (all or none). A test of a pair at the same revisions,
+        statistic and input set replaces the stored one; one of a superseded revision is stored as superseded."""
+        latest: dict[tuple[str, ...], PairTestRow] = {}
+        for row in rows:
+            _check(row.reason, PAIR_REASONS, "pair test reason")
+            latest[row.key] = row.normalized()   # a retried batch may repeat a pair: the last one wins
+        if not latest:
+            return
+        batch = list(latest.values())
+        table = pa.table({
+            "model_a": [r.model_a for r in batch], "revision_a": [r.revision_a for r in batch],
+            "model_b": [r.model_b for r in batch], "revision_b": [r.revision_b for r in batch],
+            "statistic": [r.statistic for r in batch], "input_set": [r.input_set for r in batch],
+            "log10_p": [r.log10_p for r in batch], "n_layers": [r.n_layers for r in batch],
+            "layers": [json.dumps(r.layers) for r in batch], "notes": [list(r.notes) for r in batch],
+            "reason": [r.reason for r in batch], "run_id": [r.run_id for r in batch],
+        }, schema=_PAIR_SCHEMA)
+        with self.transaction() as con:
+            con.register("_pair_batch", table)
+            try:
+                con.execute(
+                    f"INSERT OR REPLACE INTO pair_tests ({_PAIR_COLUMNS}, hubtrace_version, tested_at, superseded) "
+                    f"SELECT b.*, $version, $now, "
+                    f"  coalesce(ma.status = 'superseded', false) OR coalesce(mb.status = 'superseded', false) "
+                    f"FROM _pair_batch b "
+                    f"LEFT JOIN models ma ON ma.model_id = b.model_a AND ma.revision = b.revision_a "
+                    f"LEFT JOIN models mb ON mb.model_id = b.model_b AND mb.revision = b.revision_b",
+                    {"version": __version__, "now": _now()})
+            finally:
+                with suppress(duckdb.TransactionException):  # aborted: the rollback drops the view
+                    con.unregister("_pair_batch")
+
+    # errors ---------------------------------------------------------------------------------------------------
+    def record_error(self, run_id: str, model_id: str, revision: str | None, location: str | None, stage: str,
+                     error_type: str, reason: str) -> None:
+        """One row per (run, model, stage): a retried stage that fails again overwrites its row."""
+        self._con.execute(
+            'INSERT INTO scan_errors (run_id, model_id, stage, revision, location, error_type, reason, "at") '
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET revision = excluded.revision, "
+            'location = excluded.location, error_type = excluded.error_type, reason = excluded.reason, "at" = excluded."at"',
+            [run_id, model_id, stage, revision, None if location is None else str(location), error_type, reason,
+             _now()])

@@ -1,0 +1,40 @@
+"""Helpers shared by the scan tests: a small hub folder cut from the zoo, a scan config, table reads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import polars as pl
+
+from jobs.config import ScanConfig
+from scanner.zoo import Zoo
+
+#: A family (base, fine-tune, camouflaged copy of the fine-tune, depth prune), the independent twin, and a base
+#: whose card falsely declares aurora-base: 15 pairs, 6 of them dependent.
+SUBSET = ("aurora-labs/aurora-base", "finch-nlp/aurora-chat", "nimbus/nimbus-1", "kestrel/aurora-lite",
+          "tundra-research/tundra-64", "ember-ml/ember-small")
+
+
+def copy_models(zoo: Zoo, ids: tuple[str, ...], root: Path) -> Path:
+    """Copy these zoo models into ``root/<org>/<name>/`` (a folder tree laid out like the Hub)."""
+    for model_id in ids:
+        shutil.copytree(zoo[model_id].path, root / model_id)
+    return root
+
+
+def scan_config(hub: Path, out: Path, **overrides) -> ScanConfig:
+    """A scan of ``hub`` into ``out`` with the demo settings, small batches so there are several stores."""
+    data = {"sources": [{"kind": "local", "path": str(hub)}], "output_dir": str(out),
+            "pairs": {"batch_size": 2}, "ray": {"actors": 2, "max_in_flight": 4}, "devices": {"mode": "cpu"},
+            "exports": ["json"]}
+    data.update(overrides)
+    return ScanConfig.model_validate(data)
+
+
+def query(db: Path, sql: str, params: list | None = None) -> pl.DataFrame:
+    """A read-only look at the scan database (only when no scan holds it open)."""
+    from scanner.store import Store
+
+    with Store(db, read_only=True) as store:
+        return store.query(sql, params)

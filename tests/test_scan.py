@@ -1,0 +1,197 @@
+"""The scan job end to end with real Ray and a real DuckDB file: broken models, incremental reruns, a worker
+SIGKILLed mid-fingerprint, and the driver SIGKILLed mid-scan.
+
+The checks on p-values are deterministic (fixed canonical inputs, fixed zoo); the zoo's weakest dependent pair
+measures log10 p = -52 against the -20 asserted here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from jobs.pool import FingerprintPool
+from jobs.scan import ScanObserver, run_scan
+from scanner.sources import ModelRecord
+from scanner.testing.broken import build_broken_corpus
+from tests.scan_support import SUBSET, copy_models, query, scan_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the in-process scans of this module (the scans join it instead of starting their own).
+
+    Its two GPUs are logical (Ray schedules them; there is no CUDA here): scans with ``devices.mode: auto`` get
+    GPU actors that must still fall back to the CPU instead of waiting forever.
+    """
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hub(zoo, tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The zoo subset plus the broken corpus, side by side in one org/name tree."""
+    root = copy_models(zoo, SUBSET, tmp_path_factory.mktemp("hub"))
+    broken = build_broken_corpus(root, zoo["aurora-labs/aurora-base"].path)
+    return root, broken
+
+
+@pytest.fixture(scope="module")
+def first_scan(hub, local_ray, tmp_path_factory):
+    root, _broken = hub
+    config = scan_config(root, tmp_path_factory.mktemp("out"))
+    return config, run_scan(config)
+
+
+def test_scan_fingerprints_every_good_model_and_records_each_broken_one_once(first_scan, hub, zoo):
+    config, summary = first_scan
+    _root, broken = hub
+    db = config.db_path
+    assert summary.fingerprinted == len(SUBSET)
+    assert summary.failed == len(broken)
+
+    errors = query(db, "SELECT model_id, stage, reason FROM scan_errors WHERE run_id = ?", [summary.run_id])
+    assert sorted(errors["model_id"]) == sorted(broken), "exactly one scan_errors row per broken model"
+    for model_id, stage, reason in errors.iter_rows():
+        assert broken[model_id].lower() in reason.lower(), (model_id, stage, reason)
+
+    fingerprints = query(db, "SELECT model_id, path FROM fingerprints")
+    assert sorted(fingerprints["model_id"]) == sorted(SUBSET)
+    assert all(Path(p).is_file() and Path(p).is_relative_to(config.fingerprint_dir.resolve())
+               for p in fingerprints["path"])
+    ok = query(db, "SELECT model_id FROM current_models WHERE status = 'ok'")
+    assert sorted(ok["model_id"]) == sorted(SUBSET)
+
+    tests = query(db, "SELECT model_a, model_b, log10_p, reason, n_layers FROM current_pair_tests")
+    expected = {tuple(sorted(p)) for p in combinations(SUBSET, 2)}
+    assert {(a, b) for a, b, *_ in tests.iter_rows()} == expected
+    assert tests.height == len(expected) == summary.pairs_tested
+    for a, b, log10_p, reason, n_layers in tests.iter_rows():
+        if zoo.dependent(a, b):
+            assert log10_p <= -20, (a, b, log10_p)
+        assert n_layers >= 3
+    declared = tests.filter(tests["reason"] == "declared_base")
+    assert {(a, b) for a, b, *_ in declared.iter_rows()} == {("aurora-labs/aurora-base", "ember-ml/ember-small"),
+                                                            ("aurora-labs/aurora-base", "finch-nlp/aurora-chat")}
+
+    run = query(db, "SELECT status FROM scan_runs WHERE run_id = ?", [summary.run_id])
+    assert run["status"].to_list() == ["succeeded"]
+    family = next(m for m in summary.families.values() if "aurora-labs/aurora-base" in m)
+    assert {"finch-nlp/aurora-chat", "nimbus/nimbus-1", "kestrel/aurora-lite"} <= set(family)
+    assert "tundra-research/tundra-64" not in family
+    assert Path(summary.exports["json"]).is_file()
+
+
+def test_rerun_is_incremental_and_a_new_revision_supersedes_its_old_tests(first_scan, hub):
+    config, first = first_scan
+    root, broken = hub
+    db = config.db_path
+    again = run_scan(config)
+    assert (again.fingerprinted, again.pairs_tested) == (0, 0)
+    # what discovery cannot describe has no revision to remember, so it is reported again; the rest is skipped
+    assert dict(again.failures) == {"discover": first.failures["discover"]}
+    assert again.skipped == len(SUBSET) + len(broken) - first.failures["discover"]
+    errors = query(db, "SELECT stage FROM scan_errors WHERE run_id = ?", [again.run_id])
+    assert errors["stage"].to_list() == ["discover"] * first.failures["discover"]
+    assert set(query(db, "SELECT DISTINCT run_id FROM fingerprints")["run_id"]) == {first.run_id}
+    assert set(query(db, "SELECT DISTINCT run_id FROM pair_tests")["run_id"]) == {first.run_id}
+
+    changed = "finch-nlp/aurora-chat"
+    weights = root / changed / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same bytes, new local revision
+    third = run_scan(config)
+    assert third.fingerprinted == 1 and third.failures == again.failures
+    assert query(db, "SELECT model_id FROM fingerprints WHERE run_id = ?", [third.run_id])["model_id"].to_list() == [changed]
+    assert third.pairs_tested == len(SUBSET) - 1
+    new = query(db, "SELECT model_a, model_b FROM pair_tests WHERE run_id = ?", [third.run_id])
+    assert all(changed in (a, b) for a, b in new.iter_rows())
+    superseded = query(db, "SELECT model_a, model_b FROM pair_tests WHERE superseded")
+    assert superseded.height == len(SUBSET) - 1 and all(changed in (a, b) for a, b in superseded.iter_rows())
+    current = query(db, "SELECT count(*) AS n FROM current_pair_tests")["n"][0]
+    assert current == len(SUBSET) * (len(SUBSET) - 1) // 2
+    statuses = query(db, "SELECT status FROM models WHERE model_id = ? ORDER BY last_seen_run", [changed])
+    assert sorted(statuses["status"]) == ["ok", "superseded"]
+
+
+class _KillFirstBusyWorker(ScanObserver):
+    """SIGKILLs the worker process that is fingerprinting a just-submitted model, once."""
+
+    def __init__(self) -> None:
+        self.killed: tuple[int, str] | None = None
+
+    def on_fingerprint_submitted(self, pool: FingerprintPool, record: ModelRecord) -> None:
+        if self.killed:
+            return
+        for _ in range(2000):
+            for status in ray.get([a.status.remote() for a in pool.actors]):
+                if status.current == record.model_id:
+                    os.kill(status.pid, signal.SIGKILL)
+                    self.killed = (status.pid, record.model_id)
+                    return
+                if status.done:
+                    return  # this model was too quick to catch; try the next one
+            time.sleep(0.005)
+
+
+def test_a_worker_killed_mid_fingerprint_is_retried_and_the_scan_completes(zoo, local_ray, tmp_path):
+    models = SUBSET[:4]
+    root = copy_models(zoo, models, tmp_path / "hub")
+    killer = _KillFirstBusyWorker()
+    summary = run_scan(scan_config(root, tmp_path / "out", devices={"mode": "auto"}), observer=killer)
+    assert killer.killed is not None, "no worker was caught mid-fingerprint"
+    assert (summary.device, summary.actors) == ("gpu", 2)  # one actor per (logical) GPU, computing on the CPU
+    assert summary.fingerprinted == len(models) and summary.failed == 0
+    db = tmp_path / "out" / "hubtrace.duckdb"
+    assert sorted(query(db, "SELECT model_id FROM fingerprints")["model_id"]) == sorted(models)
+    assert query(db, "SELECT count(*) AS n FROM current_pair_tests")["n"][0] == len(models) * (len(models) - 1) // 2
+
+
+def test_a_driver_killed_mid_scan_reruns_to_the_same_tables_without_duplicates(zoo, local_ray, tmp_path):
+    models = SUBSET[:5]
+    root = copy_models(zoo, models, tmp_path / "hub")
+    out = tmp_path / "out"
+    config = scan_config(root, out, pairs={"batch_size": 1})
+    config_file = tmp_path / "scan.yaml"
+    config_file.write_text(yaml.safe_dump(config.to_json_dict()))
+    driver = subprocess.Popen([sys.executable, "-m", "jobs.scan", "--config", str(config_file)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for line in driver.stdout:
+            if "[pairs] stored 1/" in line:
+                os.kill(driver.pid, signal.SIGKILL)
+                break
+        driver.wait()
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # the local Ray the killed driver started, if any is left
+        except ProcessLookupError:
+            pass
+    assert driver.returncode == -signal.SIGKILL
+    killed_run = query(config.db_path, "SELECT run_id, status FROM scan_runs")
+    assert killed_run["status"].to_list() == ["running"]
+    stored_before = query(config.db_path, "SELECT count(*) AS n FROM pair_tests")["n"][0]
+    assert stored_before >= 1
+
+    summary = run_scan(config)
+    n_pairs = len(models) * (len(models) - 1) // 2
+    assert summary.failed == 0
+    assert summary.pairs["already_tested"] == stored_before
+    assert summary.pairs_tested == n_pairs - stored_before
+    tests = query(config.db_path, "SELECT model_a, model_b, superseded FROM pair_tests")
+    assert tests.height == n_pairs and not any(tests["superseded"])
+    assert {(a, b) for a, b, _ in tests.iter_rows()} == {tuple(sorted(p)) for p in combinations(models, 2)}
+    assert sorted(query(config.db_path, "SELECT model_id FROM fingerprints")["model_id"]) == sorted(models)
+    assert sorted(query(config.db_path, "SELECT model_id FROM models")["model_id"]) == sorted(models)

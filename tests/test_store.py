@@ -1,0 +1,363 @@
+"""The scan database on real DuckDB files: schema and migrations, idempotent upserts, superseding, transactions,
+single-writer locking across processes, and the investigator queries."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from scanner.sources import ModelRecord
+from scanner.store import LATEST_VERSION, PairTestRow, Store, StoreError, StoreLockedError
+from scanner.store import queries
+from scanner.store.schema import CORE_DDL, SCHEMA_VERSION_DDL
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+TABLES = {"schema_version", "models", "fingerprints", "pair_tests", "scan_runs", "scan_errors", "lineage_edges",
+          "families", "family_members", "discrepancies"}
+
+
+@dataclass(frozen=True)
+class Meta:
+    """The FingerprintMeta fields the store reads (scanner.fingerprint is another engineer's and not here yet)."""
+
+    architecture: str = "LlamaForCausalLM"
+    model_type: str = "llama"
+    n_layers: int = 4
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    n_experts: int = 1
+    vocab_size: int = 256
+    tokenizer_hash: str | None = "tok"
+    parameter_count: int = 123_456
+    input_set: str = "v1-seed0-32x64-ids<256"
+    summaries: dict = field(default_factory=dict)
+
+
+def record(model_id: str, revision: str = "r1", *, bases: tuple[str, ...] = (), scratch: bool = False,
+           created: datetime | None = None) -> ModelRecord:
+    return ModelRecord(model_id=model_id, revision=revision, source="local", location=f"/hub/{model_id}",
+                       base_models=bases, base_model_relation="finetune" if bases else None,
+                       claims_from_scratch=scratch, license="mit", tags=("text-generation",),
+                       created_at=created, last_modified=created)
+
+
+def test_row(a: str, ra: str, b: str, rb: str, log10_p: float, run_id: str, *, layers: list[dict] | None = None,
+             input_set: str = "v1") -> PairTestRow:
+    return PairTestRow(a, ra, b, rb, "match", input_set, log10_p, 2, layers or [], [], "comparable", run_id)
+
+
+test_row.__test__ = False  # a helper, not a test
+
+
+def count(store: Store, table: str) -> int:
+    return store.query(f"SELECT count(*) AS n FROM {table}")["n"][0]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "scan.duckdb"
+
+
+# schema ---------------------------------------------------------------------------------------------------------
+def test_schema_created_and_reopened(db: Path) -> None:
+    with Store(db) as store:
+        names = set(store.query("SELECT table_name FROM information_schema.tables")["table_name"])
+        assert TABLES | {"current_models", "current_pair_tests"} <= names
+        assert store.schema_version() == LATEST_VERSION
+        store.upsert_model(record("org/a"), Meta(), store.start_run({}), "ok")
+    for _ in range(2):  # reopening runs no migration twice and keeps the data
+        with Store(db) as store:
+            versions = store.query("SELECT version FROM schema_version ORDER BY version")["version"].to_list()
+            assert versions == list(range(1, LATEST_VERSION + 1))
+            assert count(store, "models") == 1
+    with Store(db, read_only=True) as store:
+        assert store.known_revision("org/a") == "r1"
+
+
+def test_old_file_is_migrated_and_readers_are_told(db: Path) -> None:
+    con = duckdb.connect(str(db))  # a file as schema version 1 left it: no lineage tables
+    con.execute(SCHEMA_VERSION_DDL)
+    for statement in CORE_DDL:
+        con.execute(statement)
+    con.execute("INSERT INTO schema_version VALUES (1, 'core', now(), '0.0.1')")
+    con.execute("INSERT INTO scan_runs (run_id, started_at, status, hubtrace_version) VALUES ('old', now(), "
+                "'succeeded', '0.0.1')")
+    con.close()
+    with pytest.raises(StoreError, match="schema version 1.*read-write"):
+        Store(db, read_only=True)
+    with Store(db) as store:
+        assert store.schema_version() == LATEST_VERSION
+        assert count(store, "lineage_edges") == 0
+        assert store.query("SELECT run_id FROM scan_runs")["run_id"].to_list() == ["old"]
+
+
+def test_newer_file_is_not_written(db: Path) -> None:
+    Store(db).close()
+    con = duckdb.connect(str(db))
+    con.execute("INSERT INTO schema_version VALUES (?, 'future', now(), '9')", [LATEST_VERSION + 1])
+    con.close()
+    with pytest.raises(StoreError, match="newer than this hubtrace"):
+        Store(db)
+
+
+def test_missing_and_corrupt_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no scan database"):
+        Store(tmp_path / "absent.duckdb", read_only=True)
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match="junk.duckdb"):
+        Store(junk)
+
+
+# upserts --------------------------------------------------------------------------------------------------------
+def test_every_write_is_idempotent_on_retry(db: Path) -> None:
+    with Store(db) as store:
+        run = store.start_run({"sources": ["local"]})
+        batch = [test_row("org/a", "r1", "org/b", "r1", -60.0, run), test_row("org/a", "r1", "org/c", "r1", -1.0, run)]
+        for _ in range(2):
+            store.upsert_model(record("org/a"), Meta(), run, "ok")
+            store.put_fingerprint("org/a", "r1", "v1", "/fp/a.safetensors", "sha", 2048, run)
+            store.put_pair_tests(batch)
+            store.record_error(run, "org/x", "r1", "/hub/org/x", "fingerprint", "CheckpointError", "truncated")
+        assert [count(store, t) for t in ("models", "fingerprints", "pair_tests", "scan_errors")] == [1, 1, 2, 1]
+        assert store.fingerprint_path("org/a", "r1", "v1") == "/fp/a.safetensors"
+        assert store.fingerprint_path("org/a", "r2", "v1") is None
+        # a retried batch that repeats a pair inside itself keeps the last one
+        store.put_pair_tests([test_row("org/a", "r1", "org/c", "r1", -2.0, run),
+                              test_row("org/c", "r1", "org/a", "r1", -3.0, run)])
+        assert store.query("SELECT log10_p FROM pair_tests WHERE model_b = 'org/c'")["log10_p"].to_list() == [-3.0]
+        store.finish_run(run, "succeeded", {"models": 1})
+        runs = store.query("SELECT status, summary, finished_at FROM scan_runs")
+        assert runs["status"].to_list() == ["succeeded"] and runs["finished_at"][0] is not None
+        with pytest.raises(StoreError, match="no scan run"):
+            store.finish_run("nope", "succeeded", {})
+        with pytest.raises(StoreError, match="run status"):
+            store.finish_run(run, "done", {})
+
+
+def test_model_row_holds_record_and_fingerprint_fields(db: Path) -> None:
+    with Store(db) as store:
+        run = store.start_run({})
+        store.upsert_model(record("org/ft", bases=("org/base",), created=T0), Meta(), run, "ok")
+        row = store.query("SELECT * FROM models").row(0, named=True)
+        assert row["declared_base_models"] == ["org/base"] and row["declared_relation"] == "finetune"
+        assert (row["architecture"], row["n_layers"], row["parameter_count"]) == ("LlamaForCausalLM", 4, 123_456)
+        assert row["created_at"] == T0 and row["tags"] == ["text-generation"]
+        # a later failure at the same revision keeps what the fingerprint said, and records the status
+        run2 = store.start_run({})
+        store.upsert_model(record("org/ft", bases=("org/base",), created=T0), None, run2, "error")
+        row = store.query("SELECT * FROM models").row(0, named=True)
+        assert (row["status"], row["hidden_size"], row["first_seen_run"], row["last_seen_run"]) == (
+            "error", 64, run, run2)
+        with pytest.raises(StoreError, match="model status"):
+            store.upsert_model(record("org/ft"), None, run2, "superseded")
+
+
+def test_pairs_are_stored_with_the_smaller_model_first(db: Path) -> None:
+    with Store(db) as store:
+        run = store.start_run({})
+        layers = [{"layer_a": 3, "layer_b": 1, "log10_p": -9.0, "rho": 0.5, "n_units": 64}]
+        store.put_pair_tests([test_row("org/z", "rz", "org/a", "ra", -9.0, run, layers=layers)])
+        row = store.query("SELECT model_a, revision_a, model_b, revision_b, layers FROM pair_tests").row(0)
+        assert row[:4] == ("org/a", "ra", "org/z", "rz")
+        assert pl.Series([row[4]]).str.json_decode().to_list()[0][0]["layer_a"] == 1
+        assert store.tested_pair_keys("match", "v1") == {("org/a", "ra", "org/z", "rz")}
+        assert store.tested_pair_keys("match", "other") == set()
+        assert store.tested_pair_keys("hidden", "v1") == set()
+
+
+# supersede ------------------------------------------------------------------------------------------------------
+def test_new_revision_supersedes_old_rows_and_tests(db: Path) -> None:
+    with Store(db) as store:
+        run1 = store.start_run({})
+        for m in ("org/a", "org/b", "org/c"):
+            store.upsert_model(record(m), Meta(), run1, "ok")
+        store.put_pair_tests([test_row("org/a", "r1", "org/b", "r1", -50.0, run1),
+                              test_row("org/a", "r1", "org/c", "r1", -1.0, run1),
+                              test_row("org/b", "r1", "org/c", "r1", -1.5, run1)])
+        run2 = store.start_run({})
+        store.upsert_model(record("org/a"), Meta(), run2, "ok")  # unchanged: nothing superseded
+        assert count(store, "current_pair_tests") == 3
+        store.upsert_model(record("org/a", "r2"), Meta(), run2, "ok")
+        assert store.known_revision("org/a") == "r2"
+        statuses = dict(store.query("SELECT revision, status FROM models WHERE model_id = 'org/a'").iter_rows())
+        assert statuses == {"r1": "superseded", "r2": "ok"}
+        assert count(store, "pair_tests") == 3  # history kept
+        assert store.tested_pair_keys("match", "v1") == {("org/b", "r1", "org/c", "r1")}
+        # a late result for the old revision (a batch planned before the change) lands as history
+        store.put_pair_tests([test_row("org/a", "r1", "org/b", "r1", -51.0, run2)])
+        assert store.tested_pair_keys("match", "v1") == {("org/b", "r1", "org/c", "r1")}
+        store.put_pair_tests([test_row("org/a", "r2", "org/b", "r1", -40.0, run2)])
+        assert ("org/a", "r2", "org/b", "r1") in store.tested_pair_keys("match", "v1")
+        # back to r1: its tests against partners still at their tested revision hold again
+        store.upsert_model(record("org/a", "r1"), Meta(), store.start_run({}), "ok")
+        assert store.tested_pair_keys("match", "v1") == {
+            ("org/a", "r1", "org/b", "r1"), ("org/a", "r1", "org/c", "r1"), ("org/b", "r1", "org/c", "r1")}
+        assert store.known_revision("org/a") == "r1"
+        assert store.known_revision("org/unknown") is None
+
+
+# transactions ---------------------------------------------------------------------------------------------------
+def test_a_failing_batch_writes_nothing(db: Path) -> None:
+    with Store(db) as store:
+        run = store.start_run({})
+        good = [test_row(f"org/m{i:03d}", "r", "org/z", "r", -1.0, run) for i in range(50)]
+        bad = test_row("org/a", "r", "org/a", "r", -1.0, run)  # a model against itself violates the pair check
+        with pytest.raises(duckdb.ConstraintException):
+            store.put_pair_tests([*good, bad])
+        assert count(store, "pair_tests") == 0
+        with pytest.raises(RuntimeError), store.transaction():
+            store.put_pair_tests(good)
+            store.upsert_model(record("org/a"), Meta(), run, "ok")
+            raise RuntimeError("driver died mid-store")
+        assert count(store, "pair_tests") == count(store, "models") == 0
+        store.put_pair_tests(good)  # the connection is usable after the rollback
+        assert count(store, "pair_tests") == 50
+
+
+# one writer, many readers ---------------------------------------------------------------------------------------
+def test_readers_share_the_file_and_cannot_write(db: Path) -> None:
+    with Store(db) as store:
+        store.start_run({})
+    with Store(db, read_only=True) as one, Store(db, read_only=True) as two:
+        assert count(one, "scan_runs") == count(two, "scan_runs") == 1
+        with pytest.raises(duckdb.Error, match="read-only"):
+            one.start_run({})
+
+
+HOLD_WRITER = ("import sys; from scanner.store import Store; s = Store(sys.argv[1]); print('ready', flush=True); "
+               "sys.stdin.read(); s.close()")
+
+
+def test_a_running_writer_gives_a_clear_error(db: Path) -> None:
+    Store(db).close()
+    writer = subprocess.Popen([sys.executable, "-c", HOLD_WRITER, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        for read_only in (True, False):
+            with pytest.raises(StoreLockedError, match=rf"held open for writing by process {writer.pid}.*scan"):
+                Store(db, read_only=read_only)
+    finally:
+        writer.stdin.close()
+        writer.wait()
+    with Store(db, read_only=True) as store:  # free again once the writer is gone
+        assert store.schema_version() == LATEST_VERSION
+
+
+# queries --------------------------------------------------------------------------------------------------------
+def test_query_returns_polars_frames_with_types(db: Path) -> None:
+    with Store(db) as store:
+        run = store.start_run({})
+        store.put_pair_tests([test_row("org/a", "r", "org/b", "r", -7.5, run)])
+        frame = store.query("SELECT log10_p, notes, tested_at, superseded FROM pair_tests WHERE statistic = ?",
+                            ["match"])
+        assert isinstance(frame, pl.DataFrame) and frame["log10_p"].to_list() == [-7.5]
+        assert frame.schema["notes"] == pl.List(pl.String) and frame.schema["superseded"] == pl.Boolean
+        assert frame.schema["tested_at"] == pl.Datetime("us", "UTC")
+        empty = store.query("SELECT model_id, n_layers FROM models")
+        assert empty.height == 0 and empty.columns == ["model_id", "n_layers"]
+
+
+def test_bulk_write_of_100k_pair_tests(db: Path) -> None:
+    n = 100_000
+    layers = [{"layer_a": i, "layer_b": i, "log10_p": -3.0, "rho": 0.4, "n_units": 64} for i in range(4)]
+    with Store(db) as store:
+        run = store.start_run({})
+        rows = [test_row(f"org/m{i // 500:04d}", "r", f"org/n{i % 500:04d}", "r", -float(i % 97), run, layers=layers)
+                for i in range(n)]
+        store.put_pair_tests(rows)
+        assert count(store, "current_pair_tests") == n
+        assert len(store.tested_pair_keys("match", "v1")) == n
+        total = store.query("SELECT sum(log10_p) AS s, sum(json_array_length(layers)) AS l FROM pair_tests").row(0)
+        assert total == (sum(-float(i % 97) for i in range(n)), 4 * n)
+
+
+def _scanned_hub(store: Store) -> tuple[str, str]:
+    """Two nights: night 1 finds a base, its declared fine-tune, an undeclared copy of the fine-tune, an
+    independent model and a broken one; night 2 sees a new revision of the copy and a new model, and the
+    broken one fails again."""
+    night1 = store.start_run({"night": 1})
+    store.upsert_model(record("org/base", created=T0), Meta(), night1, "ok")
+    store.upsert_model(record("org/ft", bases=("org/base",), created=T0 + timedelta(days=1)), Meta(), night1, "ok")
+    store.upsert_model(record("copy/ft", scratch=True, created=T0 + timedelta(days=2)), Meta(), night1, "ok")
+    store.upsert_model(record("other/indep", created=T0), Meta(), night1, "ok")
+    store.upsert_model(record("bad/broken"), None, night1, "error")
+    store.record_error(night1, "bad/broken", "r1", "/hub/bad/broken", "validate", "CheckpointError", "NaN weights")
+    models = ["org/base", "org/ft", "copy/ft", "other/indep"]
+    dependent = {frozenset(p) for p in [("org/base", "org/ft"), ("org/base", "copy/ft"), ("org/ft", "copy/ft")]}
+    store.put_pair_tests([test_row(a, "r1", b, "r1", -60.0 if frozenset((a, b)) in dependent else -0.5, night1)
+                          for i, a in enumerate(models) for b in models[i + 1:]])
+    store.finish_run(night1, "succeeded", {})
+
+    night2 = store.start_run({"night": 2})
+    store.upsert_model(record("copy/ft", "r2", scratch=True, created=T0 + timedelta(days=2)), Meta(), night2, "ok")
+    store.upsert_model(record("new/model", created=T0 + timedelta(days=3)), Meta(), night2, "ok")
+    store.put_pair_tests([test_row("copy/ft", "r2", "org/ft", "r1", -55.0, night2),
+                          test_row("new/model", "r1", "org/base", "r1", -0.2, night2)])
+    store.record_error(night2, "bad/broken", "r1", "/hub/bad/broken", "validate", "CheckpointError", "NaN weights")
+    store.record_error(night2, "new/other", "r1", "/hub/new/other", "fingerprint", "WorkerDied", "SIGKILL")
+    store.finish_run(night2, "succeeded", {})
+    return night1, night2
+
+
+def test_who_depends_on_and_derives_from(db: Path) -> None:
+    with Store(db) as store:
+        _scanned_hub(store)
+        near = queries.dependent_on(store, "org/ft")
+        assert near["model_id"].to_list() == ["org/base", "copy/ft"]  # copy/ft r1's test is superseded; r2's: -55
+        assert near.filter(pl.col("model_id") == "copy/ft")["revision"].to_list() == ["r2"]
+        assert queries.dependent_on(store, "org/ft", log10_p_below=-58)["model_id"].to_list() == ["org/base"]
+        assert queries.derives_from(store, "org/base").height == 0  # no lineage rebuilt yet
+        store.connection.execute(
+            "INSERT INTO lineage_edges (model_a, model_b, dependent, parent, child, tree_link, log10_p) VALUES "
+            "('org/base', 'org/ft', true, 'org/base', 'org/ft', 'tree', -60), "
+            "('copy/ft', 'org/ft', true, 'org/ft', 'copy/ft', 'tree', -55), "
+            "('copy/ft', 'org/base', true, 'org/base', 'copy/ft', NULL, -60), "
+            "('org/base', 'other/indep', false, NULL, NULL, NULL, -0.5)")
+        tree = queries.derives_from(store, "org/base")
+        assert tree.select("model_id", "parent", "depth").rows() == [("org/ft", "org/base", 1),
+                                                                      ("copy/ft", "org/ft", 2)]
+        assert queries.derives_from(store, "copy/ft").height == 0
+
+
+def test_claims_no_parent_but_depends(db: Path) -> None:
+    with Store(db) as store:
+        _scanned_hub(store)
+        found = queries.claims_no_parent_but_depends(store)
+        # copy/ft claims from-scratch yet depends on the older org/base and org/ft; org/base declares nothing
+        # but its dependents are newer or declare it, so it is not listed
+        assert sorted(found.select("model_id", "depends_on").rows()) == [("copy/ft", "org/ft")]
+        assert found["revision"].to_list() == ["r2"] and found["claims_from_scratch"].to_list() == [True]
+        assert queries.undeclared_derivatives(store).height == 0  # no lineage rebuilt yet
+
+
+def test_what_changed_and_errors_per_run(db: Path) -> None:
+    with Store(db) as store:
+        night1, night2 = _scanned_hub(store)
+        assert queries.latest_run_id(store) == night2
+        changes = queries.run_changes(store)
+        assert sorted(changes.select("kind", "model_id").rows()) == [
+            ("new_dependence", "copy/ft"), ("new_error", "new/other"), ("new_model", "new/model"),
+            ("new_revision", "copy/ft"), ("repeated_error", "bad/broken")]
+        assert changes.filter(pl.col("kind") == "new_revision")["detail"].to_list() == ["was r1, status ok"]
+        first = queries.run_changes(store, night1)
+        assert first.filter(pl.col("kind") == "new_model").height == 5
+        found = first.filter(pl.col("kind") == "new_dependence")
+        assert found.height == 3 and found["detail"].str.ends_with("since superseded").sum() == 2  # copy/ft r1
+        night2_start = store.query("SELECT started_at FROM scan_runs WHERE run_id = ?", [night2])["started_at"][0]
+        assert queries.changes_since(store, night2_start).equals(changes)
+        assert queries.changes_since(store, T0).height == first.height + changes.height
+        errors = queries.run_errors(store)
+        assert dict(errors.select("model_id", "new").rows()) == {"bad/broken": False, "new/other": True}
+        assert queries.run_errors(store, night1)["new"].to_list() == [True]
+        overview = queries.runs(store)
+        assert overview.select("run_id", "new_model_rows", "pair_tests", "errors").rows() == [
+            (night2, 2, 2, 2), (night1, 5, 6, 1)]
