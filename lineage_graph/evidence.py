@@ -1,0 +1,92 @@
+"""What the lineage graph is built from and what it produces, as plain values (no I/O here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One current model: its shape, what its card claims, and weight summaries used for direction."""
+
+    model_id: str
+    revision: str = ""
+    architecture: str | None = None
+    n_layers: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    n_experts: int | None = None
+    declared_base_models: tuple[str, ...] = ()
+    declared_relation: str | None = None
+    claims_from_scratch: bool = False
+    license: str | None = None
+    created_at: datetime | None = None
+    kurtosis: tuple[float, ...] | None = None
+    """Per-block excess kurtosis of the MLP weights (from fingerprint summaries), when known."""
+
+    @property
+    def declares_base(self) -> bool:
+        return bool(self.declared_base_models)
+
+
+@dataclass(frozen=True)
+class PairTest:
+    """The current test of one unordered pair (model_a < model_b) with the statistic the graph uses."""
+
+    model_a: str
+    model_b: str
+    statistic: str
+    log10_p: float
+    n_layers: int
+    layers: tuple[dict, ...] = ()
+    input_set: str = ""
+    reason: str = "comparable"
+    revision_a: str = ""
+    revision_b: str = ""
+
+
+@dataclass(frozen=True)
+class Direction:
+    """Who derives from whom for one dependent pair; parent/child are None when the evidence is silent or cancels.
+
+    confidence is the combined probability (0.5 = a coin flip) that parent -> child is right.
+    """
+
+    parent: str | None
+    child: str | None
+    confidence: float
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A tested pair after FDR control, with its evidence and (for dependent pairs) its direction."""
+
+    test: PairTest
+    log10_q: float
+    dependent: bool
+    direction: Direction
+    block_map: tuple[tuple[int, int], ...] = ()
+    """Block pairs (layer_a, layer_b) whose own test is significant at the graph's level."""
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return self.test.model_a, self.test.model_b
+
+    @property
+    def strength(self) -> float:
+        """-log10 p: how strongly the weights reject independence."""
+        return -self.test.log10_p
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    """A conflict between what a card declares and what the weights show."""
+
+    model_id: str
+    kind: str
+    related_model: str | None
+    confidence: float
+    detail: str
+    evidence: dict = field(default_factory=dict)

@@ -1,0 +1,185 @@
+"""Exports of the lineage graph: GraphML and GEXF (Gephi), node-link JSON, DOT, an offline interactive HTML
+page, and a PNG family tree. One networkx graph feeds them all, so every format says the same thing."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import networkx as nx
+
+from lineage_graph.lineage import Lineage
+
+FORMATS = ("graphml", "gexf", "json", "dot", "html", "png")
+
+
+def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | None = None) -> nx.DiGraph:
+    """Models as nodes, dependent pairs as edges (parent -> child when a direction is known).
+
+    family keeps one family; model keeps one model and every model it depends on. Attributes are plain
+    str/int/float/bool (None dropped) so GraphML and GEXF keep them.
+    """
+    if family is not None and family not in {f.family_id for f in lineage.families}:
+        raise KeyError(f"no family {family!r}")
+    if model is not None and model not in lineage.models:
+        raise KeyError(f"no model {model!r}")
+    graph = nx.DiGraph(q=lineage.q, method=lineage.method, statistic=lineage.statistic)
+    flagged: dict[str, list[str]] = {}
+    for d in lineage.discrepancies:
+        flagged.setdefault(d.model_id, []).append(d.kind)
+    links = {}
+    for f in lineage.families:
+        for m in f.members:
+            info = lineage.models[m]
+            attrs = {
+                "label": m, "family": f.family_id, "is_root": m == f.root, "revision": info.revision,
+                "architecture": info.architecture, "n_layers": info.n_layers, "hidden_size": info.hidden_size,
+                "intermediate_size": info.intermediate_size, "declared_base_models": ", ".join(info.declared_base_models),
+                "declared_relation": info.declared_relation, "claims_from_scratch": info.claims_from_scratch,
+                "license": info.license, "created_at": info.created_at.isoformat() if info.created_at else None,
+                "discrepancies": ", ".join(flagged.get(m, [])),
+            }
+            graph.add_node(m, **{k: v for k, v in attrs.items() if v is not None})
+        links.update({(p, c): kind for p, c, kind in f.tree_edges()})
+    for e in lineage.edges:
+        if not e.dependent:
+            continue
+        d = e.direction
+        u, v = (d.parent, d.child) if d.parent else e.pair
+        link = links.get((u, v)) or links.get((v, u)) or ""
+        if link and (u, v) not in links:
+            u, v = v, u  # the tree chose the other orientation: draw the edge the way the tree reads
+        graph.add_edge(u, v, log10_p=e.test.log10_p, log10_q=e.log10_q, strength=e.strength,
+                       statistic=e.test.statistic, directed=d.parent is not None,
+                       confidence=d.confidence if (u, v) == (d.parent, d.child) or d.parent is None else 1 - d.confidence,
+                       reasons="; ".join(d.reasons), tree_link=link, blocks_matched=len(e.block_map),
+                       block_map=" ".join(f"{a}:{b}" for a, b in e.block_map))
+    if family is not None:
+        graph = graph.subgraph([n for n, a in graph.nodes(data=True) if a["family"] == family]).copy()
+    if model is not None:
+        graph = graph.subgraph({model} | set(graph.predecessors(model)) | set(graph.successors(model))).copy()
+    return graph
+
+
+def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
+    """Families side by side, each drawn top-down along its tree links (x in leaf slots, y = -depth)."""
+    tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") == "tree")
+    tree.add_nodes_from(graph.nodes)
+    pos: dict[str, tuple[float, float]] = {}
+    slot = 0.0
+    roots = sorted((n for n in tree.nodes if tree.in_degree(n) == 0),
+                   key=lambda n: (graph.nodes[n].get("family", n), -len(nx.descendants(tree, n)), n))
+
+    def place(node: str, depth: int) -> float:
+        nonlocal slot
+        children = sorted(tree.successors(node))
+        if not children:
+            x, slot = slot, slot + 1.0
+        else:
+            xs = [place(c, depth + 1) for c in children]
+            x = sum(xs) / len(xs)
+        pos[node] = (x, -float(depth))
+        return x
+
+    for root in roots:
+        place(root, 0)
+        slot += 0.5
+    return pos
+
+
+def _dot_quote(value: object) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def write_dot(graph: nx.DiGraph, path: Path) -> None:
+    """Graphviz DOT: families as clusters, tree links bold, merges dashed, other dependences dotted grey."""
+    lines = ["digraph lineage {", "  rankdir=TB; node [shape=box, style=rounded];"]
+    by_family: dict[str, list[str]] = {}
+    for n, a in graph.nodes(data=True):
+        by_family.setdefault(a.get("family", ""), []).append(n)
+    for i, (fid, nodes) in enumerate(sorted(by_family.items())):
+        lines.append(f"  subgraph cluster_{i} {{ label={_dot_quote(fid)};")
+        for n in sorted(nodes):
+            a = graph.nodes[n]
+            attrs = {k: v for k, v in a.items() if k != "label"}
+            color = ', color="red"' if a.get("discrepancies") else ""
+            lines.append(f"    {_dot_quote(n)} [label={_dot_quote(n)}{color}, "
+                         + ", ".join(f"{k}={_dot_quote(v)}" for k, v in sorted(attrs.items())) + "];")
+        lines.append("  }")
+    for u, v, a in sorted(graph.edges(data=True)):
+        style = {"tree": "bold", "merge": "dashed"}.get(a.get("tree_link", ""), "dotted")
+        extra = "" if a.get("directed") else ", dir=none"
+        label = f"log10 p {a['log10_p']:.0f}, conf {a['confidence']:.2f}"
+        lines.append(f"  {_dot_quote(u)} -> {_dot_quote(v)} [style={style}{extra}, label={_dot_quote(label)}, "
+                     f"penwidth={1 + math.log10(1 + a['strength']):.2f}, reasons={_dot_quote(a.get('reasons', ''))}];")
+    lines.append("}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") -> None:
+    """A family tree a person can read: labelled boxes, arrows parent -> child, width by -log10 p."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    pos = tree_layout(graph)
+    width = max((x for x, _ in pos.values()), default=0) + 1
+    depth = -min((y for _, y in pos.values()), default=0) + 1
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * width), max(4.5, 2.4 * depth + 1.5)))
+    drawn = [(u, v, a) for u, v, a in graph.edges(data=True) if a.get("tree_link")]
+    top = max((a["strength"] for *_, a in drawn), default=1.0)
+    for u, v, a in drawn:
+        merge = a["tree_link"] == "merge"
+        ax.annotate("", xy=pos[v], xytext=pos[u], arrowprops=dict(
+            arrowstyle="-|>", mutation_scale=18, shrinkA=22, shrinkB=22, linestyle="--" if merge else "-",
+            lw=0.8 + 4.0 * math.log1p(a["strength"]) / math.log1p(top), color="#a05a00" if merge else "#24527a"))
+        t = 0.3 if merge else 0.5  # merge labels sit nearer the child, clear of the tree labels
+        mx, my = pos[u][0] + t * (pos[v][0] - pos[u][0]), pos[u][1] + t * (pos[v][1] - pos[u][1])
+        ax.text(mx, my, f"p=1e{a['log10_p']:.0f}\nconf {a['confidence']:.2f}", fontsize=7, ha="center", va="center",
+                color="#333", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
+    for n, (x, y) in pos.items():
+        a = graph.nodes[n]
+        flagged = bool(a.get("discrepancies"))
+        ax.text(x, y, n.replace("/", "/\n", 1), ha="center", va="center", fontsize=8.5,
+                fontweight="bold" if a.get("is_root") else "normal",
+                bbox=dict(boxstyle="round,pad=0.4", fc="#fde2e2" if flagged else "#eef4fb",
+                          ec="#c0392b" if flagged else "#24527a", lw=1.5 if flagged else 1.0))
+    ax.set_xlim(-0.8, width - 0.2)
+    ax.set_ylim(-depth + 0.4, 0.6)
+    ax.axis("off")
+    ax.set_title(title)
+    ax.legend(handles=[
+        Line2D([], [], color="#24527a", lw=2.5, label="derived from (arrow: parent → child; width: −log10 p)"),
+        Line2D([], [], color="#a05a00", lw=2, ls="--", label="second parent (merge)"),
+        Line2D([], [], marker="s", ls="", mfc="#fde2e2", mec="#c0392b", label="card disagrees with weights"),
+    ], loc="lower right", fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def write_graph(graph: nx.DiGraph, fmt: str, path: str | Path) -> Path:
+    """Write graph in one of FORMATS to path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "graphml":
+        nx.write_graphml(graph, path)
+    elif fmt == "gexf":
+        nx.write_gexf(graph, path)
+    elif fmt == "json":
+        path.write_text(json.dumps(nx.node_link_data(graph, edges="links"), indent=1, default=str), encoding="utf-8")
+    elif fmt == "dot":
+        write_dot(graph, path)
+    elif fmt == "html":
+        from lineage_graph.html_page import render_html
+
+        path.write_text(render_html(graph, tree_layout(graph)), encoding="utf-8")
+    elif fmt == "png":
+        write_png(graph, path)
+    else:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    return path
+

@@ -1,0 +1,100 @@
+"""A self-contained interactive HTML view of the lineage graph: one file, inline SVG and script, no CDN,
+so it opens offline (an investigator can mail it or attach it to a story's evidence folder)."""
+
+from __future__ import annotations
+
+import html
+import json
+
+import networkx as nx
+
+_STYLE = """
+body{font:14px system-ui,sans-serif;margin:0;display:flex;height:100vh}
+#side{width:340px;padding:12px;overflow:auto;border-right:1px solid #ccc;background:#fafafa}
+#view{flex:1}svg{width:100%;height:100%;cursor:grab}
+.node rect{fill:#eef4fb;stroke:#24527a;rx:6}.node.flag rect{fill:#fde2e2;stroke:#c0392b}
+.node.root text{font-weight:bold}.node.dim{opacity:.2}.node.hit rect{stroke-width:3}
+.edge{stroke:#24527a;fill:none}.edge.merge{stroke:#a05a00;stroke-dasharray:6 4}
+.edge.other{stroke:#999;stroke-dasharray:2 3}.edge.dim{opacity:.1}
+td{vertical-align:top;padding:1px 4px}td:first-child{color:#555}
+"""
+
+_SCRIPT = r"""
+const G = JSON.parse(document.getElementById('graph-data').textContent);
+const NS = 'http://www.w3.org/2000/svg', svg = document.querySelector('svg'), root = document.getElementById('world');
+const SX = 190, SY = 120, byId = {};
+function el(tag, attrs, parent) { const e = document.createElementNS(NS, tag);
+  for (const k in attrs) e.setAttribute(k, attrs[k]); parent.appendChild(e); return e; }
+function draw() {
+  root.innerHTML = '';
+  const showAll = document.getElementById('all').checked;
+  for (const e of G.edges) {
+    if (!e.tree_link && !showAll) continue;
+    const a = G.pos[e.source], b = G.pos[e.target];
+    const w = 1 + 4 * Math.log1p(e.strength) / Math.log1p(G.maxStrength);
+    const x1 = a[0]*SX, y1 = -a[1]*SY, x2 = b[0]*SX, y2 = -b[1]*SY, len = Math.hypot(x2 - x1, y2 - y1) || 1;
+    const cut = Math.min(0.45, 20 / len * Math.max(1, Math.abs(x2 - x1) / Math.max(1, Math.abs(y2 - y1)) * 0.4));
+    const line = el('line', {x1: x1 + (x2 - x1) * cut, y1: y1 + (y2 - y1) * cut, x2: x2 - (x2 - x1) * cut,
+      y2: y2 - (y2 - y1) * cut, 'stroke-width': w,
+      class: 'edge ' + (e.tree_link || 'other'), 'marker-end': e.directed ? 'url(#arrow)' : ''}, root);
+    el('title', {}, line).textContent = e.source + ' -> ' + e.target + '\nlog10 p = ' + e.log10_p.toFixed(1) +
+      '\nconfidence ' + e.confidence.toFixed(2) + '\n' + e.reasons;
+    e.svg = line;
+  }
+  for (const n of G.nodes) {
+    const p = G.pos[n.id], g = el('g', {class: 'node' + (n.discrepancies ? ' flag' : '') + (n.is_root ? ' root' : ''),
+      transform: 'translate(' + p[0]*SX + ',' + (-p[1]*SY) + ')', 'data-id': n.id}, root);
+    const r = el('rect', {x: -80, y: -16, width: 160, height: 32}, g);
+    const t = el('text', {'text-anchor': 'middle', dy: 5, 'font-size': 11}, g); t.textContent = n.id;
+    g.addEventListener('click', () => select(n.id)); byId[n.id] = g;
+  }
+}
+function select(id) {
+  const n = G.nodes.find(x => x.id === id), rows = Object.entries(n).filter(([k]) => k !== 'id')
+    .map(([k, v]) => '<tr><td>' + k + '</td><td>' + esc(v) + '</td></tr>').join('');
+  const rel = G.edges.filter(e => e.source === id || e.target === id).map(e => '<li>' + esc(e.source) + ' &rarr; ' +
+    esc(e.target) + ' (log10 p ' + e.log10_p.toFixed(1) + ', conf ' + e.confidence.toFixed(2) + ')<br><small>' +
+    esc(e.reasons) + '</small></li>').join('');
+  document.getElementById('detail').innerHTML = '<h3>' + esc(id) + '</h3><table>' + rows + '</table><h4>Dependences</h4><ul>' + rel + '</ul>';
+}
+function esc(s) { return String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c])); }
+document.getElementById('search').addEventListener('input', ev => {
+  const q = ev.target.value.toLowerCase();
+  for (const id in byId) { const hit = q && id.toLowerCase().includes(q);
+    byId[id].classList.toggle('hit', !!hit); byId[id].classList.toggle('dim', !!q && !hit); }
+});
+document.getElementById('all').addEventListener('change', draw);
+let view = {x: 120, y: 60, k: 1}, drag = null;
+function apply() { root.setAttribute('transform', 'translate(' + view.x + ',' + view.y + ') scale(' + view.k + ')'); }
+svg.addEventListener('wheel', ev => { ev.preventDefault(); const f = ev.deltaY < 0 ? 1.1 : 1 / 1.1;
+  view.x = ev.offsetX - (ev.offsetX - view.x) * f; view.y = ev.offsetY - (ev.offsetY - view.y) * f; view.k *= f; apply(); });
+svg.addEventListener('mousedown', ev => { drag = [ev.clientX - view.x, ev.clientY - view.y]; });
+window.addEventListener('mouseup', () => { drag = null; });
+window.addEventListener('mousemove', ev => { if (drag) { view.x = ev.clientX - drag[0]; view.y = ev.clientY - drag[1]; apply(); } });
+draw(); apply();
+"""
+
+
+def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: str = "hubtrace lineage") -> str:
+    """The page as one string: graph data as inline JSON, drawing and interaction in inline script."""
+    data = {
+        "nodes": [{"id": n, **{k: v for k, v in a.items() if k != "label"}} for n, a in sorted(graph.nodes(data=True))],
+        "edges": [{"source": u, "target": v, **a} for u, v, a in sorted(graph.edges(data=True))],
+        "pos": {n: [x, y] for n, (x, y) in pos.items()},
+        "maxStrength": max((a["strength"] for *_, a in graph.edges(data=True)), default=1.0),
+    }
+    payload = json.dumps(data, default=str).replace("</", "<\\/")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
+<body><div id="side"><h2>{html.escape(title)}</h2>
+<p>{graph.number_of_nodes()} models, {graph.number_of_edges()} dependent pairs
+(q = {graph.graph.get('q')}, {html.escape(str(graph.graph.get('method')))}). Click a model for its evidence;
+red boxes: the card disagrees with the weights.</p>
+<input id="search" placeholder="find a model" style="width:95%">
+<label><input type="checkbox" id="all"> show every dependent pair, not just the tree</label>
+<div id="detail"></div></div>
+<div id="view"><svg><defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7"
+orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#24527a"/></marker></defs><g id="world"></g></svg></div>
+<script type="application/json" id="graph-data">{payload}</script>
+<script>{_SCRIPT}</script></body></html>
+"""

@@ -1,0 +1,95 @@
+"""From current models and pair tests to the lineage: FDR-controlled edges, directions, families, trees,
+discrepancies. Pure: build.py reads the store and writes the result back."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from lineage_graph.direction import declared_ancestry, evidence_graph, orient
+from lineage_graph.discrepancies import find_discrepancies
+from lineage_graph.evidence import Direction, Discrepancy, Edge, ModelInfo, PairTest
+from lineage_graph.families import Family, assign_ids, components, family_tree
+from lineage_graph.fdr import Method, fdr_adjust, fdr_reject
+
+BLOCK_LOG10_P = -2.0
+"""A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""
+
+NO_DIRECTION = Direction(None, None, 0.5, ())
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Everything rebuilt from one state of the store."""
+
+    q: float
+    method: str
+    statistic: str
+    models: Mapping[str, ModelInfo]
+    edges: list[Edge]
+    families: list[Family]
+    discrepancies: list[Discrepancy]
+
+    def family_of(self, model_id: str) -> Family | None:
+        return next((f for f in self.families if model_id in f.members), None)
+
+    def edge(self, a: str, b: str) -> Edge | None:
+        return next((e for e in self.edges if e.pair == (min(a, b), max(a, b))), None)
+
+
+def _earliest_key(models: Mapping[str, ModelInfo]):
+    far = datetime.max.replace(tzinfo=timezone.utc)
+
+    def key(model_id: str) -> tuple[datetime, str]:
+        created = models[model_id].created_at if model_id in models else None
+        if created is not None and created.tzinfo is None:
+            created = created.replace(tzinfo=timezone.utc)
+        return created or far, model_id
+
+    return lambda members: min(members, key=key)
+
+
+def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, method: Method) -> list[Edge]:
+    log10_p = [t.log10_p for t in tests]
+    adjusted, rejected = fdr_adjust(log10_p, method=method), fdr_reject(log10_p, q=q, method=method)
+    ancestors = declared_ancestry(models.values())
+    edges = []
+    for test, log10_q, dependent in zip(tests, adjusted, rejected):
+        block_map = tuple((int(l["layer_a"]), int(l["layer_b"])) for l in test.layers
+                          if l.get("log10_p") is not None and l["log10_p"] <= BLOCK_LOG10_P)
+        direction = orient(models[test.model_a], models[test.model_b], ancestors) if dependent else NO_DIRECTION
+        edges.append(Edge(test, float(log10_q), bool(dependent), direction, block_map))
+    return edges
+
+
+def compute_lineage(
+    models: Iterable[ModelInfo],
+    tests: Iterable[PairTest],
+    *,
+    q: float = 0.05,
+    method: Method = "bh",
+    statistic: str = "match",
+    previous_families: Mapping[str, Collection[str]] | None = None,
+) -> Lineage:
+    """The lineage of these models from their pair tests (tests of unknown models and without a p are ignored).
+
+    previous_families (family id -> members, from the last rebuild) keeps family ids stable.
+    """
+    by_id = {m.model_id: m for m in models}
+    usable = sorted((t for t in tests if t.model_a in by_id and t.model_b in by_id and t.log10_p is not None
+                     and math.isfinite(t.log10_p)), key=lambda t: (t.model_a, t.model_b))
+    edges = _edges(by_id, usable, q, method)
+    dependent_pairs = {e.pair for e in edges if e.dependent}
+    ancestors = declared_ancestry(by_id.values())
+    depth = {m: len(a) for m, a in ancestors.items()}
+    evidence = evidence_graph(edges)
+    named = assign_ids(components(by_id, edges), previous_families or {}, _earliest_key(by_id))
+    families = []
+    for fid, members in sorted(named.items()):
+        confirmed = {m: {b for b in by_id[m].declared_base_models if (min(b, m), max(b, m)) in dependent_pairs}
+                     for m in members}
+        root, parents = family_tree(members, evidence, confirmed, depth)
+        families.append(Family(fid, tuple(sorted(members)), root, parents))
+    return Lineage(q, method, statistic, by_id, edges, families, find_discrepancies(by_id, edges, families))

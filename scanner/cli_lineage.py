@@ -1,0 +1,107 @@
+"""`hubtrace lineage | graph | discrepancies | report`: the lineage graph from a scan database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from scanner.errors import HubtraceError
+
+Db = Annotated[Path, typer.Option("--db", help="The scan's DuckDB file.")]
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"hubtrace: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _open(db: Path, read_only: bool):
+    from scanner.store import Store
+
+    if not db.is_file():
+        _fail(f"no database at {db}")
+    try:
+        return Store(db, read_only=read_only)
+    except Exception as exc:  # a locked or foreign file: say so in one line
+        _fail(f"cannot open {db}: {exc}")
+
+
+def lineage_command(
+    db: Db,
+    q: Annotated[float, typer.Option("--q", help="False-discovery rate for calling pairs dependent.")] = 0.05,
+    method: Annotated[str, typer.Option("--method", help="bh (Benjamini-Hochberg) | by (Benjamini-Yekutieli)")] = "bh",
+) -> None:
+    """Rebuild lineage_edges, families, family_members and discrepancies from the current pair tests."""
+    from lineage_graph.build import rebuild_lineage
+    from lineage_graph.fdr import METHODS
+
+    if method not in METHODS or not 0 < q < 1:
+        _fail(f"--method must be one of {', '.join(METHODS)} and --q in (0, 1)")
+    with _open(db, read_only=False) as store:
+        lineage = rebuild_lineage(store, q=q, method=method)
+    dependent = sum(e.dependent for e in lineage.edges)
+    typer.echo(f"{len(lineage.models)} models, {len(lineage.edges)} tested pairs, {dependent} dependent "
+               f"(FDR q={q}, {method}), {sum(len(f.members) > 1 for f in lineage.families)} families with "
+               f"relatives, {len(lineage.discrepancies)} discrepancies")
+
+
+def graph_command(
+    db: Db,
+    fmt: Annotated[str, typer.Option("--format", help="graphml | gexf | json | dot | html | png")],
+    out: Annotated[Path, typer.Option("--out", help="File to write.")],
+    family: Annotated[str | None, typer.Option("--family", help="Only this family id.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model and the models it depends on.")] = None,
+) -> None:
+    """Export the lineage graph (families, directions, evidence) for Gephi, Graphviz, a browser or a slide."""
+    from lineage_graph.build import read_lineage
+    from lineage_graph.export import FORMATS, lineage_graph, write_graph
+
+    if fmt not in FORMATS:
+        _fail(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    with _open(db, read_only=True) as store:
+        lineage = read_lineage(store)
+    try:
+        graph = lineage_graph(lineage, family=family, model=model)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    typer.echo(f"wrote {write_graph(graph, fmt, out)} ({graph.number_of_nodes()} models, {graph.number_of_edges()} edges)")
+
+
+def discrepancies_command(
+    db: Db, as_json: Annotated[bool, typer.Option("--json", help="One JSON array instead of text.")] = False
+) -> None:
+    """Models whose card disagrees with their weights, most confident first."""
+    from lineage_graph.build import read_lineage
+
+    with _open(db, read_only=True) as store:
+        found = sorted(read_lineage(store).discrepancies, key=lambda d: (-d.confidence, d.model_id))
+    if as_json:
+        typer.echo(json.dumps([{"model_id": d.model_id, "kind": d.kind, "related_model": d.related_model,
+                                "confidence": d.confidence, "detail": d.detail, "evidence": d.evidence}
+                               for d in found], indent=2, default=str))
+        return
+    for d in found:
+        typer.echo(f"{d.model_id:40s} {d.kind:26s} conf {d.confidence:.2f}  {d.detail}")
+    if not found:
+        typer.echo("no discrepancies")
+
+
+def report_command(
+    model_a: Annotated[str, typer.Argument(help="First model id.")],
+    model_b: Annotated[str, typer.Argument(help="Second model id.")],
+    db: Db,
+    out: Annotated[Path, typer.Option("--out", help="Directory for report.md, report.html and the images.")],
+) -> None:
+    """An evidence report for one pair: verdict, per-block chart, block and unit maps, metadata, how to reproduce."""
+    from lineage_graph.build import read_lineage
+    from lineage_graph.report import write_report
+
+    with _open(db, read_only=True) as store:
+        try:
+            files = write_report(store, read_lineage(store), model_a, model_b, out, db)
+        except (KeyError, HubtraceError) as exc:
+            _fail(str(exc.args[0]) if exc.args else str(exc))
+    typer.echo(f"wrote {files.markdown} and {files.html}")

@@ -1,0 +1,247 @@
+"""The lineage graph: FDR in log space, and families, directions, discrepancies and exports on the zoo.
+
+The zoo tests use the real phi_MATCH p-values of all 120 zoo pairs (computed once per session). They are
+deterministic (fixed zoo, fixed canonical inputs), so they have no false-failure rate beyond a change
+in the zoo itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from scipy.stats import false_discovery_control, kurtosis
+
+from lineage_graph.direction import combine, orient, Vote
+from lineage_graph.discrepancies import find_discrepancies
+from lineage_graph.evidence import ModelInfo, PairTest
+from lineage_graph.export import FORMATS, lineage_graph, write_graph
+from lineage_graph.families import assign_ids
+from lineage_graph.fdr import fdr_adjust, fdr_reject
+from lineage_graph.lineage import compute_lineage
+from scanner.zoo import Zoo, read_card
+
+# ---------------------------------------------------------------- FDR
+
+
+def _direct_step_up(p: np.ndarray, q: float, method: str) -> np.ndarray:
+    """Textbook step-up on ordinary floats, as a reference."""
+    m = len(p)
+    c = sum(1 / i for i in range(1, m + 1)) if method == "by" else 1.0
+    order = np.argsort(p, kind="stable")
+    k = max((i + 1 for i in range(m) if p[order[i]] <= q * (i + 1) / (m * c)), default=0)
+    out = np.zeros(m, dtype=bool)
+    out[order[:k]] = True
+    return out
+
+
+@pytest.mark.parametrize("method", ["bh", "by"])
+@pytest.mark.parametrize("q", [0.01, 0.05, 0.2])
+def test_fdr_matches_direct_float_implementation(method: str, q: float) -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(20):
+        m = int(rng.integers(1, 300))
+        p = np.concatenate([rng.uniform(size=m // 2), rng.uniform(size=m - m // 2) ** 6])
+        log10_p = np.log10(p)
+        assert np.array_equal(fdr_reject(log10_p, q=q, method=method), _direct_step_up(p, q, method))
+        assert np.allclose(10 ** fdr_adjust(log10_p, method=method), false_discovery_control(p, method=method),
+                           rtol=1e-9, atol=1e-300)
+
+
+@pytest.mark.parametrize("method", ["bh", "by"])
+def test_fdr_far_below_float_underflow(method: str) -> None:
+    # p-values of 1e-5000 .. 1e-400 underflow to 0 as floats; their order and rejections must survive.
+    ordinary = np.array([0.5, 0.04, 0.002, 0.3, 0.01])
+    tiny = np.array([-5000.0, -853.2, -400.0, -309.5])
+    log10_p = np.concatenate([tiny, np.log10(ordinary)])
+    # Reference: the tiny ones replaced by distinct representable stand-ins smaller than every ordinary p.
+    stand_in = np.concatenate([10.0 ** np.array([-300.0, -299.0, -298.0, -297.0]), ordinary])
+    assert np.array_equal(fdr_reject(log10_p, q=0.05, method=method), _direct_step_up(stand_in, 0.05, method))
+    adjusted = fdr_adjust(log10_p, method=method)
+    assert np.all(np.isfinite(adjusted))
+    c = math.log10(sum(1 / i for i in range(1, 10))) if method == "by" else 0.0
+    assert adjusted[0] == pytest.approx(-5000.0 + math.log10(9) + c)  # p(1) * m / 1 * c, exact in log space
+    assert fdr_reject([-1e6] * 3, q=0.05, method=method).all()
+    assert not fdr_reject([0.0, -0.1], q=0.05, method=method).any()
+
+
+def test_by_is_never_more_liberal_than_bh() -> None:
+    rng = np.random.default_rng(3)
+    log10_p = np.log10(rng.uniform(size=500) ** 4)
+    assert (fdr_reject(log10_p, method="by") <= fdr_reject(log10_p, method="bh")).all()
+    with pytest.raises(ValueError):
+        fdr_reject([0.1], q=0.05)  # log10 p > 0 is not a p-value
+
+
+# ---------------------------------------------------------------- pure direction / ids / discrepancies
+
+
+def test_direction_combines_signals_and_states_reasons() -> None:
+    base = ModelInfo("org/base", n_layers=4, hidden_size=64, intermediate_size=128, claims_from_scratch=True)
+    pruned = ModelInfo("x/pruned", n_layers=3, hidden_size=64, intermediate_size=128)
+    d = orient(base, pruned, {})
+    assert (d.parent, d.child) == ("org/base", "x/pruned")
+    assert any(r.startswith("structure:") for r in d.reasons) and d.confidence > 0.85
+    # A declaration outweighs one weak opposite vote; a lone weak vote gives a weak confidence.
+    strong = combine("a", "b", [Vote("a", "declared", "b declares a"), Vote("b", "kurtosis", "k")])
+    assert strong.parent == "a" and 0.9 < strong.confidence < 0.95
+    weak = combine("a", "b", [Vote("b", "kurtosis", "k")])
+    assert weak.parent == "b" and weak.confidence == pytest.approx(0.6)
+    assert combine("a", "b", []).parent is None
+
+
+def test_family_ids_stay_stable_and_new_families_take_earliest_member() -> None:
+    earliest = min
+    previous = {"fam-old": {"a", "b", "c"}, "solo": {"z"}}
+    ids = assign_ids([frozenset({"a", "b", "c", "d"}), frozenset({"e", "f"}), frozenset({"z"})], previous, earliest)
+    assert ids["fam-old"] == {"a", "b", "c", "d"} and ids["solo"] == {"z"} and ids["e"] == {"e", "f"}
+    # A split: the larger overlap keeps the id, the other part is named after its earliest member.
+    split = assign_ids([frozenset({"a", "b"}), frozenset({"c"})], {"a": {"a", "b", "c"}}, earliest)
+    assert split["a"] == {"a", "b"} and split["c"] == {"c"}
+    clash = assign_ids([frozenset({"a"}), frozenset({"a2", "b"})], {"a": {"b", "a2"}}, lambda m: "a")
+    assert clash["a"] == {"a2", "b"} and clash["a#2"] == {"a"}
+
+
+def test_declared_finetune_that_dropped_blocks_is_flagged() -> None:
+    base = ModelInfo("o/base", n_layers=4, hidden_size=64, intermediate_size=128)
+    child = ModelInfo("o/child", n_layers=3, hidden_size=64, intermediate_size=128,
+                      declared_base_models=("o/base",), declared_relation="finetune")
+    lineage = compute_lineage([base, child], [PairTest("o/base", "o/child", "match", -400.0, 3)])
+    kinds = {(d.model_id, d.kind) for d in lineage.discrepancies}
+    assert kinds == {("o/child", "relation_contradicted")}
+
+
+# ---------------------------------------------------------------- the zoo
+
+
+@pytest.fixture(scope="session")
+def zoo_pairs(zoo: Zoo) -> list[PairTest]:
+    """phi_MATCH of all 120 zoo pairs from scanner.compare (about 90 s on 2 cores)."""
+    from scanner.compare import compare_models
+
+    tests = []
+    for a, b in itertools.combinations(sorted(zoo.ids), 2):
+        r = compare_models(zoo[a].path, zoo[b].path, "match")
+        layers = tuple({"layer_a": l.layer_a, "layer_b": l.layer_b, "log10_p": l.log10_p, "rho": l.rho,
+                        "n_units": l.n_units} for l in r.layers)
+        tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, layers, r.inputs or ""))
+    return tests
+
+
+def _block_kurtosis(path: Path) -> tuple[float, ...]:
+    """Per-block mean excess kurtosis of gate, up and down weights (what fingerprint summaries carry)."""
+    from scanner.adapters import adapter_for
+    from scanner.checkpoint import open_checkpoint
+
+    adapter = adapter_for(open_checkpoint(path))
+    blocks = (adapter.mlp(layer)[0] for layer in range(adapter.shape.n_layers))
+    return tuple(float(np.mean([kurtosis(w.float().numpy().ravel()) for w in (g.gate, g.up, g.down)])) for g in blocks)
+
+
+@pytest.fixture(scope="session")
+def zoo_models(zoo: Zoo) -> list[ModelInfo]:
+    """The zoo as a scan sees it with no dates (local folders carry none): shapes, cards, weight kurtosis."""
+    from scanner.adapters import adapter_for
+    from scanner.checkpoint import open_checkpoint
+
+    models = []
+    for model_id in zoo.ids:
+        path = Path(zoo[model_id].path)
+        shape = adapter_for(open_checkpoint(path)).shape
+        card = read_card(path)
+        models.append(ModelInfo(model_id, "r0", shape.architecture, shape.n_layers, shape.hidden_size,
+                                shape.intermediate_size, shape.n_experts, card.base_model, card.base_model_relation,
+                                card.claims_from_scratch, card.license, None, _block_kurtosis(path)))
+    return models
+
+
+def _truth(zoo: Zoo) -> dict:
+    return {m["id"]: m for m in json.loads((Path(zoo[zoo.ids[0]].path).parents[1] / "ground_truth.json").read_text())["models"]}
+
+
+@pytest.mark.slow
+def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], zoo_models: list[ModelInfo]) -> None:
+    lineage = compute_lineage(zoo_models, zoo_pairs, q=0.05, method="bh")
+    truth = _truth(zoo)
+
+    # Families equal the true families exactly (adjusted Rand index 1 <=> identical partitions).
+    found = {frozenset(f.members) for f in lineage.families}
+    true_families: dict[str, set[str]] = {}
+    for m in truth.values():
+        true_families.setdefault(m["family"], set()).add(m["id"])
+    assert found == {frozenset(s) for s in true_families.values()}
+    # Family ids are the earliest member, here the true base.
+    assert {f.family_id for f in lineage.families} == set(true_families)
+
+    true_edges = [(p, m["id"]) for m in truth.values() for p in m["parents"]]
+    right = [lineage.edge(p, c).direction.parent == p for p, c in true_edges]
+    print(f"direction right on {sum(right)}/{len(right)} true edges")
+    assert sum(right) >= 0.9 * len(right)
+
+    accused = {(d.model_id, d.related_model) for d in lineage.discrepancies
+               if d.kind in ("undeclared_base", "false_from_scratch")}
+    planted = {m["id"] for m in truth.values() if m["parents"] and m["card"] in ("silent", "false")}
+    assert planted <= {model for model, _ in accused}
+    for model, related in accused:  # nobody is accused of copying a model it is independent of
+        assert zoo.dependent(model, related) and truth[model]["parents"], (model, related)
+    honest = {m["id"] for m in truth.values() if m["card"] == "honest"}
+    assert not {d.model_id for d in lineage.discrepancies} & honest
+    false_bases = {(m["id"], b) for m in truth.values() for b in m["declared_base_model"] if b not in m["parents"]
+                   and not zoo.dependent(m["id"], b)}
+    assert false_bases == {(d.model_id, d.related_model) for d in lineage.discrepancies
+                           if d.kind == "declared_base_independent"}
+    # The declared merge gets both of its parents.
+    soup = next(m for m in truth.values() if m["relation"] == "merge")
+    family = lineage.family_of(soup["id"])
+    assert {p for p, _ in family.parents[soup["id"]]} == set(soup["parents"])
+    tree_edges = {(p, c) for f in lineage.families for p, c, _ in f.tree_edges()}
+    print(f"tree links that are true parent links: {len(tree_edges & set(true_edges))}/{len(tree_edges)}")
+
+
+@pytest.mark.slow
+def test_exports_parse_back_and_render(zoo_pairs: list[PairTest], zoo_models: list[ModelInfo], tmp_path: Path) -> None:
+    lineage = compute_lineage(zoo_models, zoo_pairs)
+    graph = lineage_graph(lineage)
+    paths = {fmt: write_graph(graph, fmt, tmp_path / f"lineage.{fmt}") for fmt in FORMATS}
+    for reread in (nx.read_graphml(paths["graphml"]), nx.read_gexf(paths["gexf"])):
+        assert set(reread.nodes) == set(graph.nodes) and reread.number_of_edges() == graph.number_of_edges()
+    g2 = nx.read_graphml(paths["graphml"])
+    u, v = next(iter(graph.edges))
+    assert g2.edges[u, v]["log10_p"] == pytest.approx(graph.edges[u, v]["log10_p"])
+    assert g2.nodes[u]["family"] == graph.nodes[u]["family"]
+    data = json.loads(paths["json"].read_text())
+    assert {n["id"] for n in data["nodes"]} == set(graph.nodes) and len(data["links"]) == graph.number_of_edges()
+    dot = paths["dot"].read_text()
+    assert dot.startswith("digraph") and all(f'"{n}"' in dot for n in graph.nodes)
+    assert paths["png"].stat().st_size > 20_000
+    page = paths["html"].read_text()
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
+
+    family = lineage.family_of("kestrel/aurora-lite").family_id
+    sub = lineage_graph(lineage, family=family)
+    assert set(sub.nodes) == set(lineage.family_of("kestrel/aurora-lite").members)
+
+
+@pytest.mark.slow
+def test_html_shows_every_model_in_headless_chromium(zoo_pairs, zoo_models, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is needed: apt-get install chromium"
+    graph = lineage_graph(compute_lineage(zoo_models, zoo_pairs))
+    page = write_graph(graph, "html", tmp_path / "lineage.html")
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom",
+         page.as_uri()], capture_output=True, text=True, check=True,
+    ).stdout
+    drawn = set()
+    for model in graph.nodes:
+        if f'data-id="{model}"' in dom:
+            drawn.add(model)
+    assert drawn == set(graph.nodes)
+    assert dom.count("<line") >= sum(1 for *_, a in graph.edges(data=True) if a["tree_link"])
