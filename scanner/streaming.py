@@ -54,10 +54,11 @@ def stream_mlp_activations(
     on the CPU and bfloat16 on CUDA; activations always come back as float32 numpy arrays (units, tokens).
     """
     for block in stream_blocks(checkpoint, adapter, ids, device=device, dtype=dtype):
-        yield block.layer, block.activations
+        layer, activations = block.layer, block.activations
+        del block  # its MLP weights must be gone before the next block is read
+        yield layer, activations
 
 
-@torch.inference_mode()
 def stream_blocks(
     checkpoint: Checkpoint,
     adapter: ArchitectureAdapter,
@@ -66,32 +67,41 @@ def stream_blocks(
     device: str = "cpu",
     dtype: torch.dtype | None = None,
 ) -> Iterator[StreamedBlock]:
-    """`stream_mlp_activations` with each block's MLP weights alongside, for summaries that need them."""
+    """`stream_mlp_activations` with each block's MLP weights alongside, for summaries that need them.
+
+    Inference mode is entered per block, never across a yield: torch's generator decorator would hold the
+    yielded block while computing the next, keeping two blocks' MLP weights alive.
+    """
     dtype = dtype or default_dtype(device)
     lm = _meta_model(checkpoint)
     check_sequence_length(lm, ids)
     layers = lm.get_submodule(adapter.mlp_module_path(0).removesuffix(".0.mlp"))
     base = lm.get_submodule(adapter.mlp_module_path(0).removesuffix(".layers.0.mlp"))
-    hidden, calls = _block_calls(lm, base, layers, adapter, ids, device, dtype)
+    with torch.inference_mode():
+        hidden, calls = _block_calls(lm, base, layers, adapter, ids, device, dtype)
     for layer, module in enumerate(layers):
-        experts = adapter.mlp(layer)
-        _load_block(module, checkpoint, adapter, layer, experts, device, dtype)
-        captured: list[torch.Tensor] = []
-        handle = lm.get_submodule(adapter.mlp_module_path(layer)).register_forward_pre_hook(
-            lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
-        )
-        try:
-            out = module(hidden, **calls[layer])
-        finally:
-            handle.remove()
-            module.to_empty(device="meta")
-            checkpoint.close()  # drop the block's memory maps too
-        hidden = out[0] if isinstance(out, tuple) else out
-        mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-        on_device = [GLUWeights(*(w.to(device=device, dtype=dtype) for w in (e.gate, e.up, e.down))) for e in experts]
-        activations = glu_activations(mlp_input, on_device)
-        del captured, mlp_input, on_device, out
+        with torch.inference_mode():
+            experts = adapter.mlp(layer)
+            _load_block(module, checkpoint, adapter, layer, experts, device, dtype)
+            captured: list[torch.Tensor] = []
+            handle = lm.get_submodule(adapter.mlp_module_path(layer)).register_forward_pre_hook(
+                lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
+            )
+            try:
+                out = module(hidden, **calls[layer])
+            finally:
+                handle.remove()
+                module.to_empty(device="meta")
+                checkpoint.close()  # drop the block's memory maps too
+            hidden = out[0] if isinstance(out, tuple) else out
+            mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
+            on_device = [
+                GLUWeights(*(w.to(device=device, dtype=dtype) for w in (e.gate, e.up, e.down))) for e in experts
+            ]
+            activations = glu_activations(mlp_input, on_device)
+            del captured, mlp_input, on_device, out
         yield StreamedBlock(layer, experts, activations)
+        del experts  # else this block's MLP weights stay alive while the next block is read
 
 
 def default_dtype(device: str) -> torch.dtype:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,66 +19,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM, Gemma3Config, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.activations import ACT2FN
 
 from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
 from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
-
-D, H, VOCAB, LAYERS = 32, 64, 128, 2
-TINY: dict[str, Any] = dict(
-    hidden_size=D, intermediate_size=H, num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-)
-
-
-@dataclass(frozen=True)
-class Family:
-    config: Callable[[], Any]
-    tied: bool = False
-    act: str = "silu"
-    intermediate_size: int = H
-    n_experts: int = 0
-    norm_roles: frozenset[str] = field(default_factory=lambda: frozenset({"attn_norm", "mlp_norm"}))
-
-
-def _config(model_type: str, **extra: Any) -> Callable[[], Any]:
-    return lambda: AutoConfig.for_model(model_type, **{**TINY, **extra})
-
-
-def _gemma3_multimodal() -> Gemma3Config:
-    text = {**TINY, "head_dim": 8}
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=127,
-                        boi_token_index=125, eoi_token_index=126)
-
-
-QK = frozenset({"q_norm", "k_norm"})
-GEMMA2_NORMS = frozenset({"attn_norm", "post_attn_norm", "mlp_norm", "post_mlp_norm"})
-GELU = "gelu_pytorch_tanh"
-FAMILIES: dict[str, Family] = {
-    "llama": Family(_config("llama")),
-    "mistral": Family(_config("mistral")),
-    "qwen2": Family(_config("qwen2", tie_word_embeddings=True), tied=True),
-    "qwen3": Family(_config("qwen3", head_dim=8), norm_roles=frozenset({"attn_norm", "mlp_norm"}) | QK),
-    "gemma": Family(_config("gemma", head_dim=8), tied=True, act=GELU),
-    "gemma2": Family(_config("gemma2", head_dim=8), tied=True, act=GELU, norm_roles=GEMMA2_NORMS),
-    "gemma3_text": Family(_config("gemma3_text", head_dim=8), tied=True, act=GELU, norm_roles=GEMMA2_NORMS | QK),
-    "gemma3": Family(_gemma3_multimodal, tied=True, act=GELU, norm_roles=GEMMA2_NORMS | QK),
-    "phi3": Family(_config("phi3")),
-    "olmo": Family(_config("olmo"), norm_roles=frozenset()),
-    "olmo2": Family(_config("olmo2"), norm_roles=frozenset({"post_attn_norm", "post_mlp_norm"}) | QK),
-    "mixtral": Family(_config("mixtral", num_local_experts=4, num_experts_per_tok=2), n_experts=4),
-    # Block 1 is listed in mlp_only_layers, so it is a dense MLP of intermediate_size inside an MoE model.
-    "qwen2_moe": Family(
-        _config("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                shared_expert_intermediate_size=48, mlp_only_layers=[1]),
-        intermediate_size=16, n_experts=4,
-    ),
-}
-GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text", "gemma3"}
+from tests.tiny_models import D, FAMILIES, GEMMA_FAMILIES, H, LAYERS, VOCAB, gemma3_multimodal, save_random
 
 
 @dataclass
@@ -89,20 +36,10 @@ class Built:
     live: PreTrainedModel
 
 
-def _save_random(config: Any, folder: Path) -> None:
-    """A model whose every parameter (norms included) is random, so no role can match by being all ones."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    model.save_pretrained(folder, safe_serialization=True)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Built:
     folder = tmp_path_factory.mktemp(request.param)
-    _save_random(FAMILIES[request.param].config(), folder)
+    save_random(FAMILIES[request.param].config(), folder)
     live = AutoModelForCausalLM.from_pretrained(folder).eval()
     return Built(request.param, folder, adapter_for(open_checkpoint(folder)), live)
 
@@ -303,7 +240,7 @@ def test_norms_are_the_effective_multipliers_of_the_right_modules(built: Built) 
 
 @pytest.mark.parametrize("family_name", sorted(GEMMA_FAMILIES))
 def test_gemma_norms_add_one_to_the_stored_weight(family_name: str, tmp_path: Path) -> None:
-    _save_random(FAMILIES[family_name].config(), tmp_path)
+    save_random(FAMILIES[family_name].config(), tmp_path)
     adapter = adapter_for(open_checkpoint(tmp_path))
     stored = adapter.checkpoint.get(f"{adapter.block_prefix(1)}input_layernorm.weight")
     assert torch.equal(adapter.block_weights(1)["attn_norm"], stored + 1.0)
@@ -323,7 +260,7 @@ def _resave_in_memory_layout(built: Built, folder: Path, drop: tuple[str, ...] =
 
 @pytest.mark.parametrize("family_name", ["mixtral", "qwen2_moe"])
 def test_fused_expert_layout_reads_the_same_experts(family_name: str, tmp_path: Path) -> None:
-    _save_random(FAMILIES[family_name].config(), tmp_path / "saved")
+    save_random(FAMILIES[family_name].config(), tmp_path / "saved")
     live = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
     saved = adapter_for(open_checkpoint(tmp_path / "saved"))
     _resave_in_memory_layout(Built(family_name, tmp_path / "saved", saved, live), tmp_path / "fused")
@@ -341,7 +278,7 @@ def test_fused_expert_layout_reads_the_same_experts(family_name: str, tmp_path: 
 
 
 def test_gemma3_multimodal_in_memory_names(tmp_path: Path) -> None:
-    _save_random(_gemma3_multimodal(), tmp_path / "saved")
+    save_random(gemma3_multimodal(), tmp_path / "saved")
     live = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
     saved = adapter_for(open_checkpoint(tmp_path / "saved"))
     assert saved.block_prefix(0) == "language_model.model.layers.0."
@@ -361,7 +298,7 @@ def test_gemma3_multimodal_in_memory_names(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("llama-src")
-    _save_random(FAMILIES["llama"].config(), folder)
+    save_random(FAMILIES["llama"].config(), folder)
     return folder
 
 
@@ -375,7 +312,7 @@ def _edited(source: Path, target: Path, **changes: Any) -> Path:
 
 def test_config_defaults_and_legacy_values_follow_transformers(tmp_path: Path) -> None:
     """Hub configs omit defaulted keys and carry legacy values; dims and activations must be what transformers uses."""
-    _save_random(FAMILIES["gemma"].config(), tmp_path / "src")
+    save_random(FAMILIES["gemma"].config(), tmp_path / "src")
     folder = _edited(tmp_path / "src", tmp_path / "m", hidden_act="gelu")  # Gemma 1's legacy value, meaning tanh gelu
     config = json.loads((folder / "config.json").read_text())
     del config["tie_word_embeddings"]  # GemmaConfig defaults to tied
@@ -418,7 +355,7 @@ def test_config_that_disagrees_with_the_tensors(
 
 
 def test_expert_count_that_disagrees_with_the_router(tmp_path: Path) -> None:
-    _save_random(FAMILIES["mixtral"].config(), tmp_path / "src")
+    save_random(FAMILIES["mixtral"].config(), tmp_path / "src")
     folder = _edited(tmp_path / "src", tmp_path / "m", num_local_experts=3)
     with pytest.raises(CheckpointError, match=r"block_sparse_moe\.gate\.weight has shape \(4, 32\) .* \(3, 32\)"):
         adapter_for(open_checkpoint(folder))
@@ -434,7 +371,7 @@ def test_missing_block_tensor(llama_folder: Path, tmp_path: Path) -> None:
 
 
 def test_untied_config_without_an_output_head(tmp_path: Path) -> None:
-    _save_random(FAMILIES["qwen2"].config(), tmp_path / "src")  # tied: no lm_head.weight stored
+    save_random(FAMILIES["qwen2"].config(), tmp_path / "src")  # tied: no lm_head.weight stored
     folder = _edited(tmp_path / "src", tmp_path / "m", tie_word_embeddings=False)
     with pytest.raises(CheckpointError, match=r"tie_word_embeddings is false\) but there is no lm_head\.weight"):
         adapter_for(open_checkpoint(folder))

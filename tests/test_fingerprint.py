@@ -1,0 +1,375 @@
+"""Streaming, fingerprint files and fingerprint comparisons: the numbers must be those of the live model.
+
+Streamed activations are checked against an independent reference, the whole model loaded by transformers with
+forward pre-hooks on its MLPs, for every family the adapters support. Reads are spied on to show that streaming
+holds one block at a time. Fingerprint files must round-trip exactly and refuse damage with one line, and a
+comparison from two files must give the very numbers of a live `compare_models` and of `hubtrace test`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+from safetensors.torch import load_file
+from safetensors.torch import save_file as save_torch_file
+from typer.testing import CliRunner
+
+from scanner.activations import MLPActivations, glu_activations, load_causal_lm, mlp_inputs
+from scanner.adapters import ArchitectureAdapter, adapter_for
+from scanner.checkpoint import Checkpoint, open_checkpoint
+from scanner.cli import EXIT_REFUSED, app
+from scanner.compare import compare_models
+from scanner.errors import FingerprintError, IncomparableError
+from scanner.fingerprint import (
+    FINGERPRINT_FORMAT,
+    Fingerprint,
+    fingerprint_model,
+    read_fingerprint,
+    read_fingerprint_meta,
+    write_fingerprint,
+)
+from scanner.fingerprint_compare import compare_fingerprints
+from scanner.inputs import InputSpec, canonical_inputs
+from scanner.streaming import stream_mlp_activations
+from scanner.zoo import Zoo
+from tests.tiny_models import FAMILIES, LAYERS, VOCAB, save_random, tiny_config
+
+#: Small enough that every family streams in well under a second; 8 tokens outrun the sliding windows below.
+SPEC = InputSpec(seed=0, n_sequences=3, seq_len=8)
+ZOO_SPEC = InputSpec(seed=0, n_sequences=8, seq_len=32)
+#: Windows shorter than SPEC.seq_len, so the sliding masks differ from the causal ones (Gemma 2 alternates both).
+SLIDING: dict[str, Callable[[], Any]] = {
+    "mistral-sliding": tiny_config("mistral", sliding_window=4),
+    "gemma2-sliding": tiny_config("gemma2", head_dim=8, sliding_window=4),
+}
+#: Gated MLPs per block: Mixtral's 4 experts; Qwen2-MoE's 4 routed + 1 shared, then its dense mlp_only block.
+EXPERTS = {"mixtral": [4, 4], "qwen2_moe": [5, 1]}
+
+BASE = "aurora-labs/aurora-base"
+CHAT = "finch-nlp/aurora-chat"
+TWIN = "tundra-research/tundra-64"
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """A family's tiny random model folder, saved once per module."""
+    folders: dict[str, Path] = {}
+
+    def folder(name: str) -> Path:
+        if name not in folders:
+            folders[name] = tmp_path_factory.mktemp(name)
+            save_random(FAMILIES[name].config(), folders[name])
+        return folders[name]
+
+    return folder
+
+
+def _ids() -> np.ndarray:
+    return canonical_inputs(VOCAB, SPEC).ids
+
+
+def _parts(fp: Fingerprint) -> list[tuple[str, np.ndarray]]:
+    """Every stored activation matrix with its place, in order."""
+    return [
+        (f"{layer}.{expert}.{part}", getattr(acts, part))
+        for layer, experts in enumerate(fp.blocks)
+        for expert, acts in enumerate(experts)
+        for part in ("gate", "up")
+    ]
+
+
+# -- streaming equals the live forward pass ----------------------------------------------------------------------
+
+
+def _live_activations(folder: Path, ids: np.ndarray) -> list[list[MLPActivations]]:
+    """The reference: the whole model loaded by transformers, each MLP's input caught by a forward pre-hook."""
+    checkpoint = open_checkpoint(folder)
+    adapter = adapter_for(checkpoint)
+    inputs = mlp_inputs(load_causal_lm(checkpoint), adapter, ids)
+    return [glu_activations(x, adapter.mlp(layer)) for layer, x in enumerate(inputs)]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES) + sorted(SLIDING))
+def test_streamed_activations_equal_the_live_forward_pass(name: str, tmp_path: Path) -> None:
+    """Block 1's inputs are block 0's outputs, so they also check that block 0 ran with its real weights (experts
+    fused the way transformers holds them), the right mask (sliding or causal) and the right positions."""
+    save_random((FAMILIES[name].config if name in FAMILIES else SLIDING[name])(), tmp_path)
+    ids = _ids()
+    checkpoint = open_checkpoint(tmp_path)
+    streamed = list(stream_mlp_activations(checkpoint, adapter_for(checkpoint), ids))
+    live = _live_activations(tmp_path, ids)
+    assert [layer for layer, _ in streamed] == list(range(LAYERS))
+    assert [len(experts) for _, experts in streamed] == EXPERTS.get(name, [1] * LAYERS)
+    for (layer, experts), expected in zip(streamed, live, strict=True):
+        for expert, (got, want) in enumerate(zip(experts, expected, strict=True)):
+            for part in ("gate", "up"):
+                g, w = getattr(got, part), getattr(want, part)
+                assert g.dtype == np.float32 and g.shape == w.shape and g.shape[1] == ids.size
+                scale = np.abs(w).max()
+                np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * scale, err_msg=f"{layer}.{expert}.{part}")
+
+
+# -- one block at a time -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _ReadSpy:
+    """Wraps a Checkpoint's reads: what was read since the last `take`, and whether earlier blocks were freed.
+
+    When a tensor of block k is read, the memory of every tensor handed out for an earlier block must already be
+    freed: a weak reference to each returned tensor's storage tells, whatever holds it (a module parameter, a
+    view, a list). CPU float32 weights are used in place, never copied, so their storage is the block's memory.
+    """
+
+    checkpoint: Checkpoint
+    adapter: ArchitectureAdapter
+    whole: set[str] = field(default_factory=set)
+    rows: dict[str, list[int]] = field(default_factory=dict)
+    handed_out: list[tuple[int | None, str, weakref.ref]] = field(default_factory=list)
+    alive_at_read: list[str] = field(default_factory=list)
+
+    def attach(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        get, get_rows = self.checkpoint.get, self.checkpoint.get_rows
+        monkeypatch.setattr(self.checkpoint, "get", lambda name: self._record(name, get(name)))
+        monkeypatch.setattr(
+            self.checkpoint, "get_rows", lambda name, rows: self._record(name, get_rows(name, rows), rows)
+        )
+
+    def take(self) -> tuple[set[str], dict[str, list[int]]]:
+        taken = self.whole, self.rows
+        self.whole, self.rows = set(), {}
+        return taken
+
+    def _block(self, name: str) -> int | None:
+        layers = range(self.adapter.shape.n_layers)
+        return next((k for k in layers if name.startswith(self.adapter.block_prefix(k))), None)
+
+    def _record(self, name: str, tensor: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+        block = self._block(name)
+        if block is not None:
+            self.alive_at_read += [
+                f"{old} alive when reading {name}"
+                for old_block, old, ref in self.handed_out
+                if old_block is not None and old_block < block and ref() is not None
+            ]
+        if rows is None:
+            self.whole.add(name)
+        else:
+            self.rows[name] = [int(r) for r in rows]
+        self.handed_out.append((block, name, weakref.ref(tensor.untyped_storage())))
+        return tensor
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "gemma3"])
+def test_streaming_reads_one_block_at_a_time_and_frees_it_before_the_next(
+    name: str, tiny: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two yields only that block's tensors are read, and the previous block's are no longer referenced;
+    the embedding is read as the rows the ids use, nothing else outside the blocks (no lm_head, no vision tower)."""
+    checkpoint = open_checkpoint(tiny(name))
+    adapter = adapter_for(checkpoint)
+    spy = _ReadSpy(checkpoint, adapter)
+    spy.attach(monkeypatch)
+    ids = _ids()
+    between_yields = [spy.take() for _ in stream_mlp_activations(checkpoint, adapter, ids)]
+    assert len(between_yields) == LAYERS
+    names = checkpoint.tensor_names()
+    for layer, (whole, rows) in enumerate(between_yields):
+        assert whole == {n for n in names if n.startswith(adapter.block_prefix(layer))}
+        if layer == 0:
+            assert list(rows) == [n for n in names if n.endswith("embed_tokens.weight")]
+            assert sorted(next(iter(rows.values()))) == np.unique(ids).tolist()
+        else:
+            assert rows == {}
+    assert spy.alive_at_read == []
+
+
+# -- fingerprint files -------------------------------------------------------------------------------------------
+
+
+def test_fingerprint_round_trip_is_exact(tiny: Callable[[str], Path], tmp_path: Path) -> None:
+    """An MoE model (5 MLPs in block 0, 1 in block 1): what is read back is what was computed, bit for bit."""
+    folder = tiny("qwen2_moe")
+    fp = fingerprint_model(folder, inputs=SPEC)
+    file = tmp_path / "nested" / "qwen2_moe.safetensors"
+    digest = write_fingerprint(fp, file)
+    assert digest == hashlib.sha256(file.read_bytes()).hexdigest()
+    assert list(file.parent.iterdir()) == [file]  # no temporary file left behind
+
+    back = read_fingerprint(file)
+    assert back.meta == fp.meta == read_fingerprint_meta(file)
+    assert [len(experts) for experts in back.blocks] == EXPERTS["qwen2_moe"]
+    for (place, got), (_, want) in zip(_parts(back), _parts(fp), strict=True):
+        assert got.dtype == want.dtype == np.float16 and np.array_equal(got, want), place
+
+    checkpoint = open_checkpoint(folder)
+    stream = stream_mlp_activations(checkpoint, adapter_for(checkpoint), _ids())
+    streamed = [acts for _, block in stream for acts in block]
+    stored = [acts for experts in back.blocks for acts in experts]
+    for s, a in zip(stored, streamed, strict=True):
+        assert np.array_equal(s.gate, a.gate.astype(np.float16)) and np.array_equal(s.up, a.up.astype(np.float16))
+    meta = back.meta
+    assert (meta.input_set, meta.input_spec) == (canonical_inputs(VOCAB, SPEC).id, asdict(SPEC))
+    assert (meta.n_layers, meta.n_experts, meta.intermediate_size) == (LAYERS, 4, 16)
+    assert meta.format_version == FINGERPRINT_FORMAT
+    assert set(meta.tensor_hashes) == set(checkpoint.tensor_names())
+    assert meta.parameter_count == sum(p.numel() for p in load_file(folder / "model.safetensors").values())
+
+
+@pytest.fixture(scope="module")
+def llama_fingerprint(tiny: Callable[[str], Path]) -> Fingerprint:
+    return fingerprint_model(tiny("llama"), inputs=SPEC)
+
+
+def _flip_a_data_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    data[8 + header + 11] ^= 0x40
+    file.write_bytes(bytes(data))
+
+
+def _truncate(file: Path) -> None:
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) - 64])
+
+
+def _other_format(file: Path) -> None:
+    fp = read_fingerprint(file)
+    write_fingerprint(replace(fp, meta=replace(fp.meta, format_version=FINGERPRINT_FORMAT + 1)), file)
+
+
+def _plain_safetensors(file: Path) -> None:
+    save_file({"weight": np.zeros((2, 2), dtype=np.float32)}, str(file))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_flip_a_data_byte, "the activations do not match their recorded sha256"),
+        (_truncate, "is not a readable fingerprint"),
+        (_other_format, f"format {FINGERPRINT_FORMAT + 1}, but this hubtrace .* reads format 1; re-fingerprint"),
+        (_plain_safetensors, "is a safetensors file but not a hubtrace fingerprint"),
+    ],
+)
+def test_damaged_or_foreign_files_are_refused_in_one_line(
+    llama_fingerprint: Fingerprint, tmp_path: Path, damage: Callable[[Path], None], message: str
+) -> None:
+    file = tmp_path / "fp.safetensors"
+    write_fingerprint(llama_fingerprint, file)
+    damage(file)
+    with pytest.raises(FingerprintError, match=message) as caught:
+        read_fingerprint(file)
+    assert "\n" not in str(caught.value) and str(file) in str(caught.value)
+
+
+def test_float16_storage_keeps_float32_for_values_it_cannot_hold(tiny: Callable[[str], Path], tmp_path: Path) -> None:
+    """Block 1's gate weights scaled by 1e6 give gate outputs beyond 65504: stored as float32, never as inf."""
+    folder = tmp_path / "loud"
+    folder.mkdir()
+    (folder / "config.json").write_text((tiny("llama") / "config.json").read_text())
+    weights = load_file(tiny("llama") / "model.safetensors")
+    weights["model.layers.1.mlp.gate_proj.weight"] *= 1e6
+    save_torch_file(weights, str(folder / "model.safetensors"))
+
+    half = fingerprint_model(folder, inputs=SPEC)
+    full = fingerprint_model(folder, inputs=SPEC, storage_dtype="float32")
+    loud = half.blocks[1][0].gate
+    assert loud.dtype == np.float32 and np.abs(loud).max() > np.finfo(np.float16).max
+    assert np.array_equal(loud, full.blocks[1][0].gate)
+    assert half.blocks[1][0].up.dtype == half.blocks[0][0].gate.dtype == np.float16
+    write_fingerprint(half, tmp_path / "loud.safetensors")
+    back = read_fingerprint(tmp_path / "loud.safetensors").blocks[1][0].gate
+    assert back.dtype == np.float32 and np.isfinite(back).all() and np.array_equal(back, loud)
+
+
+# -- comparability -----------------------------------------------------------------------------------------------
+
+
+def test_comparable_only_on_the_same_input_set(tiny: Callable[[str], Path], llama_fingerprint: Fingerprint) -> None:
+    folder = tiny("llama")
+    assert llama_fingerprint.comparable_with(fingerprint_model(folder, inputs=SPEC)) is None
+    for other in (replace(SPEC, seed=1), replace(SPEC, n_sequences=4), replace(SPEC, seq_len=9)):
+        reason = llama_fingerprint.comparable_with(fingerprint_model(folder, inputs=other))
+        assert reason is not None and "different input sets" in reason
+        assert canonical_inputs(VOCAB, other).id in reason and llama_fingerprint.meta.input_set in reason
+    narrow = fingerprint_model(folder, inputs=SPEC, token_range=100)
+    reason = llama_fingerprint.comparable_with(narrow)
+    assert reason is not None and "different ranges" in reason and "with token range 100" in reason
+    assert "with token range 100" in (narrow.comparable_with(llama_fingerprint) or "")
+    with pytest.raises(IncomparableError, match="token range 100"):
+        compare_fingerprints(llama_fingerprint, narrow)
+
+
+# -- comparisons from files equal live comparisons ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zoo_files(zoo: Zoo, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("zoo-fingerprints")
+    files = {model: folder / f"{model.replace('/', '--')}.safetensors" for model in (BASE, CHAT, TWIN)}
+    for model, file in files.items():
+        write_fingerprint(fingerprint_model(zoo[model].path, inputs=ZOO_SPEC), file)
+    return files
+
+
+@pytest.mark.parametrize("statistic", ["match", "hidden"])
+@pytest.mark.parametrize("other", [CHAT, TWIN])
+def test_fingerprint_files_give_the_live_comparison(
+    zoo: Zoo, zoo_files: dict[str, Path], other: str, statistic: str
+) -> None:
+    live = compare_models(zoo[BASE].path, zoo[other].path, statistic, inputs=ZOO_SPEC)
+    from_files = compare_fingerprints(read_fingerprint(zoo_files[BASE]), read_fingerprint(zoo_files[other]), statistic)
+    assert from_files.log10_p == live.log10_p
+    assert from_files.layers == live.layers and len(live.layers) == 4
+    assert (from_files.inputs, from_files.notes) == (live.inputs, live.notes)
+    assert (live.log10_p < -10) == (other == CHAT)  # the fine-tune is found, the independent twin is not
+
+
+# -- the command line --------------------------------------------------------------------------------------------
+
+
+def test_cli_fingerprint_writes_a_readable_file_and_reports_it(zoo: Zoo, tmp_path: Path) -> None:
+    file = tmp_path / "chat.safetensors"
+    args = ["fingerprint", str(zoo[CHAT].path), "--out", str(file), "--json", "--sequences", "8", "--seq-len", "32"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    meta = read_fingerprint(file).meta
+    assert summary["path"] == str(file) and summary["bytes"] == file.stat().st_size
+    assert summary["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
+    assert summary["input_set"] == meta.input_set == canonical_inputs(256, ZOO_SPEC).id
+    assert (summary["n_layers"], summary["dtype"], summary["parameter_count"]) == (4, "float16", meta.parameter_count)
+
+
+def test_cli_test_with_a_fingerprint_side_equals_the_live_test(zoo: Zoo, zoo_files: dict[str, Path]) -> None:
+    """The file fixes the input set, so the folder side is fingerprinted on it without repeating the options."""
+    options = ["--json", "--sequences", "8", "--seq-len", "32"]
+    live = runner.invoke(app, ["test", str(zoo[BASE].path), str(zoo[CHAT].path), *options])
+    mixed = runner.invoke(app, ["test", str(zoo[BASE].path), str(zoo_files[CHAT]), "--json"])
+    assert live.exit_code == mixed.exit_code == 0, live.output + mixed.output
+    live_data, mixed_data = json.loads(live.stdout), json.loads(mixed.stdout)
+    assert mixed_data["log10_p"] == live_data["log10_p"] < -10
+    assert mixed_data["layers"] == live_data["layers"] and mixed_data["inputs"] == live_data["inputs"]
+
+
+def test_cli_refuses_a_corrupt_fingerprint_in_one_line(zoo: Zoo, zoo_files: dict[str, Path], tmp_path: Path) -> None:
+    corrupt = tmp_path / "chat.safetensors"
+    corrupt.write_bytes(zoo_files[CHAT].read_bytes())
+    _flip_a_data_byte(corrupt)
+    result = runner.invoke(app, ["test", str(zoo[BASE].path), str(corrupt)])
+    assert result.exit_code == EXIT_REFUSED
+    assert "Traceback" not in result.output and result.stdout == ""
+    assert result.stderr.startswith("hubtrace: error: ") and result.stderr.count("\n") == 1
+    assert "recorded sha256" in result.stderr
