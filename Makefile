@@ -6,7 +6,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install
+.PHONY: demo test install browser
+
+# The lineage page is tested in a real headless browser: Debian's chromium (installed once, needs apt).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,5 +23,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m scanner.demo
 
-test: $(STAMP)
+browser:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest

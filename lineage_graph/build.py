@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from lineage_graph.evidence import ModelInfo, PairTest
-from lineage_graph.fdr import Method
+from lineage_graph.multiple_testing import Method
 from lineage_graph.lineage import Lineage, compute_lineage
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 LINEAGE_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS lineage_edges (
         model_a VARCHAR, model_b VARCHAR, statistic VARCHAR, input_set VARCHAR,
-        log10_p DOUBLE, log10_q DOUBLE, dependent BOOLEAN,
+        log10_p DOUBLE, log10_q DOUBLE, dependent BOOLEAN, joins_family BOOLEAN,
         parent VARCHAR, child VARCHAR, direction_confidence DOUBLE, direction_reasons VARCHAR[],
         blocks_matched INTEGER, block_map JSON, family_id VARCHAR, tree_link VARCHAR,
         q DOUBLE, method VARCHAR, built_at TIMESTAMPTZ,
@@ -108,10 +108,11 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
     edges = pl.DataFrame([
         {"model_a": e.test.model_a, "model_b": e.test.model_b, "statistic": e.test.statistic,
          "input_set": e.test.input_set, "log10_p": e.test.log10_p, "log10_q": e.log10_q, "dependent": e.dependent,
+         "joins_family": e.joins_family,
          "parent": e.direction.parent, "child": e.direction.child, "direction_confidence": e.direction.confidence,
          "direction_reasons": list(e.direction.reasons), "blocks_matched": len(e.block_map),
          "block_map": json.dumps([{"layer_a": a, "layer_b": b} for a, b in e.block_map]),
-         "family_id": family_of.get(e.test.model_a) if e.dependent else None,
+         "family_id": family_of.get(e.test.model_a) if e.joins_family else None,
          "tree_link": links.get((e.test.model_a, e.test.model_b)) or links.get((e.test.model_b, e.test.model_a)),
          "q": lineage.q, "method": lineage.method, "built_at": now}
         for e in lineage.edges

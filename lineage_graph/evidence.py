@@ -69,6 +69,8 @@ class Edge:
     direction: Direction
     block_map: tuple[tuple[int, int], ...] = ()
     """Block pairs (layer_a, layer_b) whose own test is significant at the graph's level."""
+    joins_family: bool = False
+    """Dependent and significant under family-wise (Holm) control too: only such edges join models into families."""
 
     @property
     def pair(self) -> tuple[str, str]:

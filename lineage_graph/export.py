@@ -50,7 +50,7 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
         link = links.get((u, v)) or links.get((v, u)) or ""
         if link and (u, v) not in links:
             u, v = v, u  # the tree chose the other orientation: draw the edge the way the tree reads
-        graph.add_edge(u, v, log10_p=e.test.log10_p, log10_q=e.log10_q, strength=e.strength,
+        graph.add_edge(u, v, log10_p=e.test.log10_p, log10_q=e.log10_q, joins_family=e.joins_family, strength=e.strength,
                        statistic=e.test.statistic, directed=d.parent is not None,
                        confidence=d.confidence if (u, v) == (d.parent, d.child) or d.parent is None else 1 - d.confidence,
                        reasons="; ".join(d.reasons), tree_link=link, blocks_matched=len(e.block_map),
@@ -62,29 +62,44 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
     return graph
 
 
+ROW_SLOTS = 10
+"""Leaf slots per row of the layout: families are packed into rows this wide (or as wide as the widest family),
+so a hub of many small families comes out as a block a page or a screen can show, not one endless row."""
+
+
 def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
-    """Families side by side, each drawn top-down along its tree links (x in leaf slots, y = -depth)."""
+    """Each family drawn top-down along its tree links (x in leaf slots, y = -depth), families packed into rows."""
     tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") == "tree")
     tree.add_nodes_from(graph.nodes)
-    pos: dict[str, tuple[float, float]] = {}
-    slot = 0.0
     roots = sorted((n for n in tree.nodes if tree.in_degree(n) == 0),
                    key=lambda n: (graph.nodes[n].get("family", n), -len(nx.descendants(tree, n)), n))
 
-    def place(node: str, depth: int) -> float:
-        nonlocal slot
+    def place(node: str, depth: int, local: dict[str, tuple[float, float]], slot: list[float]) -> float:
         children = sorted(tree.successors(node))
         if not children:
-            x, slot = slot, slot + 1.0
+            x = slot[0]
+            slot[0] += 1.0
         else:
-            xs = [place(c, depth + 1) for c in children]
+            xs = [place(c, depth + 1, local, slot) for c in children]
             x = sum(xs) / len(xs)
-        pos[node] = (x, -float(depth))
+        local[node] = (x, float(depth))
         return x
 
+    trees = []
     for root in roots:
-        place(root, 0)
-        slot += 0.5
+        local: dict[str, tuple[float, float]] = {}
+        slot = [0.0]
+        place(root, 0, local, slot)
+        trees.append((local, slot[0], max(d for _, d in local.values())))
+    row_slots = max([ROW_SLOTS, *(width for _, width, _ in trees)])
+    pos: dict[str, tuple[float, float]] = {}
+    x0 = top = row_depth = 0.0
+    for local, width, depth in trees:
+        if x0 and x0 + width > row_slots:
+            x0, top, row_depth = 0.0, top + row_depth + 1.0, 0.0
+        pos |= {n: (x0 + x, -(top + d)) for n, (x, d) in local.items()}
+        x0 += width + 0.5
+        row_depth = max(row_depth, depth)
     return pos
 
 

@@ -38,10 +38,10 @@ class Family:
 
 
 def components(model_ids: Iterable[str], edges: Iterable[Edge]) -> list[frozenset[str]]:
-    """Connected components of the dependence graph; a model with no dependent pair is a family of one."""
+    """Connected components of the edges that join families; a model with none is a family of one."""
     graph = nx.Graph()
     graph.add_nodes_from(model_ids)
-    graph.add_edges_from(e.pair for e in edges if e.dependent)
+    graph.add_edges_from(e.pair for e in edges if e.joins_family)
     return [frozenset(c) for c in nx.connected_components(graph)]
 
 

@@ -9,7 +9,7 @@ import json
 import networkx as nx
 
 _STYLE = """
-body{font:14px system-ui,sans-serif;margin:0;display:flex;height:100vh}
+body{font:14px system-ui,sans-serif;margin:0;display:flex;height:100vh;overflow:hidden}
 #side{width:340px;padding:12px;overflow:auto;border-right:1px solid #ccc;background:#fafafa}
 #view{flex:1}svg{width:100%;height:100%;cursor:grab}
 .node rect{fill:#eef4fb;stroke:#24527a;rx:6}.node.flag rect{fill:#fde2e2;stroke:#c0392b}
@@ -22,7 +22,10 @@ td{vertical-align:top;padding:1px 4px}td:first-child{color:#555}
 _SCRIPT = r"""
 const G = JSON.parse(document.getElementById('graph-data').textContent);
 const NS = 'http://www.w3.org/2000/svg', svg = document.querySelector('svg'), root = document.getElementById('world');
-const SX = 190, SY = 120, byId = {};
+const SX = 190, byId = {};
+// Levels spread out vertically until the drawing's shape roughly matches the window's (wide hubs stay legible).
+const span = i => { const v = Object.values(G.pos).map(p => p[i]); return Math.max(1, Math.max(...v) - Math.min(...v)); };
+const SY = Math.min(400, Math.max(120, SX * span(0) / span(1) * svg.clientHeight / Math.max(1, svg.clientWidth)));
 function el(tag, attrs, parent) { const e = document.createElementNS(NS, tag);
   for (const k in attrs) e.setAttribute(k, attrs[k]); parent.appendChild(e); return e; }
 function draw() {
@@ -64,14 +67,19 @@ document.getElementById('search').addEventListener('input', ev => {
     byId[id].classList.toggle('hit', !!hit); byId[id].classList.toggle('dim', !!q && !hit); }
 });
 document.getElementById('all').addEventListener('change', draw);
-let view = {x: 120, y: 60, k: 1}, drag = null;
+let view = {x: 0, y: 0, k: 1}, drag = null;
 function apply() { root.setAttribute('transform', 'translate(' + view.x + ',' + view.y + ') scale(' + view.k + ')'); }
+function fit() {  // the whole graph in view on opening, never magnified beyond 1.5x
+  const b = root.getBBox(), W = svg.clientWidth, H = svg.clientHeight, pad = 30;
+  const k = Math.min((W - 2 * pad) / Math.max(b.width, 1), (H - 2 * pad) / Math.max(b.height, 1), 1.5);
+  view = {k: k, x: (W - b.width * k) / 2 - b.x * k, y: (H - b.height * k) / 2 - b.y * k};
+}
 svg.addEventListener('wheel', ev => { ev.preventDefault(); const f = ev.deltaY < 0 ? 1.1 : 1 / 1.1;
   view.x = ev.offsetX - (ev.offsetX - view.x) * f; view.y = ev.offsetY - (ev.offsetY - view.y) * f; view.k *= f; apply(); });
 svg.addEventListener('mousedown', ev => { drag = [ev.clientX - view.x, ev.clientY - view.y]; });
 window.addEventListener('mouseup', () => { drag = null; });
 window.addEventListener('mousemove', ev => { if (drag) { view.x = ev.clientX - drag[0]; view.y = ev.clientY - drag[1]; apply(); } });
-draw(); apply();
+draw(); fit(); apply();
 """
 
 

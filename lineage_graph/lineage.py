@@ -12,7 +12,7 @@ from lineage_graph.direction import declared_ancestry, evidence_graph, orient
 from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import Direction, Discrepancy, Edge, ModelInfo, PairTest
 from lineage_graph.families import Family, assign_ids, components, family_tree
-from lineage_graph.fdr import Method, fdr_adjust, fdr_reject
+from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
 
 BLOCK_LOG10_P = -2.0
 """A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""
@@ -54,13 +54,14 @@ def _earliest_key(models: Mapping[str, ModelInfo]):
 def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, method: Method) -> list[Edge]:
     log10_p = [t.log10_p for t in tests]
     adjusted, rejected = fdr_adjust(log10_p, method=method), fdr_reject(log10_p, q=q, method=method)
+    family_wise = holm_reject(log10_p, alpha=q)
     ancestors = declared_ancestry(models.values())
     edges = []
-    for test, log10_q, dependent in zip(tests, adjusted, rejected):
+    for test, log10_q, dependent, strong in zip(tests, adjusted, rejected, family_wise):
         block_map = tuple((int(l["layer_a"]), int(l["layer_b"])) for l in test.layers
                           if l.get("log10_p") is not None and l["log10_p"] <= BLOCK_LOG10_P)
         direction = orient(models[test.model_a], models[test.model_b], ancestors) if dependent else NO_DIRECTION
-        edges.append(Edge(test, float(log10_q), bool(dependent), direction, block_map))
+        edges.append(Edge(test, float(log10_q), bool(dependent), direction, block_map, bool(dependent and strong)))
     return edges
 
 

@@ -1,4 +1,4 @@
-"""The lineage graph: FDR in log space, and families, directions, discrepancies and exports on the zoo.
+"""The lineage graph: FDR and Holm in log space, and families, directions, discrepancies and exports on the zoo.
 
 The zoo tests use the real phi_MATCH p-values of all 120 zoo pairs (computed once per session). They are
 deterministic (fixed zoo, fixed canonical inputs), so they have no false-failure rate beyond a change
@@ -24,7 +24,7 @@ from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.export import FORMATS, lineage_graph, write_graph
 from lineage_graph.families import assign_ids
-from lineage_graph.fdr import fdr_adjust, fdr_reject
+from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.lineage import compute_lineage
 from scanner.zoo import Zoo, read_card
 
@@ -81,6 +81,46 @@ def test_by_is_never_more_liberal_than_bh() -> None:
 
 
 # ---------------------------------------------------------------- pure direction / ids / discrepancies
+
+
+def _direct_holm(p: np.ndarray, alpha: float) -> np.ndarray:
+    """Textbook step-down on ordinary floats, as a reference."""
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    k = next((i for i in range(m) if p[order[i]] > alpha / (m - i)), m)
+    out = np.zeros(m, dtype=bool)
+    out[order[:k]] = True
+    return out
+
+
+def test_holm_matches_direct_float_implementation_and_survives_underflow() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        m = int(rng.integers(1, 300))
+        p = np.concatenate([rng.uniform(size=m // 2), rng.uniform(size=m - m // 2) ** 8])
+        assert np.array_equal(holm_reject(np.log10(p), alpha=0.05), _direct_holm(p, 0.05))
+    assert holm_reject([-5000.0, -853.0, -2.0, -1.0], alpha=0.05).tolist() == [True, True, True, False]
+    # Holm is never more liberal than BH at the same level.
+    log10_p = np.log10(rng.uniform(size=400) ** 5)
+    assert (holm_reject(log10_p, alpha=0.05) <= fdr_reject(log10_p, q=0.05)).all()
+
+
+def test_one_marginal_false_discovery_does_not_join_two_families() -> None:
+    """Two families of 7 (42 strong dependences) and their 49 cross pairs, one of them at p = 0.015: a BH
+    discovery (FDR allows a few), but it fails Holm's family-wise control, so it stays a dependent edge without
+    merging two unrelated families into one."""
+    models = [ModelInfo(f"{f}/m{i}") for f in ("a", "b") for i in range(7)]
+    pairs = list(itertools.combinations(models, 2))
+    strong = [PairTest(x.model_id, y.model_id, "match", -300.0, 4) for x, y in pairs if x.model_id[0] == y.model_id[0]]
+    cross = [(x.model_id, y.model_id) for x, y in pairs if x.model_id[0] != y.model_id[0]]
+    null = np.linspace(0.1, 1.0, len(cross) - 1)
+    others = [PairTest(a, b, "match", math.log10(p), 4) for (a, b), p in zip(cross[1:], null)]
+    marginal = PairTest(*cross[0], "match", math.log10(0.015), 4)
+    lineage = compute_lineage(models, [*strong, *others, marginal])
+    edge = lineage.edge(*cross[0])
+    assert edge.dependent and not edge.joins_family
+    assert sorted(len(f.members) for f in lineage.families) == [7, 7]
+    assert all(lineage.edge(t.model_a, t.model_b).joins_family for t in strong)
 
 
 def test_direction_combines_signals_and_states_reasons() -> None:
@@ -236,8 +276,9 @@ def test_html_shows_every_model_in_headless_chromium(zoo_pairs, zoo_models, tmp_
     graph = lineage_graph(compute_lineage(zoo_models, zoo_pairs))
     page = write_graph(graph, "html", tmp_path / "lineage.html")
     dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom",
-         page.as_uri()], capture_output=True, text=True, check=True,
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True,
     ).stdout
     drawn = set()
     for model in graph.nodes:

@@ -1,10 +1,13 @@
-"""False-discovery-rate control over pair tests whose p-values live in log10 space.
+"""Multiple-testing control over pair tests whose p-values live in log10 space.
 
 A hub scan tests thousands of pairs, so a fixed p cut-off would let false "derived" verdicts grow with
 the hub. Benjamini–Hochberg (BH) bounds the expected share of false discoveries at q for independent or
 positively dependent tests; Benjamini–Yekutieli (BY) holds under any dependence at the price of a
-factor c(m) = 1 + 1/2 + ... + 1/m. Pair p-values of related models reach 1e-5000, far below where a
-float underflows, so every comparison here is between logarithms: log10 p(k) <= log10(q k / (m c)).
+factor c(m) = 1 + 1/2 + ... + 1/m. FDR is the right error rate for a list of dependent pairs, but not for
+families: one false edge joins two unrelated families whole, so the edges that form families also pass
+Holm's step-down, which bounds the probability of even one false edge at q (any dependence).
+Pair p-values of related models reach 1e-5000, far below where a float underflows, so every comparison
+here is between logarithms: log10 p(k) <= log10(q k / (m c)).
 """
 
 from __future__ import annotations
@@ -75,3 +78,21 @@ def fdr_adjust(log10_p: Sequence[float], *, method: Method = "bh") -> np.ndarray
     out = np.empty(m)
     out[order] = adjusted
     return out
+
+
+def holm_reject(log10_p: Sequence[float], *, alpha: float = 0.05) -> np.ndarray:
+    """Holm's step-down at family-wise error rate alpha, as a boolean array in the input order.
+
+    Rejects the k smallest p-values while log10 p(k) <= log10(alpha) - log10(m - k + 1), stopping at the first
+    that fails; valid under any dependence between the tests.
+    """
+    x, _ = _checked(log10_p, alpha, "bh")
+    m = len(x)
+    reject = np.zeros(m, dtype=bool)
+    if m == 0:
+        return reject
+    order = np.argsort(x, kind="stable")
+    thresholds = math.log10(alpha) - np.log10(np.arange(m, 0, -1))
+    failing = np.flatnonzero(x[order] > thresholds)
+    reject[order[: failing[0] if failing.size else m]] = True
+    return reject
