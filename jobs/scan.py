@@ -50,7 +50,7 @@ class ScanObserver:
 
 
 def input_set_prefix(config: ScanConfig) -> str:
-    """The part of an input set id fixed by the spec (the token range is per model): ``v1-seed0-32x64-``."""
+    """The part of an input set id fixed by the spec (the token range is per model): ``v1-seed0-4x64-``."""
     s = config.inputs.spec()
     return f"v{s.version}-seed{s.seed}-{s.n_sequences}x{s.seq_len}-"
 

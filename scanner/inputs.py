@@ -20,7 +20,7 @@ class InputSpec:
     """How many uniformly random token sequences to run, and from which seed."""
 
     seed: int = 0
-    n_sequences: int = 32
+    n_sequences: int = 4
     seq_len: int = 64
     version: int = INPUT_SET_VERSION
 

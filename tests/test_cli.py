@@ -31,7 +31,7 @@ def test_json_output_has_the_documented_fields(zoo: Zoo) -> None:
     assert {"model_a", "model_b", "statistic", "log10_p", "layers", "n_layers", "inputs", "notes"} <= data.keys()
     assert data["statistic"] == "match" and data["n_layers"] == 4
     assert [(x["layer_a"], x["layer_b"]) for x in data["layers"]] == [(i, i) for i in range(4)]
-    assert data["inputs"] == "v1-seed0-32x64-ids<256"
+    assert data["inputs"] == "v1-seed0-4x64-ids<256"
     assert data["log10_p"] <= -20 and data["verdict"].startswith("DEPENDENT")
 
 

@@ -14,7 +14,7 @@ from scanner.results import LayerResult, PairTestResult, format_p, render_table
 def test_input_set_v1_is_pinned():
     """Version 1 must name the same tokens forever: fingerprints taken years apart stay comparable."""
     inputs = canonical_inputs(32000)
-    assert inputs.id == "v1-seed0-32x64-ids<32000"
+    assert inputs.id == "v1-seed0-4x64-ids<32000"
     assert inputs.ids[0, :6].tolist() == [29960, 15363, 3541, 27518, 1536, 31470]
 
 

@@ -47,13 +47,13 @@ def test_overrides_replace_sources_db_and_output():
     assert ScanConfig.model_validate({"sources": [{"kind": "hf_cache"}], "output_dir": "o"}).db_path == Path("o/hubtrace.duckdb")
 
 
-def _c(model_id: str, input_set: str = "v1-seed0-32x64-ids<256", bases: tuple[str, ...] = ()) -> Candidate:
+def _c(model_id: str, input_set: str = "v1-seed0-4x64-ids<256", bases: tuple[str, ...] = ()) -> Candidate:
     return Candidate(model_id, "r", input_set, f"/fp/{model_id}", bases)
 
 
 def test_pair_plan_counts_comparable_declared_incomparable_and_tested():
     candidates = [_c("o/a"), _c("o/b", bases=("o/a",)), _c("o/c", bases=("o/x",)), _c("o/d"),
-                  _c("o/big", "v1-seed0-32x64-ids<32000", bases=("o/a",))]
+                  _c("o/big", "v1-seed0-4x64-ids<32000", bases=("o/a",))]
     plan = plan_pairs(candidates, tested={("o/a", "r", "o/d", "r")})
     assert plan.comparable == 6 and plan.already_tested == 1 and len(plan.jobs) == 5
     assert plan.declared == 1 and plan.declared_incomparable == 1 and plan.declared_base_not_scanned == 1

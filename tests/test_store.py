@@ -3,57 +3,19 @@ single-writer locking across processes, and the investigator queries."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import duckdb
 import polars as pl
 import pytest
 
-from scanner.sources import ModelRecord
-from scanner.store import LATEST_VERSION, PairTestRow, Store, StoreError, StoreLockedError
+from scanner.store import LATEST_VERSION, Store, StoreError, StoreLockedError
 from scanner.store import queries
 from scanner.store.schema import CORE_DDL, SCHEMA_VERSION_DDL
+from tests.store_support import T0, Meta, record, scanned_hub, test_row, writer_holding
 
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 TABLES = {"schema_version", "models", "fingerprints", "pair_tests", "scan_runs", "scan_errors", "lineage_edges",
           "families", "family_members", "discrepancies"}
-
-
-@dataclass(frozen=True)
-class Meta:
-    """The FingerprintMeta fields the store reads (scanner.fingerprint is another engineer's and not here yet)."""
-
-    architecture: str = "LlamaForCausalLM"
-    model_type: str = "llama"
-    n_layers: int = 4
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    n_experts: int = 1
-    vocab_size: int = 256
-    tokenizer_hash: str | None = "tok"
-    parameter_count: int = 123_456
-    input_set: str = "v1-seed0-32x64-ids<256"
-    summaries: dict = field(default_factory=dict)
-
-
-def record(model_id: str, revision: str = "r1", *, bases: tuple[str, ...] = (), scratch: bool = False,
-           created: datetime | None = None) -> ModelRecord:
-    return ModelRecord(model_id=model_id, revision=revision, source="local", location=f"/hub/{model_id}",
-                       base_models=bases, base_model_relation="finetune" if bases else None,
-                       claims_from_scratch=scratch, license="mit", tags=("text-generation",),
-                       created_at=created, last_modified=created)
-
-
-def test_row(a: str, ra: str, b: str, rb: str, log10_p: float, run_id: str, *, layers: list[dict] | None = None,
-             input_set: str = "v1") -> PairTestRow:
-    return PairTestRow(a, ra, b, rb, "match", input_set, log10_p, 2, layers or [], [], "comparable", run_id)
-
-
-test_row.__test__ = False  # a helper, not a test
 
 
 def count(store: Store, table: str) -> int:
@@ -232,22 +194,12 @@ def test_readers_share_the_file_and_cannot_write(db: Path) -> None:
             one.start_run({})
 
 
-HOLD_WRITER = ("import sys; from scanner.store import Store; s = Store(sys.argv[1]); print('ready', flush=True); "
-               "sys.stdin.read(); s.close()")
-
-
 def test_a_running_writer_gives_a_clear_error(db: Path) -> None:
     Store(db).close()
-    writer = subprocess.Popen([sys.executable, "-c", HOLD_WRITER, str(db)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert writer.stdout.readline().strip() == "ready"
+    with writer_holding(db) as writer:
         for read_only in (True, False):
             with pytest.raises(StoreLockedError, match=rf"held open for writing by process {writer.pid}.*scan"):
                 Store(db, read_only=read_only)
-    finally:
-        writer.stdin.close()
-        writer.wait()
     with Store(db, read_only=True) as store:  # free again once the writer is gone
         assert store.schema_version() == LATEST_VERSION
 
@@ -280,37 +232,9 @@ def test_bulk_write_of_100k_pair_tests(db: Path) -> None:
         assert total == (sum(-float(i % 97) for i in range(n)), 4 * n)
 
 
-def _scanned_hub(store: Store) -> tuple[str, str]:
-    """Two nights: night 1 finds a base, its declared fine-tune, an undeclared copy of the fine-tune, an
-    independent model and a broken one; night 2 sees a new revision of the copy and a new model, and the
-    broken one fails again."""
-    night1 = store.start_run({"night": 1})
-    store.upsert_model(record("org/base", created=T0), Meta(), night1, "ok")
-    store.upsert_model(record("org/ft", bases=("org/base",), created=T0 + timedelta(days=1)), Meta(), night1, "ok")
-    store.upsert_model(record("copy/ft", scratch=True, created=T0 + timedelta(days=2)), Meta(), night1, "ok")
-    store.upsert_model(record("other/indep", created=T0), Meta(), night1, "ok")
-    store.upsert_model(record("bad/broken"), None, night1, "error")
-    store.record_error(night1, "bad/broken", "r1", "/hub/bad/broken", "validate", "CheckpointError", "NaN weights")
-    models = ["org/base", "org/ft", "copy/ft", "other/indep"]
-    dependent = {frozenset(p) for p in [("org/base", "org/ft"), ("org/base", "copy/ft"), ("org/ft", "copy/ft")]}
-    store.put_pair_tests([test_row(a, "r1", b, "r1", -60.0 if frozenset((a, b)) in dependent else -0.5, night1)
-                          for i, a in enumerate(models) for b in models[i + 1:]])
-    store.finish_run(night1, "succeeded", {})
-
-    night2 = store.start_run({"night": 2})
-    store.upsert_model(record("copy/ft", "r2", scratch=True, created=T0 + timedelta(days=2)), Meta(), night2, "ok")
-    store.upsert_model(record("new/model", created=T0 + timedelta(days=3)), Meta(), night2, "ok")
-    store.put_pair_tests([test_row("copy/ft", "r2", "org/ft", "r1", -55.0, night2),
-                          test_row("new/model", "r1", "org/base", "r1", -0.2, night2)])
-    store.record_error(night2, "bad/broken", "r1", "/hub/bad/broken", "validate", "CheckpointError", "NaN weights")
-    store.record_error(night2, "new/other", "r1", "/hub/new/other", "fingerprint", "WorkerDied", "SIGKILL")
-    store.finish_run(night2, "succeeded", {})
-    return night1, night2
-
-
 def test_who_depends_on_and_derives_from(db: Path) -> None:
     with Store(db) as store:
-        _scanned_hub(store)
+        scanned_hub(store)
         near = queries.dependent_on(store, "org/ft")
         assert near["model_id"].to_list() == ["org/base", "copy/ft"]  # copy/ft r1's test is superseded; r2's: -55
         assert near.filter(pl.col("model_id") == "copy/ft")["revision"].to_list() == ["r2"]
@@ -330,7 +254,7 @@ def test_who_depends_on_and_derives_from(db: Path) -> None:
 
 def test_claims_no_parent_but_depends(db: Path) -> None:
     with Store(db) as store:
-        _scanned_hub(store)
+        scanned_hub(store)
         found = queries.claims_no_parent_but_depends(store)
         # copy/ft claims from-scratch yet depends on the older org/base and org/ft; org/base declares nothing
         # but its dependents are newer or declare it, so it is not listed
@@ -341,7 +265,7 @@ def test_claims_no_parent_but_depends(db: Path) -> None:
 
 def test_what_changed_and_errors_per_run(db: Path) -> None:
     with Store(db) as store:
-        night1, night2 = _scanned_hub(store)
+        night1, night2 = scanned_hub(store)
         assert queries.latest_run_id(store) == night2
         changes = queries.run_changes(store)
         assert sorted(changes.select("kind", "model_id").rows()) == [
