@@ -36,7 +36,7 @@ def lineage_command(
 ) -> None:
     """Rebuild lineage_edges, families, family_members and discrepancies from the current pair tests."""
     from lineage_graph.build import rebuild_lineage
-    from lineage_graph.fdr import METHODS
+    from lineage_graph.multiple_testing import METHODS
 
     if method not in METHODS or not 0 < q < 1:
         _fail(f"--method must be one of {', '.join(METHODS)} and --q in (0, 1)")
