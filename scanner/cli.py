@@ -87,5 +87,9 @@ from jobs.cli_scan import scan_command  # noqa: E402
 
 app.command("scan")(scan_command)
 
+from scanner.cli_query import query_command  # noqa: E402 (registered after app exists)
+
+app.command("query")(query_command)
+
 if __name__ == "__main__":
     sys.exit(app())

@@ -26,7 +26,9 @@ def main() -> None:
     build_zoo(ZOO_DIR)
     summary = run_scan(load_config(CONFIG).with_overrides(local=ZOO_DIR), console=console)
     console.print(render_summary(summary))
-    console.print(f"\nquery the results:  duckdb {summary.db} \"SELECT * FROM current_pair_tests ORDER BY log10_p\"")
+    console.print(f"\nquery the results:  hubtrace query --db {summary.db} "
+                  f"\"SELECT model_a, model_b, log10_p FROM current_pair_tests ORDER BY log10_p\"")
+    console.print(f"family tree:        hubtrace query --db {summary.db} --derives-from aurora-labs/aurora-base")
     console.print(f"lineage graph:      hubtrace graph --db {summary.db} --format html --out lineage.html")
     console.print(f"cards vs weights:   hubtrace discrepancies --db {summary.db}")
 

@@ -1,5 +1,5 @@
 """The scan job end to end with real Ray and a real DuckDB file: broken models, incremental reruns, a worker
-SIGKILLed mid-fingerprint, and the driver SIGKILLed mid-scan.
+SIGKILLed mid-fingerprint, the driver SIGKILLed mid-scan, and a Hub source served over HTTP by the fake Hub.
 
 The checks on p-values are deterministic (fixed canonical inputs, fixed zoo); the zoo's weakest dependent pair
 measures log10 p = -52 against the -20 asserted here.
@@ -23,6 +23,7 @@ from jobs.pool import FingerprintPool
 from jobs.scan import ScanObserver, run_scan
 from scanner.sources import ModelRecord
 from scanner.testing.broken import build_broken_corpus
+from scanner.testing.fake_hub import FakeHub
 from tests.scan_support import SUBSET, copy_models, query, scan_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -195,3 +196,42 @@ def test_a_driver_killed_mid_scan_reruns_to_the_same_tables_without_duplicates(z
     assert {(a, b) for a, b, _ in tests.iter_rows()} == {tuple(sorted(p)) for p in combinations(models, 2)}
     assert sorted(query(config.db_path, "SELECT model_id FROM fingerprints")["model_id"]) == sorted(models)
     assert sorted(query(config.db_path, "SELECT model_id FROM models")["model_id"]) == sorted(models)
+
+
+def test_a_hub_source_is_fetched_at_the_listed_sha_and_rescanned_only_when_it_changes(zoo, local_ray, tmp_path,
+                                                                                      monkeypatch):
+    """The scan from a ``kind: hub`` source over real HTTP (paged listing, pinned downloads in the actors)."""
+    base, chat, twin = "aurora-labs/aurora-base", "finch-nlp/aurora-chat", "tundra-research/tundra-64"
+    monkeypatch.setenv("HUBTRACE_TEST_TOKEN", "hf_test")
+    with FakeHub(page_size=2) as hub:
+        shas = {model_id: hub.add_folder(model_id, zoo[model_id].path) for model_id in (base, chat, twin)}
+        source = {"kind": "hub", "endpoint": hub.endpoint, "token_env": "HUBTRACE_TEST_TOKEN"}
+        config = scan_config(tmp_path / "no-local-folder", tmp_path / "out", sources=[source])
+        first = run_scan(config)
+        first_requests = hub.requests
+        hub.clear_log()
+        again = run_scan(config)
+        second_requests = hub.requests
+    assert (first.models, first.fingerprinted, first.failed) == (3, 3, 0)
+    assert all(r.authorized for r in first_requests)  # the token reached the listing and the actors' downloads
+    downloads = [r.path.strip("/").split("/", 4) for r in first_requests if "/resolve/" in r.path]
+    assert {f"{org}/{name}" for org, name, *_ in downloads} == set(shas)
+    assert all(revision == shas[f"{org}/{name}"] for org, name, _, revision, _ in downloads)  # pinned to the sha
+
+    db = config.db_path
+    models = query(db, "SELECT model_id, revision, source, declared_base_models, declared_relation "
+                       "FROM current_models WHERE status = 'ok'")
+    assert {m: (rev, src) for m, rev, src, *_ in models.iter_rows()} == {m: (sha, "hub") for m, sha in shas.items()}
+    assert {m: (bases, rel) for m, _, _, bases, rel in models.iter_rows()} == {
+        base: ([], None), chat: ([base], "finetune"), twin: ([], None)}
+    fingerprints = query(db, "SELECT model_id, revision, path FROM fingerprints")
+    assert {m: rev for m, rev, _ in fingerprints.iter_rows()} == shas
+    assert all(Path(p).is_file() for p in fingerprints["path"])
+    tests = query(db, "SELECT model_a, model_b, log10_p, reason FROM current_pair_tests")
+    by_pair = {(a, b): (log10_p, reason) for a, b, log10_p, reason in tests.iter_rows()}
+    assert set(by_pair) == {tuple(sorted(p)) for p in combinations(shas, 2)}
+    assert by_pair[(base, chat)][0] <= -20 and by_pair[(base, chat)][1] == "declared_base"
+    assert by_pair[(base, twin)][0] > -20 and by_pair[(chat, twin)][0] > -20
+
+    assert (again.models, again.skipped, again.fingerprinted, again.pairs_tested, again.failed) == (3, 3, 0, 0, 0)
+    assert {r.path for r in second_requests} == {"/api/models"}  # the listing alone: no model info, no download

@@ -1,0 +1,144 @@
+"""`hubtrace query`: the investigators' questions of a scan database (scanner.store.queries), or one read-only SQL
+statement, answered as a table, CSV or JSON, with no `duckdb` CLI needed (the Python package does not install one).
+
+The file is opened read-only, so queries run beside other readers but not while a scan holds it. DuckDB's
+read-only mode still lets a statement write files (``COPY ... TO``, ``EXPORT DATABASE``) or change the session, so
+only queries are run at all; everything else is refused before it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from scanner.store import Store
+
+FORMATS = ("table", "csv", "json")
+READ_STATEMENTS = ("SELECT", "EXPLAIN")
+"""DuckDB statement types that run; DESCRIBE, SHOW, SUMMARIZE, FROM-first queries and VALUES parse as SELECT."""
+TABLE_STR_CHARS = 200
+"""Longer text cells end in an ellipsis in a table (whole error reasons and details fit); csv and json are never cut."""
+
+
+def query_command(
+    db: Annotated[Path, typer.Option("--db", help="The scan's DuckDB file.")],
+    sql: Annotated[str | None, typer.Argument(
+        help="One read-only SQL statement, e.g. \"SELECT * FROM current_pair_tests ORDER BY log10_p\".")] = None,
+    derives_from: Annotated[str | None, typer.Option(
+        "--derives-from", metavar="ID", help="Every model below ID in its family tree (lineage tables).")] = None,
+    depends_on: Annotated[str | None, typer.Option(
+        "--depends-on", metavar="ID",
+        help="Models whose current pair test with ID is at or below --log10-p-below (either direction).")] = None,
+    claims_no_parent: Annotated[bool, typer.Option(
+        "--claims-no-parent", help="Models that declare no base (or claim from-scratch) yet depend on another.")
+    ] = False,
+    changes: Annotated[bool, typer.Option(
+        "--changes", help="What a run (--run, default the latest) changed: models, revisions, dependences, errors.")
+    ] = False,
+    errors: Annotated[bool, typer.Option(
+        "--errors", help="The errors of a run (--run, default the latest), each marked new or seen before.")] = False,
+    runs: Annotated[bool, typer.Option("--runs", help="Every scan run, newest first, with its counts.")] = False,
+    run: Annotated[str | None, typer.Option(
+        "--run", metavar="RUN_ID", help="The run for --changes or --errors (ids: --runs).")] = None,
+    log10_p_below: Annotated[float | None, typer.Option(
+        "--log10-p-below", help="log10 p at or below which a pair test counts as dependence, for --depends-on, "
+                                "--claims-no-parent and --changes (default: DEFAULT_LOG10_P of scanner.store.queries).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | csv | json (an array of row objects)")] = "table",
+    out: Annotated[Path | None, typer.Option("--out", help="Write the answer to this file instead.")] = None,
+) -> None:
+    """Answer one question from a scan database: one read-only SQL statement, or exactly one preset."""
+    import duckdb
+    import polars as pl
+
+    from scanner.cli import _fail
+    from scanner.store import Store, StoreError, queries
+
+    threshold = queries.DEFAULT_LOG10_P if log10_p_below is None else log10_p_below
+    presets = {  # the question: (asked, how the store answers it)
+        "SQL": (sql is not None, lambda store: _read_only_query(store, sql)),
+        "--derives-from": (derives_from is not None, lambda store: queries.derives_from(store, derives_from)),
+        "--depends-on": (depends_on is not None,
+                         lambda store: queries.dependent_on(store, depends_on, log10_p_below=threshold)),
+        "--claims-no-parent": (claims_no_parent,
+                               lambda store: queries.claims_no_parent_but_depends(store, log10_p_below=threshold)),
+        "--changes": (changes, lambda store: queries.run_changes(store, run, log10_p_below=threshold)),
+        "--errors": (errors, lambda store: queries.run_errors(store, run)),
+        "--runs": (runs, queries.runs),
+    }
+    asked = [name for name, (given, _) in presets.items() if given]
+    if len(asked) != 1:
+        _fail(f"give exactly one of SQL or a preset ({', '.join(list(presets)[1:])}); got "
+              f"{' and '.join(asked) or 'none'}")
+    if run is not None and asked[0] not in ("--changes", "--errors"):
+        _fail("--run goes with --changes or --errors")
+    if fmt not in FORMATS:
+        _fail(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    try:
+        with Store(db, read_only=True) as store:
+            if run is not None and run not in queries.runs(store)["run_id"]:
+                raise StoreError(f"no scan run {run!r} in {db} (--runs lists them)")
+            frame = presets[asked[0]][1](store)
+    except StoreError as exc:
+        _fail(_one_line(exc))
+    except duckdb.Error as exc:
+        _fail(f"SQL: {_one_line(exc)}")
+    except pl.exceptions.PolarsError as exc:
+        _fail(f"cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): {_one_line(exc)}")
+    text = _render(frame, fmt)
+    if out is None:
+        typer.echo(text)
+        return
+    try:
+        out.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc.strerror or exc}")
+    typer.echo(f"wrote {out} ({frame.height} rows)")
+
+
+def _read_only_query(store: Store, sql: str) -> pl.DataFrame:
+    """Run ``sql`` if it is exactly one query; a statement that could write (even a file) is refused unrun."""
+    from scanner.store import StoreError
+
+    statements = store.connection.extract_statements(sql)
+    if len(statements) != 1:
+        raise StoreError(f"give exactly one SQL statement; got {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in READ_STATEMENTS:
+        raise StoreError(f"{kind} refused: hubtrace query only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, "
+                         f"EXPLAIN); the database is written by scans alone")
+    return store.query(sql)
+
+
+def _render(frame: pl.DataFrame, fmt: str) -> str:
+    """The frame as text: a table with every row and column, CSV (nested values as JSON text) or a JSON array."""
+    import polars as pl
+
+    if fmt == "json":  # through Python: polars' own writer cannot write every type a query can return
+        return json.dumps(frame.to_dicts(), default=_json_value, ensure_ascii=False)
+    if fmt == "csv":
+        unwritable = [name for name, dtype in frame.schema.items() if dtype.is_nested() or dtype == pl.Binary]
+        return frame.with_columns(
+            pl.Series(name, [None if v is None else json.dumps(v, default=_json_value) for v in frame[name].to_list()],
+                      dtype=pl.String) for name in unwritable
+        ).write_csv().removesuffix("\n")
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=TABLE_STR_CHARS,
+                   fmt_table_cell_list_len=-1):
+        return str(frame)
+
+
+def _json_value(value: object) -> str:
+    """Dates and times as ISO 8601; anything else JSON has no type for (decimals, bytes) as its text."""
+    return value.isoformat() if isinstance(value, date | time) else str(value)
+
+
+def _one_line(error: Exception) -> str:
+    """The message on one line, without the ``LINE 1: ... ^`` excerpt DuckDB adds (it only reads on several)."""
+    return " ".join(str(error).split("\nLINE ")[0].split())
