@@ -1,14 +1,16 @@
 """Benchmark: one 7B-shaped pair (32 blocks x 11008 units) compared from synthetic fingerprints.
 
-    python bench/bench_7b_pair.py                          # 512 tokens, dependent and independent pair
+    python bench/bench_7b_pair.py                          # default tokens, dependent and independent pair
     python bench/bench_7b_pair.py --sequences 32 --pairs dependent
+    python bench/bench_7b_pair.py --device cuda            # cosine matrices (and candidate selection) on the GPU
 
 The fingerprints are real ``Fingerprint`` objects (metadata of a zoo model's fingerprint on the chosen
 input set, so they are comparable) whose blocks are replaced by synthetic gate/up activations: Gaussian
 for model A; for the dependent model B, A's units permuted per block, up rescaled, plus noise of equal
 scale (cosine ~0.7 with the true partner); for the independent B, fresh Gaussians. Synthesis is not
-timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs once per pair under cProfile, which reports
-where the time goes (cosine products vs assignments).
+timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs once per pair and design under cProfile, which
+reports where the time goes (cosine products vs assignments): every block (``--design all``), and the scan's
+sequential design (``--design sequential``: screening blocks first, stopping when they settle the test).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.inputs import InputSpec
+from scanner.stats.sequential import SequentialDesign
 from scanner.zoo import build_zoo
 
 UNITS, BLOCKS = 11008, 32
@@ -56,12 +59,13 @@ def synthetic_pair(template: Fingerprint, blocks: int, units: int, dependent: bo
     return fingerprint("synthetic-7b-a", blocks_a), fingerprint("synthetic-7b-b", blocks_b)
 
 
-def profile_compare(a: Fingerprint, b: Fingerprint) -> None:
+def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None) -> None:
     profiler = cProfile.Profile()
     start = time.perf_counter()
-    result = profiler.runcall(compare_fingerprints, a, b)
+    result = profiler.runcall(compare_fingerprints, a, b, device=device, design=design)
     total = time.perf_counter() - start
-    print(f"compare_fingerprints: {total:.1f} s total, log10 p = {result.log10_p:.1f}, "
+    print(f"compare_fingerprints ({'sequential' if design else 'all blocks'}): {total:.1f} s total, "
+          f"{result.n_layers} blocks compared, log10 p = {result.log10_p:.1f}, "
           f"rho per block {min(x.rho for x in result.layers):+.3f} .. {max(x.rho for x in result.layers):+.3f}")
     stats = pstats.Stats(profiler)
     wanted = ("cosine_similarity_matrix", "unit_rows", "solve_assignment", "spearman", "log10_matching_p", "phi_match")
@@ -73,19 +77,23 @@ def profile_compare(a: Fingerprint, b: Fingerprint) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", type=Path, default=Path(".hubtrace-cache/zoo"))
-    parser.add_argument("--sequences", type=int, default=8, help="canonical sequences of 64 tokens")
+    parser.add_argument("--sequences", type=int, default=InputSpec.n_sequences, help="canonical sequences of 64 tokens")
     parser.add_argument("--units", type=int, default=UNITS)
     parser.add_argument("--blocks", type=int, default=BLOCKS)
     parser.add_argument("--pairs", choices=("dependent", "independent", "both"), default="both")
+    parser.add_argument("--device", default="cpu", help="where the cosine matrices are computed (cpu, cuda)")
+    parser.add_argument("--design", choices=("all", "sequential", "both"), default="both")
     args = parser.parse_args()
     spec = InputSpec(n_sequences=args.sequences, seq_len=64)
     template = fingerprint_model(build_zoo(args.zoo)["aurora-labs/aurora-base"].path, inputs=spec)
-    print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; {args.blocks} blocks x {args.units} units, "
+    print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, device {args.device}; "
+          f"{args.blocks} blocks x {args.units} units, "
           f"{spec.n_sequences * spec.seq_len} tokens ({template.meta.input_set})")
     for dependent in {"dependent": [True], "independent": [False], "both": [True, False]}[args.pairs]:
         a, b = synthetic_pair(template, args.blocks, args.units, dependent, seed=7 + dependent)
         print(f"## {'dependent' if dependent else 'independent'} pair")
-        profile_compare(a, b)
+        for design in {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}[args.design]:
+            profile_compare(a, b, args.device, design)
         del a, b
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from synthetic_checkpoint import scratch_checkpoint
 
+from scanner.inputs import InputSpec
+
 CHILD = """
 import sys, time
 from pathlib import Path
@@ -62,8 +64,8 @@ def measure(model: Path, out: Path, sequences: int, seq_len: int, device: str) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="7b", choices=("7b", "1b"))
-    parser.add_argument("--sequences", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--sequences", type=int, default=InputSpec.n_sequences)
+    parser.add_argument("--seq-len", type=int, default=InputSpec.seq_len)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cache", type=Path, default=Path(".hubtrace-cache/bench"))
     args = parser.parse_args()

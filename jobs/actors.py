@@ -24,6 +24,7 @@ from scanner.results import PairTestResult
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint, FingerprintMeta
     from scanner.sources import ModelRecord
+    from scanner.stats.sequential import SequentialDesign
 
 #: Fingerprints a pair task keeps in memory: batches are ordered by first model, so a few suffice.
 FINGERPRINT_CACHE = 4
@@ -175,8 +176,9 @@ class FingerprintWorker:
                 self._done += 1
 
 
-def compare_batch(jobs: list[PairJob], statistic: str) -> list[PairOutcome]:
-    """Test each pair from its two fingerprint files; a failing pair becomes an error value."""
+def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None) -> list[PairOutcome]:
+    """Test each pair from its two fingerprint files (cosine matrices on the task's GPU when Ray gave it one,
+    screening blocks first when a design is given); a failing pair becomes an error value."""
     from scanner.fingerprint import read_fingerprint
     from scanner.fingerprint_compare import compare_fingerprints
 
@@ -191,10 +193,12 @@ def compare_batch(jobs: list[PairJob], statistic: str) -> list[PairOutcome]:
                 cache.popitem(last=False)
         return cache[path]
 
+    device = pick_device()
     out = []
     for job in jobs:
         try:
-            out.append(PairOutcome(job, result=compare_fingerprints(load(job.path_a), load(job.path_b), statistic)))
+            result = compare_fingerprints(load(job.path_a), load(job.path_b), statistic, device=device, design=design)
+            out.append(PairOutcome(job, result=result))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkError("compare", type(e).__name__, one_line(e))))
     return out

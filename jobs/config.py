@@ -8,12 +8,13 @@ the working directory of the scan (under ``ray job submit --working-dir .`` that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scanner.inputs import InputSpec
+from scanner.stats.sequential import SequentialDesign
 
 EXPORT_FORMATS = ("graphml", "gexf", "json", "dot", "html", "png")
 
@@ -67,12 +68,31 @@ class InputsConfig(_Strict):
         return InputSpec(seed=self.seed, n_sequences=self.n_sequences, seq_len=self.seq_len)
 
 
+class SequentialConfig(_Strict):
+    """Screen a few blocks of each pair first and stop when they settle it (scanner.stats.sequential)."""
+
+    screen_blocks: int = Field(default=SequentialDesign.screen_blocks, ge=1)
+    stop_below_log10_p: float = Field(default=SequentialDesign.stop_below_log10_p, lt=0)
+    stop_above_log10_p: float = Field(default=SequentialDesign.stop_above_log10_p, le=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SequentialConfig:
+        if self.stop_below_log10_p >= self.stop_above_log10_p:
+            raise ValueError("stop_below_log10_p must be below stop_above_log10_p")
+        return self
+
+    def design(self) -> SequentialDesign:
+        return SequentialDesign(self.screen_blocks, self.stop_below_log10_p, self.stop_above_log10_p)
+
+
 class PairsConfig(_Strict):
-    """Which pairs are tested: every comparable pair, and/or each model with the bases its card declares."""
+    """Which pairs are tested: every comparable pair, and/or each model with the bases its card declares;
+    ``sequential: null`` compares every block of every pair."""
 
     comparable: bool = True
     declared: bool = True
     batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch
+    sequential: SequentialConfig | None = SequentialConfig()
 
 
 class RayConfig(_Strict):
@@ -100,10 +120,12 @@ class RayConfig(_Strict):
 
 class DevicesConfig(_Strict):
     """``auto``: GPU actors (``num_gpus`` each) when the cluster has GPUs, CPU actors otherwise;
-    ``gpu`` requires GPUs (the scan stops with an error instead of waiting forever); ``cpu`` never asks."""
+    ``gpu`` requires GPUs (the scan stops with an error instead of waiting forever); ``cpu`` never asks.
+    Pair tasks follow the actors: on GPUs each asks for ``gpus_per_pair_task`` (a fraction shares a GPU)."""
 
     mode: Literal["auto", "cpu", "gpu"] = "auto"
     gpus_per_actor: float = Field(default=1.0, gt=0)
+    gpus_per_pair_task: float = Field(default=0.5, gt=0, le=1)
 
 
 class LineageConfig(_Strict):
@@ -209,8 +231,9 @@ def _allowed_keys(loc: tuple) -> list[str]:
             model = SOURCE_KINDS[part]
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model = annotation
+        nested = [t for t in (annotation, *get_args(annotation)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        if nested:  # a plain sub-model, or one that may be null
+            model = nested[0]
     return sorted(model.model_fields)
 
 

@@ -29,7 +29,7 @@ from rich.console import Console
 from jobs.actors import FingerprintOutcome, PairOutcome, WorkError, compare_batch_task
 from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.pairs import Candidate, PairKey, PairPlan, batches, plan_pairs
-from jobs.pool import FingerprintPool, pool_shape, windowed
+from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
 from scanner.sources import (WHOLE_SOURCE, ModelRecord, SourceError, discover_hf_cache, discover_hub,
                              discover_local)
@@ -203,13 +203,16 @@ class _Scan:
         self.summary.pairs = plan.to_json_dict()
         return plan
 
-    def pair_stage(self, plan: PairPlan, max_in_flight: int) -> None:
+    def pair_stage(self, plan: PairPlan, shape: PoolShape) -> None:
         from scanner.store import PairTestRow
 
         total, stored = len(plan.jobs), 0
-        task = compare_batch_task.options(num_cpus=self.config.ray.cpus_per_pair_task)
+        gpus = self.config.devices.gpus_per_pair_task if shape.num_gpus else 0.0
+        task = compare_batch_task.options(num_cpus=self.config.ray.cpus_per_pair_task, num_gpus=gpus)
         work = batches(plan.jobs, self.config.pairs.batch_size)
-        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic), max_in_flight):
+        sequential = self.config.pairs.sequential
+        design = sequential.design() if sequential is not None else None
+        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design), shape.max_in_flight):
             outcomes: list[PairOutcome] = ray.get(ref)
             rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
                                 self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
@@ -277,7 +280,7 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
                     scan.say(f"pairs: {plan.comparable} comparable, {plan.declared} declared, "
                              f"{sum(plan.incomparable.values())} incomparable, {plan.already_tested} already "
                              f"tested, {len(plan.jobs)} to test")
-                    scan.pair_stage(plan, shape.max_in_flight)
+                    scan.pair_stage(plan, shape)
                 with scan.timed("lineage"):
                     scan.lineage_stage()
             except BaseException:

@@ -107,11 +107,11 @@ def next_token_log_probs(model: PreTrainedModel, ids: np.ndarray, token_range: i
 def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights]) -> list[MLPActivations]:
     """Gate and up outputs of each gated MLP of a block (one per expert) on that block's MLP input."""
     return [
-        MLPActivations(gate=_units_by_tokens(mlp_input @ w.gate.T), up=_units_by_tokens(mlp_input @ w.up.T))
+        MLPActivations(gate=units_by_tokens(mlp_input @ w.gate.T), up=units_by_tokens(mlp_input @ w.up.T))
         for w in experts
     ]
 
 
-def _units_by_tokens(outputs: torch.Tensor) -> np.ndarray:
+def units_by_tokens(outputs: torch.Tensor) -> np.ndarray:
     """(tokens, units) outputs on any device and dtype -> float32 (units, tokens) on the CPU."""
     return outputs.T.float().contiguous().cpu().numpy()

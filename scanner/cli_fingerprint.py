@@ -72,4 +72,4 @@ def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, d
         raise IncomparableError(
             f"--stat {statistic} needs the checkpoints; fingerprints carry activations for {', '.join(FINGERPRINT_STATISTICS)}"
         )
-    return compare_fingerprints(*fingerprint_pair(path_a, path_b, inputs=spec, device=device), statistic)
+    return compare_fingerprints(*fingerprint_pair(path_a, path_b, inputs=spec, device=device), statistic, device=device)

@@ -91,7 +91,7 @@ def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
 def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
     """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does."""
     fingerprints = fingerprint_pair(a.checkpoint.path, b.checkpoint.path, inputs=spec, device=device)
-    return replace(compare_fingerprints(*fingerprints, statistic), model_a=a.name, model_b=b.name)
+    return replace(compare_fingerprints(*fingerprints, statistic, device=device), model_a=a.name, model_b=b.name)
 
 
 def _block_source(model: OpenModel) -> BlockSource:

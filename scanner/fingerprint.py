@@ -125,7 +125,7 @@ def fingerprint_model(
         per_block: list[dict[str, Any]] = []
         for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
             blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
-            per_block.append(_block_summary(block.experts, blocks[-1]))
+            per_block.append(_block_summary(block.experts, blocks[-1], device))
             del block
         tensor_hashes = hashes.result()
     shape = adapter.shape
@@ -257,19 +257,24 @@ def _tensor_hashes(checkpoint: Checkpoint) -> dict[str, str]:
 
 
 def _kurtosis(weights: torch.Tensor) -> float:
-    """Excess kurtosis of all entries (population moments, as scipy.stats.kurtosis defaults to)."""
-    x = weights.flatten().double()
-    centred = x - x.mean()
-    m2 = centred.square().mean()
-    return float(centred.pow(4).mean() / m2.square() - 3.0) if m2 > 0 else 0.0
+    """Excess kurtosis of all entries (population moments, as scipy.stats.kurtosis defaults to).
+
+    float32 with torch's pairwise reductions (relative error ~1e-6, far below the 0.02 that direction votes
+    need); float64 and pow(4) made this half of a CPU fingerprint's time.
+    """
+    x = weights.reshape(-1).float()
+    squared = (x - x.mean()).square_()
+    m2 = squared.mean()
+    return float(squared.square_().mean() / m2.square() - 3.0) if m2 > 0 else 0.0
 
 
-def _block_summary(experts: list[GLUWeights], activations: list[MLPActivations]) -> dict[str, Any]:
+def _block_summary(experts: list[GLUWeights], activations: list[MLPActivations], device: str) -> dict[str, Any]:
     rms = {
         part: np.concatenate([np.sqrt(np.mean(np.square(getattr(a, part), dtype=np.float64), axis=1)) for a in activations])
         for part in ("gate", "up")
     }
-    kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part)) for e in experts])) for part in ("gate", "up", "down")}
+    kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part).to(device)) for e in experts]))
+                for part in ("gate", "up", "down")}
     return {
         "kurtosis": kurtosis,
         "gate_rms_quantiles": np.quantile(rms["gate"], QUANTILES).tolist(),

@@ -11,15 +11,27 @@ from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
 from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
 from scanner.stats.logp import log10_fisher
+from scanner.stats.sequential import SequentialDesign
 
 FINGERPRINT_STATISTICS = ("match", "hidden")
 
 
-def compare_fingerprints(a: Fingerprint, b: Fingerprint, statistic: str = "match") -> PairTestResult:
+def compare_fingerprints(
+    a: Fingerprint,
+    b: Fingerprint,
+    statistic: str = "match",
+    *,
+    device: str | None = None,
+    design: SequentialDesign | None = None,
+) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
-    Raises IncomparableError when the fingerprints were taken on different input sets.
+    ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
+    selects assignment candidates there too (same matchings, see scanner.stats.assignment). ``design`` compares
+    its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
+    every block. Raises IncomparableError when the fingerprints were taken on different input sets.
     """
+    device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
         raise ValueError(
             f"statistic {statistic!r} cannot be computed from fingerprints; choose one of {', '.join(FINGERPRINT_STATISTICS)}"
@@ -33,27 +45,46 @@ def compare_fingerprints(a: Fingerprint, b: Fingerprint, statistic: str = "match
     depth = min(len(a.blocks), len(b.blocks))
     if len(a.blocks) != len(b.blocks):
         notes.append(depth_note(len(a.blocks), len(b.blocks)))
-    layers = []
-    for layer in range(depth):
+    if statistic == "hidden":
+        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
+
+    def block(layer: int) -> LayerResult:
         experts_a, experts_b = a.blocks[layer], b.blocks[layer]
         if len(experts_a) != len(experts_b) and expert_note(len(experts_a), len(experts_b)) not in notes:
             notes.append(expert_note(len(experts_a), len(experts_b)))
         if statistic == "hidden":
-            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act)) for x, y in zip(experts_a, experts_b)]
+            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device)
+                     for x, y in zip(experts_a, experts_b)]
         else:
-            tests = [phi_match(x.gate, x.up, y.gate, y.up) for x, y in zip(experts_a, experts_b)]
-        layers.append(block_result(layer, layer, tests))
-    if statistic == "hidden":
-        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
+            tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in zip(experts_a, experts_b)]
+        return block_result(layer, layer, tests)
+
+    screen = design.screen(depth) if design is not None else list(range(depth))
+    layers = [block(layer) for layer in screen]
+    log10_p = log10_fisher([layer.log10_p for layer in layers])
+    if design is not None and len(screen) < depth:
+        if design.stops(log10_p):
+            notes.append(screen_note(screen, depth, log10_p))
+        else:
+            layers = sorted([*layers, *(block(layer) for layer in range(depth) if layer not in screen)],
+                            key=lambda result: result.layer_a)
+            log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
     return PairTestResult(
         model_a=a.meta.model,
         model_b=b.meta.model,
         statistic=statistic,
-        log10_p=log10_fisher([layer.log10_p for layer in layers]),
+        log10_p=log10_p,
         layers=layers,
-        n_layers=depth,
+        n_layers=len(layers),
         inputs=a.meta.input_set,
         notes=notes,
+    )
+
+
+def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
+    return (
+        f"sequential test: screening blocks {', '.join(map(str, screen))} of {depth} gave log10 p = {log10_p:.1f}, "
+        "which settles it; the other blocks were not compared (the p-value stays valid, see scanner.stats.sequential)"
     )
 
 

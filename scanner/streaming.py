@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from scanner.activations import MLPActivations, check_sequence_length, glu_activations
+from scanner.activations import MLPActivations, check_sequence_length, glu_activations, units_by_tokens
 from scanner.adapters import ArchitectureAdapter, GLUWeights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError
@@ -83,25 +83,44 @@ def stream_blocks(
         with torch.inference_mode():
             experts = adapter.mlp(layer)
             _load_block(module, checkpoint, adapter, layer, experts, device, dtype)
+            mlp = lm.get_submodule(adapter.mlp_module_path(layer))
             captured: list[torch.Tensor] = []
-            handle = lm.get_submodule(adapter.mlp_module_path(layer)).register_forward_pre_hook(
+            outputs: dict[str, torch.Tensor] = {}
+            handles = [mlp.register_forward_pre_hook(
                 lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
-            )
+            )]
+            projections = _dense_projections(mlp) if len(experts) == 1 else {}
+            handles += [projection.register_forward_hook(lambda _m, _args, out, part=part: outputs.update({part: out}))
+                        for part, projection in projections.items()]
             try:
                 out = module(hidden, **calls[layer])
             finally:
-                handle.remove()
+                for handle in handles:
+                    handle.remove()
                 module.to_empty(device="meta")
                 checkpoint.close()  # drop the block's memory maps too
             hidden = out[0] if isinstance(out, tuple) else out
-            mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-            on_device = [
-                GLUWeights(*(w.to(device=device, dtype=dtype) for w in (e.gate, e.up, e.down))) for e in experts
-            ]
-            activations = glu_activations(mlp_input, on_device)
-            del captured, mlp_input, on_device, out
+            if projections and outputs.keys() == projections.keys():
+                # what the block computed anyway: no second gate/up product
+                activations = [MLPActivations(*(units_by_tokens(outputs[p].reshape(-1, outputs[p].shape[-1]))
+                                                for p in ("gate", "up")))]
+            else:
+                mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
+                on_device = [
+                    GLUWeights(*(w.to(device=device, dtype=dtype) for w in (e.gate, e.up, e.down))) for e in experts
+                ]
+                activations = glu_activations(mlp_input, on_device)
+                del mlp_input, on_device
+            del captured, outputs, out
         yield StreamedBlock(layer, experts, activations)
         del experts  # else this block's MLP weights stay alive while the next block is read
+
+
+def _dense_projections(mlp: nn.Module) -> dict[str, nn.Module]:
+    """A dense MLP's own gate and up layers when it has them separately (most families; not Phi-3's fused
+    gate_up_proj, nor experts): their outputs are the activations, caught as the block computes them."""
+    gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+    return {"gate": gate, "up": up} if isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) else {}
 
 
 def default_dtype(device: str) -> torch.dtype:

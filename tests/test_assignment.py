@@ -8,12 +8,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from scanner.stats import assignment
-from scanner.stats.assignment import (
-    AssignmentStats,
-    cosine_similarity_torch,
-    max_weight_assignment,
-    solve_assignment,
-)
+from scanner.stats.assignment import AssignmentStats, max_weight_assignment, solve_assignment
 from scanner.stats.matching import cosine_similarity_matrix
 
 
@@ -218,25 +213,32 @@ def test_ties_give_an_optimal_assignment_of_equal_weight() -> None:
     np.testing.assert_array_equal(result.col_ind[5:], cols[5:])  # outside the tied rows: identical
 
 
-def test_torch_tensor_input_on_cpu_matches_numpy() -> None:
+#: Every torch device this machine has: the CPU always, CUDA where present (a GPU machine runs both).
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_tensor_input_on_a_device_matches_numpy(device: str) -> None:
     rng = np.random.default_rng(9)
     a, b = _gaussian(rng, 800, 128), _gaussian(rng, 800, 128)
-    similarity = cosine_similarity_torch(a, b, device="cpu")
-    assert isinstance(similarity, torch.Tensor)
-    np.testing.assert_allclose(similarity.numpy(), cosine_similarity_matrix(a, b), atol=1e-5)
-    result = solve_assignment(similarity, device="cpu")
-    _assert_same_as_scipy(similarity.numpy(), result)
+    similarity = cosine_similarity_matrix(a, b, device=device)
+    assert isinstance(similarity, torch.Tensor) and similarity.device.type == device
+    np.testing.assert_allclose(similarity.cpu().numpy(), cosine_similarity_matrix(a, b), atol=1e-5)
+    result = solve_assignment(similarity, device=device)
+    _assert_same_as_scipy(similarity.cpu().numpy(), result)
     assert result.stats.method == "sparse"
     # the torch path also handles the enlargement and infeasible paths
     hard = solve_assignment(similarity, candidates=3)
-    _assert_same_as_scipy(similarity.numpy(), hard)
+    _assert_same_as_scipy(similarity.cpu().numpy(), hard)
 
 
-def test_cuda_request_without_cuda_is_refused() -> None:
+def test_cuda_request_is_served_or_refused_with_a_clear_error() -> None:
+    similarity = np.random.default_rng(4).random((40, 40)).astype(np.float32)
     if torch.cuda.is_available():
-        pytest.skip("CUDA is available here")
-    with pytest.raises(RuntimeError, match="CUDA"):
-        max_weight_assignment(np.zeros((40, 40), dtype=np.float32), device="cuda")
+        _assert_same_as_scipy(similarity, solve_assignment(similarity, device="cuda"))
+    else:
+        with pytest.raises(RuntimeError, match="CUDA"):
+            max_weight_assignment(similarity, device="cuda")
 
 
 def test_shapes_and_invalid_entries() -> None:

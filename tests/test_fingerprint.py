@@ -121,6 +121,28 @@ def test_streamed_activations_equal_the_live_forward_pass(name: str, tmp_path: P
                 np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * scale, err_msg=f"{layer}.{expert}.{part}")
 
 
+#: Every torch device this machine has: the CPU always, CUDA where present (a GPU machine runs both).
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["llama", "gemma2", "mixtral"])
+def test_streaming_on_a_device_matches_the_cpu(name: str, device: str, tiny: Callable[[str], Path]) -> None:
+    """float32 on any device gives the CPU's activations (TF32 stays off); the device's default dtype (bfloat16 on
+    CUDA) stays within its rounding of them."""
+    checkpoint = open_checkpoint(tiny(name))
+    adapter, ids = adapter_for(checkpoint), _ids()
+    reference = [experts for _, experts in stream_mlp_activations(checkpoint, adapter, ids)]
+    for dtype, tolerance in ((torch.float32, 1e-4), (None, 3e-2)):
+        got = [experts for _, experts in stream_mlp_activations(checkpoint, adapter, ids, device=device, dtype=dtype)]
+        for layer, (experts, expected) in enumerate(zip(got, reference, strict=True)):
+            for g, w in zip(experts, expected, strict=True):
+                for part in ("gate", "up"):
+                    want = getattr(w, part)
+                    np.testing.assert_allclose(getattr(g, part), want, rtol=0, atol=tolerance * np.abs(want).max(),
+                                               err_msg=f"{device} {dtype} block {layer} {part}")
+
+
 # -- one block at a time -----------------------------------------------------------------------------------------
 
 
@@ -335,6 +357,18 @@ def test_fingerprint_files_give_the_live_comparison(
     assert from_files.layers == live.layers and len(live.layers) == 4
     assert (from_files.inputs, from_files.notes) == (live.inputs, live.notes)
     assert (live.log10_p < -10) == (other == CHAT)  # the fine-tune is found, the independent twin is not
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_comparison_on_a_device_gives_the_numpy_result(zoo_files: dict[str, Path], device: str) -> None:
+    """Cosine matrices on the device (and candidate selection there) lead to the same matchings, hence the same
+    p-values, as the numpy path."""
+    base = read_fingerprint(zoo_files[BASE])
+    for other in (CHAT, TWIN):
+        fp = read_fingerprint(zoo_files[other])
+        on_device = compare_fingerprints(base, fp, device=device)
+        assert [layer.rho for layer in on_device.layers] == [layer.rho for layer in compare_fingerprints(base, fp).layers]
+        assert on_device.log10_p == compare_fingerprints(base, fp).log10_p
 
 
 # -- the command line --------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ entries raise ValueError; -inf entries are never chosen (scipy's maximize=True f
 
 Devices: a numpy array is handled on the CPU. A torch tensor (or ``device="cuda"``) has its
 candidates selected on its device; only candidate entries (and the few rows step 4(c) needs) come to
-the CPU, where the LAP and the certificate run. ``cosine_similarity_torch`` builds the similarity
+the CPU, where the LAP and the certificate run. ``matching.cosine_similarity_matrix(a, b, device=...)`` builds the similarity
 matrix on the GPU in the first place.
 """
 
@@ -677,29 +677,3 @@ def _make_source(similarity, device):
     if not is_tensor:
         similarity = torch.from_numpy(np.ascontiguousarray(similarity))
     return _TorchSource(similarity, device)
-
-
-def default_device() -> str:
-    """'cuda' when torch sees a CUDA device, else 'cpu'."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def cosine_similarity_torch(a: Any, b: Any, *, device: Any = None):
-    """Cosine similarity between the rows of a and of b as a float32 torch tensor on ``device``.
-
-    Same formula as ``scanner.stats.matching.cosine_similarity_matrix`` (all-zero rows score 0); feed
-    the result to ``max_weight_assignment`` to keep candidate selection on the GPU.
-    """
-    import torch
-
-    a = torch.as_tensor(a, dtype=torch.float32, device=device)
-    b = torch.as_tensor(b, dtype=torch.float32, device=device)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"cosine similarity needs two matrices with equal column counts, got {a.shape} and {b.shape}")
-    a_unit = a / torch.clamp(torch.linalg.vector_norm(a, dim=1, keepdim=True), min=_NORM_FLOOR)
-    b_unit = b / torch.clamp(torch.linalg.vector_norm(b, dim=1, keepdim=True), min=_NORM_FLOOR)
-    return a_unit @ b_unit.T

@@ -37,19 +37,24 @@ def phi_u(up_a: np.ndarray, up_b: np.ndarray) -> BlockTest:
     return _identity_correlation(match(up_a, up_b))
 
 
-def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray) -> BlockTest:
+def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = None) -> BlockTest:
     """phi_H: Spearman between MATCH of the down-projection inputs (h, tokens) and the identity."""
-    return _identity_correlation(match(hidden_a, hidden_b))
+    return _identity_correlation(match_similarity(cosine_similarity_matrix(hidden_a, hidden_b, device=device)))
 
 
-def phi_match(gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray) -> BlockTest:
+def phi_match(
+    gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray, *, device: str | None = None
+) -> BlockTest:
     """Robust phi_MATCH: Spearman between the gate-activation and the up-activation matchings.
 
     An adversary who permutes (or re-trains) the hidden units must move gate and up together to keep
     the output, so the two matchings agree for dependent models whatever was done to the units, and
     are unrelated for independent ones. Works for different widths (the smaller side is matched).
+    ``device`` (e.g. "cuda") computes the cosine matrices there; the matchings are the same.
     """
-    return phi_match_similarity(cosine_similarity_matrix(gate_a, gate_b), cosine_similarity_matrix(up_a, up_b))
+    return phi_match_similarity(
+        cosine_similarity_matrix(gate_a, gate_b, device=device), cosine_similarity_matrix(up_a, up_b, device=device)
+    )
 
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:

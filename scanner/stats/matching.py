@@ -39,11 +39,24 @@ class Matching:
         return self.b_index if self.a_rows <= self.b_rows else self.a_index
 
 
-def cosine_similarity_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine similarity between every row of a and every row of b; all-zero rows score 0."""
+def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None) -> Any:
+    """Cosine similarity between every row of a and every row of b; all-zero rows score 0.
+
+    With ``device`` None: a float32 numpy array computed on the CPU. With a torch device (``"cuda"``): a float32
+    torch tensor on it, which ``match_similarity`` accepts as is (candidate selection then stays on that device
+    and only candidates reach the CPU).
+    """
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"MATCH needs two matrices with equal column counts, got {a.shape} and {b.shape}")
-    return unit_rows(a) @ unit_rows(b).T
+    if device is None:
+        return unit_rows(a) @ unit_rows(b).T
+    import torch
+
+    a_t, b_t = (torch.as_tensor(np.asarray(x), device=device).float() for x in (a, b))
+    floor = torch.tensor(_NORM_FLOOR, device=device)
+    a_t = a_t / torch.maximum(torch.linalg.vector_norm(a_t, dim=1, keepdim=True), floor)
+    b_t = b_t / torch.maximum(torch.linalg.vector_norm(b_t, dim=1, keepdim=True), floor)
+    return a_t @ b_t.T
 
 
 def unit_rows(a: np.ndarray) -> np.ndarray:
