@@ -36,20 +36,20 @@ from scanner.zoo import build_zoo
 UNITS, BLOCKS = 11008, 32
 
 
-def synthetic_pair(template: Fingerprint, blocks: int, units: int, dependent: bool, seed: int):
-    """Two comparable 7B-shaped fingerprints; B derives from A (permuted, rescaled, noisy) when dependent."""
+def synthetic_pair(template: Fingerprint, blocks: int, units: int, parents: dict[int, int], seed: int):
+    """Two comparable 7B-shaped fingerprints; block j of B derives from block ``parents[j]`` of A (units permuted,
+    up rescaled, noise of equal scale: cosine ~0.7 with the true partner), B's other blocks are independent."""
     rng = np.random.default_rng(seed)
     tokens = template.blocks[0][0].gate.shape[1]
-    blocks_a, blocks_b = [], []
-    for _ in range(blocks):
-        gate, up = (rng.standard_normal((units, tokens), dtype=np.float32) for _ in range(2))
-        blocks_a.append([MLPActivations(gate=gate, up=up)])
-        if dependent:
-            perm = rng.permutation(units)
-            gate_b = gate[perm] + rng.standard_normal((units, tokens), dtype=np.float32)
-            up_b = 2.5 * (up[perm] + rng.standard_normal((units, tokens), dtype=np.float32))
+    gaussian = lambda: rng.standard_normal((units, tokens), dtype=np.float32)  # noqa: E731
+    blocks_a = [[MLPActivations(gate=gaussian(), up=gaussian())] for _ in range(blocks)]
+    blocks_b = []
+    for layer in range(blocks):
+        if layer in parents:
+            parent, perm = blocks_a[parents[layer]][0], rng.permutation(units)
+            gate_b, up_b = parent.gate[perm] + gaussian(), 2.5 * (parent.up[perm] + gaussian())
         else:
-            gate_b, up_b = (rng.standard_normal((units, tokens), dtype=np.float32) for _ in range(2))
+            gate_b, up_b = gaussian(), gaussian()
         blocks_b.append([MLPActivations(gate=gate_b, up=up_b)])
 
     def fingerprint(name: str, activations) -> Fingerprint:
@@ -57,6 +57,11 @@ def synthetic_pair(template: Fingerprint, blocks: int, units: int, dependent: bo
         return dataclasses.replace(template, meta=meta, blocks=activations)
 
     return fingerprint("synthetic-7b-a", blocks_a), fingerprint("synthetic-7b-b", blocks_b)
+
+
+def zoo_template(zoo: Path, sequences: int) -> Fingerprint:
+    """A zoo model's fingerprint on the chosen input set: real metadata for the synthetic ones."""
+    return fingerprint_model(build_zoo(zoo)["aurora-labs/aurora-base"].path, inputs=InputSpec(n_sequences=sequences))
 
 
 def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None) -> None:
@@ -84,13 +89,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the cosine matrices are computed (cpu, cuda)")
     parser.add_argument("--design", choices=("all", "sequential", "both"), default="both")
     args = parser.parse_args()
-    spec = InputSpec(n_sequences=args.sequences, seq_len=64)
-    template = fingerprint_model(build_zoo(args.zoo)["aurora-labs/aurora-base"].path, inputs=spec)
+    template = zoo_template(args.zoo, args.sequences)
     print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, device {args.device}; "
-          f"{args.blocks} blocks x {args.units} units, "
-          f"{spec.n_sequences * spec.seq_len} tokens ({template.meta.input_set})")
+          f"{args.blocks} blocks x {args.units} units, {template.blocks[0][0].gate.shape[1]} tokens "
+          f"({template.meta.input_set})")
     for dependent in {"dependent": [True], "independent": [False], "both": [True, False]}[args.pairs]:
-        a, b = synthetic_pair(template, args.blocks, args.units, dependent, seed=7 + dependent)
+        parents = {layer: layer for layer in range(args.blocks)} if dependent else {}
+        a, b = synthetic_pair(template, args.blocks, args.units, parents, seed=7 + dependent)
         print(f"## {'dependent' if dependent else 'independent'} pair")
         for design in {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}[args.design]:
             profile_compare(a, b, args.device, design)

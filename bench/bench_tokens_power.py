@@ -1,7 +1,7 @@
 """Benchmark: phi_MATCH power against fingerprint size (input tokens) on the zoo: how many tokens do we need?
 
-    python bench/bench_tokens_power.py                       # 256 ... 4096 tokens (sequences of 64)
-    python bench/bench_tokens_power.py --sequences 4 8 16
+    python bench/bench_tokens_power.py                       # 128 ... 4096 tokens (sequences of 64)
+    python bench/bench_tokens_power.py --sequences 4 --dtype float32   # the storage dtype's effect
 
 For each token count, every zoo model is fingerprinted once (``fingerprint_model``) and every zoo pair
 is compared from fingerprints (``compare_fingerprints``, phi_MATCH, FISHER over blocks). Printed per
@@ -28,7 +28,7 @@ HARD = {"prune": "kestrel/aurora-lite", "remix": "meridian/aurora-remix", "marat
 GOAL = -20.0
 
 
-def run(zoo_root: Path, sequences: list[int], seq_len: int) -> None:
+def run(zoo_root: Path, sequences: list[int], seq_len: int, storage_dtype: str) -> None:
     zoo = build_zoo(zoo_root)
     dependent, independent = zoo.pairs(dependent=True), zoo.pairs(dependent=False)
     print(f"# {len(zoo.ids)} zoo models, {len(dependent)} dependent and {len(independent)} independent pairs")
@@ -42,10 +42,11 @@ def run(zoo_root: Path, sequences: list[int], seq_len: int) -> None:
     for n_seq in sequences:
         spec = InputSpec(n_sequences=n_seq, seq_len=seq_len)
         start = time.perf_counter()
-        fps = {m: fingerprint_model(zoo[m].path, inputs=spec) for m in zoo.ids}
+        fps = {m: fingerprint_model(zoo[m].path, inputs=spec, storage_dtype=storage_dtype) for m in zoo.ids}
         fp_seconds = (time.perf_counter() - start) / len(fps)
-        dep = {pair: compare_fingerprints(fps[pair[0]], fps[pair[1]]).log10_p for pair in dependent}
-        ind = {pair: compare_fingerprints(fps[pair[0]], fps[pair[1]]).log10_p for pair in independent}
+        # model_a < model_b, as a scan stores and tests pairs (phi_MATCH is not symmetric in its arguments)
+        dep = {pair: compare_fingerprints(fps[min(pair)], fps[max(pair)]).log10_p for pair in dependent}
+        ind = {pair: compare_fingerprints(fps[min(pair)], fps[max(pair)]).log10_p for pair in independent}
         hard = {name: compare_fingerprints(fps[BASE], fps[m]).log10_p for name, m in HARD.items()}
         mapped = [
             f"{len(localize(fps[BASE], fps[m]).map)}/{len(fps[m].blocks)}" for m in HARD.values()
@@ -70,10 +71,11 @@ def run(zoo_root: Path, sequences: list[int], seq_len: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zoo", type=Path, default=Path(".hubtrace-cache/zoo"))
-    parser.add_argument("--sequences", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    parser.add_argument("--sequences", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (the zoo's context is 64)")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="activation storage")
     args = parser.parse_args()
-    run(args.zoo, args.sequences, args.seq_len)
+    run(args.zoo, args.sequences, args.seq_len, args.dtype)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ _CONTENT_KEY = "content_sha256"
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 #: Entries of a weight tensor its kurtosis summary reads at most (about; a fixed stride).
 KURTOSIS_SAMPLE = 1 << 20
-#: Threads hashing tensors (hashlib releases the GIL); each reads its tensor through its own file handle.
+#: Threads hashing tensors while a GPU computes (hashlib releases the GIL); each has its own file handle.
 HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
@@ -123,9 +123,9 @@ def fingerprint_model(
     adapter = adapter_for(checkpoint)
     own_range = model_token_range(checkpoint, adapter)
     input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
-    # Hashing reads the files while the blocks compute, several tensors at a time: sha256 runs at about 1 GB/s
-    # per core, slower than a disk, so one thread would be the whole fingerprint's bottleneck on a GPU.
-    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+    # Hashing reads the files while the blocks compute. sha256 runs at about 1 GB/s per core, slower than a disk,
+    # so with a GPU computing, several idle cores hash at once; on the CPU the forward pass has the cores.
+    with ThreadPoolExecutor(max_workers=1 if device == "cpu" else HASH_THREADS) as pool:
         hashes = {name: pool.submit(checkpoint.tensor_sha256, name) for name in checkpoint.tensor_names()}
         blocks: list[list[MLPActivations]] = []
         per_block: list[dict[str, Any]] = []

@@ -14,15 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy.stats import kstest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from scanner.cli import EXIT_REFUSED, app
 from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
 from scanner.inputs import InputSpec
-from scanner.localize import localize, plot_unit_map
+from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map
 from scanner.stats.block_map import block_map, bonferroni_log10
 from scanner.zoo import Zoo
+from tests.synthetic_fingerprints import synthetic_pair, template_fingerprint
 
 BASE = "aurora-labs/aurora-base"
 TWIN = "tundra-research/tundra-64"
@@ -142,3 +144,35 @@ def test_cli_refuses_fingerprints_of_different_input_sets(zoo: Zoo, tmp_path: Pa
     result = runner.invoke(app, ["localize", *map(str, files)])
     assert result.exit_code == EXIT_REFUSED
     assert result.output.startswith("hubtrace: error:") and "Traceback" not in result.output
+
+
+# -- screening wide blocks ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Fingerprint:
+    return template_fingerprint(tmp_path_factory.mktemp("llama"), 64)
+
+
+def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprint) -> None:
+    """400 independent block pairs of 600 units screened on 100: KS against uniform at alpha = 0.001
+    (false-failure rate 0.1% for an exactly uniform screen)."""
+    a, b = synthetic_pair(template, 400, 600, {}, seed=5)
+    blocks_a, blocks_b = _unit_blocks(a, 1, "cpu"), _unit_blocks(b, 1, "cpu")
+    rows = _screen_rows(blocks_a[0], blocks_b[0], 100)
+    assert rows is not None and rows.size == 100
+    p = [10 ** _block_log10_p(x, y, rows) for x, y in zip(blocks_a, blocks_b)]
+    assert kstest(p, "uniform").pvalue > 0.001
+
+
+def test_screened_localize_maps_what_the_full_one_maps(template: Fingerprint) -> None:
+    """Blocks 0-3 of B derive from blocks 1-4 of A (a model cut from the middle of another): the screen ends
+    the independent pairs early, and the map and the mapped pairs' p-values are those of the full test."""
+    a, b = synthetic_pair(template, 6, 700, {0: 1, 1: 2, 2: 3, 3: 4}, seed=6)
+    full = localize(a, b, screen_units=None)
+    screened = localize(a, b, screen_units=128)
+    assert full.map == screened.map == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    mapped = {(p.layer_a, p.layer_b): p.log10_p for p in full.pairs if (p.layer_a, p.layer_b) in full.map}
+    assert all(p.log10_p == mapped[(p.layer_a, p.layer_b)] for p in screened.pairs if (p.layer_a, p.layer_b) in mapped)
+    ended = int(screened.notes[-1].split()[0])
+    assert ended >= 30 and "screen on 128 units" in screened.notes[-1]  # of the 32 independent pairs

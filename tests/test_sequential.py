@@ -7,21 +7,17 @@ below 3e-7 per level (and it is deterministic under the fixed seed).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprint import Fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import InputSpec
 from scanner.stats.logp import log10_fisher
 from scanner.stats.sequential import SequentialDesign
-from tests.tiny_models import FAMILIES, save_random
+from tests.synthetic_fingerprints import synthetic_pair, template_fingerprint
 
 DESIGN = SequentialDesign()
 
@@ -65,26 +61,12 @@ DEPTH, UNITS, TOKENS = 12, 96, 64
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Fingerprint:
-    folder = tmp_path_factory.mktemp("llama")
-    save_random(FAMILIES["llama"].config(), folder)
-    return fingerprint_model(folder, inputs=InputSpec(n_sequences=1, seq_len=TOKENS))
+    return template_fingerprint(tmp_path_factory.mktemp("llama"), TOKENS)
 
 
 def _pair(template: Fingerprint, related: set[int], seed: int) -> tuple[Fingerprint, Fingerprint]:
-    """Two 12-block fingerprints; B's blocks in `related` are A's units permuted plus noise, the rest independent."""
-    rng = np.random.default_rng(seed)
-    blocks_a, blocks_b = [], []
-    for layer in range(DEPTH):
-        gate, up = (rng.standard_normal((UNITS, TOKENS), dtype=np.float32) for _ in range(2))
-        if layer in related:
-            perm = rng.permutation(UNITS)
-            gate_b, up_b = (x[perm] + 0.5 * rng.standard_normal((UNITS, TOKENS), dtype=np.float32) for x in (gate, up))
-        else:
-            gate_b, up_b = (rng.standard_normal((UNITS, TOKENS), dtype=np.float32) for _ in range(2))
-        blocks_a.append([MLPActivations(gate, up)])
-        blocks_b.append([MLPActivations(gate_b, up_b)])
-    meta = dataclasses.replace(template.meta, n_layers=DEPTH, intermediate_size=UNITS)
-    return Fingerprint(meta, blocks_a), Fingerprint(meta, blocks_b)
+    """Two 12-block fingerprints; B's blocks in `related` derive from A's blocks of the same index."""
+    return synthetic_pair(template, DEPTH, UNITS, {layer: layer for layer in related}, seed)
 
 
 def test_independent_pair_stops_after_the_screen(template: Fingerprint) -> None:
