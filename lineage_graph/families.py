@@ -19,6 +19,9 @@ DECLARED_BOOST = 10.0
 """A confirmed declared base (declared and dependent) outweighs any undeclared candidate parent."""
 MERGE_MIN_CONFIDENCE = 0.6
 """An undeclared second parent needs its own direction at least this sure."""
+TIE_TOLERANCE = 0.02
+"""Candidate parents whose -log10 p are within 2% of each other are tied: pairs that share every copied block sit
+near the permutation floor (log10 1/h! per block), where a few percent says nothing about who came first."""
 MERGE_MARGIN = 1.0
 """log10 units by which a merge child must be closer to its second parent than its first parent is."""
 
@@ -77,12 +80,29 @@ def assign_ids(
 
 def _tree_graph(members: frozenset[str], evidence: nx.DiGraph, confirmed: Mapping[str, set[str]],
                 depth: Mapping[str, int]) -> nx.DiGraph:
+    """Candidate parent links of one family, weighted for Edmonds.
+
+    A child's candidate parents (oriented towards it) whose dependence is within TIE_TOLERANCE of the strongest
+    are tied, unless the child declares a base the weights confirm: among them the one the direction evidence puts above most of the others (the most basal) gets the
+    best weight, then the one with fewer declared ancestors. A model as strongly related to a base as to the
+    base's fine-tunes most plausibly derives from the base.
+    """
     graph = nx.DiGraph()
     graph.add_nodes_from(members)
-    for u, v, data in evidence.subgraph(members).edges(data=True):
-        weight = data["weight"] * (DECLARED_BOOST if u in confirmed.get(v, ()) else 1.0)
-        # Equal evidence: prefer the more basal candidate (fewer declared ancestors) as the parent.
-        graph.add_edge(u, v, tree_weight=weight - 1e-3 * depth.get(u, 0))
+    sub = evidence.subgraph(members)
+    for v in members:
+        weights = {u: data["weight"] * (DECLARED_BOOST if u in confirmed.get(v, ()) else 1.0)
+                   for u, _, data in sub.in_edges(v, data=True)}
+        declared = confirmed.get(v, set()) & set(weights)  # a confirmed declaration decides, ties or not
+        oriented = {u: sub[u][v]["strength"] for u in weights if sub[u][v]["p"] > 0.5 and not declared}
+        strongest = max(oriented.values(), default=0.0)
+        tied = {u for u, strength in oriented.items() if strength >= (1.0 - TIE_TOLERANCE) * strongest}
+        best = max(weights.values(), default=0.0)
+        for u, weight in weights.items():
+            if u in tied and len(tied) > 1:
+                above = sum(sub.has_edge(u, t) and sub[u][t]["p"] > 0.5 for t in tied - {u})
+                weight = best * (1.0 + 1e-6 * above - 1e-9 * depth.get(u, 0))
+            graph.add_edge(u, v, tree_weight=weight)
     return graph
 
 

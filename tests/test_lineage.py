@@ -149,6 +149,19 @@ def test_family_ids_stay_stable_and_new_families_take_earliest_member() -> None:
     assert clash["a"] == {"a2", "b"} and clash["a#2"] == {"a"}
 
 
+def test_a_child_as_close_to_a_base_as_to_its_fine_tune_hangs_under_the_base() -> None:
+    """Near the permutation floor a pruned copy of the base depends on the base and on the base's fine-tune alike
+    (and its direction votes say little more): the tie goes to the base, not to a second parent."""
+    base = ModelInfo("o/base", n_layers=4, hidden_size=64, intermediate_size=128)
+    tuned = ModelInfo("o/tuned", n_layers=4, hidden_size=64, intermediate_size=128, declared_base_models=("o/base",))
+    pruned = ModelInfo("x/pruned", n_layers=3, hidden_size=64, intermediate_size=128)
+    tests = [PairTest("o/base", "o/tuned", "match", -250.0, 4), PairTest("o/base", "x/pruned", "match", -425.6, 3),
+             PairTest("o/tuned", "x/pruned", "match", -426.1, 3)]
+    family = compute_lineage([base, tuned, pruned], tests).family_of("x/pruned")
+    assert family.parents["x/pruned"] == (("o/base", "tree"),)
+    assert family.parents["o/tuned"] == (("o/base", "tree"),)
+
+
 def test_declared_finetune_that_dropped_blocks_is_flagged() -> None:
     base = ModelInfo("o/base", n_layers=4, hidden_size=64, intermediate_size=128)
     child = ModelInfo("o/child", n_layers=3, hidden_size=64, intermediate_size=128,
@@ -243,6 +256,7 @@ def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], z
     assert {p for p, _ in family.parents[soup["id"]]} == set(soup["parents"])
     tree_edges = {(p, c) for f in lineage.families for p, c, _ in f.tree_edges()}
     print(f"tree links that are true parent links: {len(tree_edges & set(true_edges))}/{len(tree_edges)}")
+    assert tree_edges == set(true_edges)  # the depth prune under the base, the remix under chat, both merge parents
 
 
 @pytest.mark.slow
