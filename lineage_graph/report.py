@@ -120,7 +120,7 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
            f"{test.n_layers} blocks compared, aggregate log10 p = {test.log10_p:.2f} (FISHER).", ""]
     if layers:
         md += ["![per-block -log10 p](blocks.png)", "", "| block A | block B | rho | units | log10 p |", "|---|---|---|---|---|"]
-        md += [f"| {l['layer_a']} | {l['layer_b']} | {l.get('rho') if l.get('rho') is not None else '-'} | "
+        md += [f"| {l['layer_a']} | {l['layer_b']} | {'-' if l.get('rho') is None else format(l['rho'], '.3f')} | "
                f"{l.get('n_units', '-')} | {l['log10_p']:.2f} |" for l in layers]
         md.append("")
     md += ["## Block map", ""]
