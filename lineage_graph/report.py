@@ -103,7 +103,7 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
                f"adjusted p = {format_p(edge.log10_q)}" if edge.dependent else
                f"no evidence of dependence at FDR q = {lineage.q} ({lineage.method.upper()}): p = {format_p(test.log10_p)}")
     family = lineage.family_of(first)
-    discrepancies = [x for x in lineage.discrepancies if {x.model_id, x.related_model} & {first, second}]
+    discrepancies = [x for x in lineage.discrepancies if x.model_id in (first, second)]  # what either card claims
     command = shlex.join(["hubtrace", "report", model_a, model_b, "--db", str(db), "--out", str(out)])
     retest = shlex.join(["hubtrace", "test", str(a.get("location")), str(b.get("location")), "--stat", test.statistic])
 

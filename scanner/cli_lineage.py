@@ -61,13 +61,19 @@ def graph_command(
 
     if fmt not in FORMATS:
         _fail(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if family is not None and model is not None:
+        _fail("--family and --model are alternatives; give one of them")
     with _open(db, read_only=True) as store:
         lineage = read_lineage(store)
     try:
         graph = lineage_graph(lineage, family=family, model=model)
     except KeyError as exc:
         _fail(str(exc.args[0]))
-    typer.echo(f"wrote {write_graph(graph, fmt, out)} ({graph.number_of_nodes()} models, {graph.number_of_edges()} edges)")
+    try:
+        written = write_graph(graph, fmt, out)
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc}")
+    typer.echo(f"wrote {written} ({graph.number_of_nodes()} models, {graph.number_of_edges()} edges)")
 
 
 def discrepancies_command(
@@ -104,4 +110,6 @@ def report_command(
             files = write_report(store, read_lineage(store), model_a, model_b, out, db)
         except (KeyError, HubtraceError) as exc:
             _fail(str(exc.args[0]) if exc.args else str(exc))
+        except OSError as exc:
+            _fail(f"cannot write the report into {out}: {exc}")
     typer.echo(f"wrote {files.markdown} and {files.html}")
