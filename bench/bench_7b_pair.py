@@ -17,46 +17,21 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import os
 import pstats
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.inputs import InputSpec
 from scanner.stats.sequential import SequentialDesign
+from scanner.testing.synthetic import synthetic_pair
 from scanner.zoo import build_zoo
 
 UNITS, BLOCKS = 11008, 32
-
-
-def synthetic_pair(template: Fingerprint, blocks: int, units: int, parents: dict[int, int], seed: int):
-    """Two comparable 7B-shaped fingerprints; block j of B derives from block ``parents[j]`` of A (units permuted,
-    up rescaled, noise of equal scale: cosine ~0.7 with the true partner), B's other blocks are independent."""
-    rng = np.random.default_rng(seed)
-    tokens = template.blocks[0][0].gate.shape[1]
-    gaussian = lambda: rng.standard_normal((units, tokens), dtype=np.float32)  # noqa: E731
-    blocks_a = [[MLPActivations(gate=gaussian(), up=gaussian())] for _ in range(blocks)]
-    blocks_b = []
-    for layer in range(blocks):
-        if layer in parents:
-            parent, perm = blocks_a[parents[layer]][0], rng.permutation(units)
-            gate_b, up_b = parent.gate[perm] + gaussian(), 2.5 * (parent.up[perm] + gaussian())
-        else:
-            gate_b, up_b = gaussian(), gaussian()
-        blocks_b.append([MLPActivations(gate=gate_b, up=up_b)])
-
-    def fingerprint(name: str, activations) -> Fingerprint:
-        meta = dataclasses.replace(template.meta, model=name, n_layers=blocks, intermediate_size=units)
-        return dataclasses.replace(template, meta=meta, blocks=activations)
-
-    return fingerprint("synthetic-7b-a", blocks_a), fingerprint("synthetic-7b-b", blocks_b)
 
 
 def zoo_template(zoo: Path, sequences: int) -> Fingerprint:
@@ -95,7 +70,7 @@ def main() -> None:
           f"({template.meta.input_set})")
     for dependent in {"dependent": [True], "independent": [False], "both": [True, False]}[args.pairs]:
         parents = {layer: layer for layer in range(args.blocks)} if dependent else {}
-        a, b = synthetic_pair(template, args.blocks, args.units, parents, seed=7 + dependent)
+        a, b = synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent, noise=1.0, up_scale=2.5)
         print(f"## {'dependent' if dependent else 'independent'} pair")
         for design in {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}[args.design]:
             profile_compare(a, b, args.device, design)

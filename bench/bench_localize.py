@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 import torch
-from bench_7b_pair import BLOCKS, UNITS, synthetic_pair, zoo_template
+from bench_7b_pair import BLOCKS, UNITS, zoo_template
 
 from scanner.inputs import InputSpec
 from scanner.localize import localize
+from scanner.testing.synthetic import synthetic_pair
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     kept = [layer for layer in range(args.blocks) if layer % 4 != 3]
     a, b = synthetic_pair(zoo_template(args.zoo, args.sequences), args.blocks, args.units,
-                          dict(enumerate(kept)), seed=11)
+                          dict(enumerate(kept)), 11, noise=1.0, up_scale=2.5)
     b = dataclasses.replace(b, meta=dataclasses.replace(b.meta, n_layers=len(kept)), blocks=b.blocks[: len(kept)])
     print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, device {args.device}; "
           f"A {len(a.blocks)} blocks, B {len(b.blocks)} blocks (A's blocks {kept[:6]}...), {args.units} units")

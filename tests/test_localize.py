@@ -24,7 +24,8 @@ from scanner.inputs import InputSpec
 from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map
 from scanner.stats.block_map import block_map, bonferroni_log10
 from scanner.zoo import Zoo
-from tests.synthetic_fingerprints import synthetic_pair, template_fingerprint
+from scanner.testing.synthetic import synthetic_pair
+from tests.synthetic_fingerprints import template_fingerprint
 
 BASE = "aurora-labs/aurora-base"
 TWIN = "tundra-research/tundra-64"

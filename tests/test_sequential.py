@@ -17,7 +17,8 @@ from scanner.fingerprint import Fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.stats.logp import log10_fisher
 from scanner.stats.sequential import SequentialDesign
-from tests.synthetic_fingerprints import synthetic_pair, template_fingerprint
+from scanner.testing.synthetic import synthetic_pair
+from tests.synthetic_fingerprints import template_fingerprint
 
 DESIGN = SequentialDesign()
 
