@@ -111,10 +111,10 @@ def fingerprint_record(record: ModelRecord, fingerprint_root: Path, inputs: Inpu
     try:
         folder = materialize(record, download_dir or fingerprint_root / "hub-cache", token=token)
         stage = "validate"
-        checkpoint, _adapter = validate_checkpoint(folder)
-        checkpoint.close()
+        valid = validate_checkpoint(folder)
+        valid.checkpoint.close()
         stage = "fingerprint"
-        fingerprint = fingerprint_model(folder, inputs=inputs, device=device)
+        fingerprint = fingerprint_model(folder, inputs=inputs, device=device, tensor_hashes=valid.tensor_hashes)
         stage = "write"
         target = fingerprint_path(fingerprint_root, record.model_id, record.revision, fingerprint.meta.input_set)
         target.parent.mkdir(parents=True, exist_ok=True)

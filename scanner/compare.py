@@ -15,7 +15,7 @@ from scanner.activations import load_causal_lm, next_token_log_probs
 from scanner.adapters import ArchitectureAdapter
 from scanner.checkpoint import Checkpoint
 from scanner.errors import IncomparableError
-from scanner.fingerprint import fingerprint_pair, model_token_range
+from scanner.fingerprint import fingerprint_model, model_token_range
 from scanner.fingerprint_compare import (
     FINGERPRINT_STATISTICS,
     block_result,
@@ -42,6 +42,7 @@ class OpenModel:
     name: str
     checkpoint: Checkpoint
     adapter: ArchitectureAdapter
+    tensor_hashes: dict[str, str] | None = None
 
     @property
     def token_range(self) -> int:
@@ -50,8 +51,8 @@ class OpenModel:
 
 def open_model(path: str | Path) -> OpenModel:
     """Every check of `validate_checkpoint` (NaN/Inf weights and folder safety included) before any statistic."""
-    checkpoint, adapter = validate_checkpoint(path)
-    return OpenModel(name=str(path), checkpoint=checkpoint, adapter=adapter)
+    checkpoint, adapter, hashes = validate_checkpoint(path)
+    return OpenModel(name=str(path), checkpoint=checkpoint, adapter=adapter, tensor_hashes=hashes)
 
 
 def _pair_inputs(a: OpenModel, b: OpenModel, spec: InputSpec, notes: list[str]) -> InputSet:
@@ -89,8 +90,14 @@ def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
 
 
 def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
-    """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does."""
-    fingerprints = fingerprint_pair(a.checkpoint.path, b.checkpoint.path, inputs=spec, device=device)
+    """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does
+    (the hashes of the validation pass spare the fingerprints a second read of every tensor)."""
+    token_range = shared_token_range(a.token_range, b.token_range)
+    fingerprints = [
+        fingerprint_model(m.checkpoint.path, inputs=spec, device=device, token_range=token_range,
+                          tensor_hashes=m.tensor_hashes)
+        for m in (a, b)
+    ]
     return replace(compare_fingerprints(*fingerprints, statistic, device=device), model_a=a.name, model_b=b.name)
 
 

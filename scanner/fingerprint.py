@@ -18,6 +18,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -110,12 +111,14 @@ def fingerprint_model(
     device: str = "cpu",
     token_range: int | None = None,
     storage_dtype: str = "float16",
+    tensor_hashes: Mapping[str, str] | None = None,
 ) -> Fingerprint:
     """Read a checkpoint once, block by block, into its fingerprint.
 
     token_range overrides the model's own id range (a pair test of two vocabularies uses the shared one);
     activations are rounded to storage_dtype here, so a fingerprint compares the same before and after a
-    write/read round trip.
+    write/read round trip. tensor_hashes, when the caller already read every tensor (`validate_checkpoint`),
+    saves a second pass over the files.
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
@@ -125,15 +128,18 @@ def fingerprint_model(
     input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
     # Hashing reads the files while the blocks compute. sha256 runs at about 1 GB/s per core, slower than a disk,
     # so with a GPU computing, several idle cores hash at once; on the CPU the forward pass has the cores.
+    if tensor_hashes is not None and set(tensor_hashes) != set(checkpoint.tensor_names()):
+        raise ValueError(f"{path}: the given tensor hashes are not those of this checkpoint's tensors")
     with ThreadPoolExecutor(max_workers=1 if device == "cpu" else HASH_THREADS) as pool:
-        hashes = {name: pool.submit(checkpoint.tensor_sha256, name) for name in checkpoint.tensor_names()}
+        names = [] if tensor_hashes is not None else checkpoint.tensor_names()
+        hashes = {name: pool.submit(checkpoint.tensor_sha256, name) for name in names}
         blocks: list[list[MLPActivations]] = []
         per_block: list[dict[str, Any]] = []
         for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
             blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
             per_block.append(_block_summary(block.experts, blocks[-1]))
             del block
-        tensor_hashes = {name: future.result() for name, future in hashes.items()}
+        tensor_hashes = dict(tensor_hashes or {name: future.result() for name, future in hashes.items()})
     shape = adapter.shape
     meta = FingerprintMeta(
         model=str(path),

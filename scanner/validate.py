@@ -11,9 +11,12 @@ activation statistic into NaN. Every failure is a `HubtraceError` with a one-lin
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -23,45 +26,70 @@ from scanner.errors import CheckpointError, UnsafeCheckpointError
 
 #: Bytes of one tensor held in memory at a time while its values are checked.
 VALUE_CHUNK_BYTES = 16 << 20
+#: Tensors read at once by the value pass (sha256 runs at about 1 GB/s per core, slower than a disk).
+VALUE_THREADS = min(8, os.cpu_count() or 1)
+
+
+class ValidatedCheckpoint(NamedTuple):
+    """A checked model folder: its checkpoint, its adapter, and (after the value pass) every tensor's sha256."""
+
+    checkpoint: Checkpoint
+    adapter: ArchitectureAdapter
+    tensor_hashes: dict[str, str] | None
 
 
 def validate_checkpoint(
     path: str | Path, *, check_values: bool = True, chunk_bytes: int = VALUE_CHUNK_BYTES
-) -> tuple[Checkpoint, ArchitectureAdapter]:
+) -> ValidatedCheckpoint:
     """A model folder checked throughout, with its adapter; raises a `HubtraceError` subclass naming the problem.
 
-    `check_values=False` skips the NaN/Inf scan, the only check that reads every weight (about as long as reading
-    the model from disk once).
+    The value pass (NaN/Inf) is the only check that reads every weight, so it also hashes every tensor on the way
+    (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run.
+    `check_values=False` skips it (`tensor_hashes` is then None).
     """
     folder = _real_folder(Path(path))
     _check_entries(folder)
     checkpoint = open_checkpoint(folder)
     adapter = adapter_for(checkpoint)
-    if check_values:
-        check_finite(checkpoint, chunk_bytes)
-    return checkpoint, adapter
+    hashes = check_values_and_hash(checkpoint, chunk_bytes) if check_values else None
+    return ValidatedCheckpoint(checkpoint, adapter, hashes)
 
 
-def check_finite(checkpoint: Checkpoint, chunk_bytes: int = VALUE_CHUNK_BYTES) -> None:
-    """Raise CheckpointError naming the first floating tensor (by name) that holds a NaN or an infinity.
+def check_values_and_hash(checkpoint: Checkpoint, chunk_bytes: int = VALUE_CHUNK_BYTES) -> dict[str, str]:
+    """Every tensor's sha256 (of its stored bytes, as `Checkpoint.tensor_sha256`); raises CheckpointError naming
+    the first floating tensor (in name order) that holds a NaN or an infinity.
 
-    Tensors are read in chunks of `chunk_bytes`, so memory stays bounded whatever the tensor's size.
+    Tensors are read in chunks of `chunk_bytes`, several tensors at a time, so memory stays bounded whatever the
+    tensor's size.
     """
-    for name in checkpoint.tensor_names():
-        if not _is_float(checkpoint, name):
-            continue
-        offset = 0
-        for chunk in checkpoint.tensor_chunks(name, chunk_bytes):
+    names = checkpoint.tensor_names()
+    with ThreadPoolExecutor(max_workers=VALUE_THREADS) as pool:
+        results = list(pool.map(lambda name: _hash_checking(checkpoint, name, chunk_bytes), names))
+    problems = [problem for _, problem in results if problem]
+    if problems:
+        raise CheckpointError(problems[0])
+    return {name: digest for name, (digest, _) in zip(names, results)}
+
+
+def _hash_checking(checkpoint: Checkpoint, name: str, chunk_bytes: int) -> tuple[str, str | None]:
+    """(sha256, None) for a tensor, or (sha256 so far, why it is refused) at its first non-finite value."""
+    digest = hashlib.sha256()
+    is_float = _is_float(checkpoint, name)
+    offset = 0
+    for chunk in checkpoint.tensor_chunks(name, chunk_bytes):
+        digest.update(chunk.view(torch.uint8).numpy())
+        if is_float:
             values = chunk.float() if chunk.element_size() == 1 else chunk  # torch has no isfinite for float8
             bad = ~torch.isfinite(values)
             if bad.any():
                 first = int(bad.nonzero()[0, 0])
                 kind = "NaN" if torch.isnan(values[first]) else "Inf"
-                raise CheckpointError(
+                return digest.hexdigest(), (
                     f"{checkpoint.path}: tensor {name} contains {kind} (first at flat index {offset + first} of "
                     f"shape {list(checkpoint.shape(name))}); hubtrace refuses weights that are not finite"
                 )
-            offset += values.numel()
+        offset += chunk.numel()
+    return digest.hexdigest(), None
 
 
 def _is_float(checkpoint: Checkpoint, name: str) -> bool:

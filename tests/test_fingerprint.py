@@ -41,6 +41,7 @@ from scanner.fingerprint import (
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.inputs import InputSpec, canonical_inputs
 from scanner.streaming import stream_mlp_activations
+from scanner.validate import validate_checkpoint
 from scanner.zoo import Zoo
 from tests.tiny_models import FAMILIES, LAYERS, VOCAB, save_random, tiny_config
 
@@ -248,6 +249,16 @@ def test_fingerprint_round_trip_is_exact(tiny: Callable[[str], Path], tmp_path: 
     assert meta.format_version == FINGERPRINT_FORMAT
     assert set(meta.tensor_hashes) == set(checkpoint.tensor_names())
     assert meta.parameter_count == sum(p.numel() for p in load_file(folder / "model.safetensors").values())
+
+
+def test_the_validation_pass_hashes_exactly_what_the_fingerprint_would(tiny: Callable[[str], Path]) -> None:
+    """A scan hashes while it checks values, and hands the hashes to the fingerprint to spare a second read."""
+    folder = tiny("llama")
+    valid = validate_checkpoint(folder, chunk_bytes=4096)  # several chunks per tensor
+    assert valid.tensor_hashes == fingerprint_model(folder, inputs=SPEC).meta.tensor_hashes
+    assert fingerprint_model(folder, inputs=SPEC, tensor_hashes=valid.tensor_hashes).meta.tensor_hashes == valid.tensor_hashes
+    with pytest.raises(ValueError, match="not those of this checkpoint"):
+        fingerprint_model(folder, inputs=SPEC, tensor_hashes={"model.norm.weight": "0" * 64})
 
 
 @pytest.fixture(scope="module")
