@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from scanner.stats import assignment
+from scanner.stats.assignment import solve as assignment
 from scanner.stats.assignment import AssignmentStats, max_weight_assignment, solve_assignment
 from scanner.stats.matching import cosine_similarity_matrix
 
