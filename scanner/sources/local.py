@@ -9,7 +9,6 @@ without reading any weights.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -18,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from scanner.cards import read_card
+from scanner.files import PathRefused, resolve_inside
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceError, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
@@ -32,9 +32,9 @@ class _Unsafe(Exception):
 def discover_local(root: Path) -> Iterator[ModelRecord | SourceError]:
     """One record (or SourceError) per ``org/name`` directory under ``root``, in sorted order."""
     try:
-        real_root = Path(os.path.realpath(root, strict=True))
-    except OSError as e:
-        yield SourceError(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e)}")
+        real_root = resolve_inside(root)
+    except PathRefused as e:
+        yield SourceError(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e.error or e)}")
         return
     if not real_root.is_dir():
         yield SourceError(WHOLE_SOURCE, str(root), "local model root is not a directory")
@@ -112,14 +112,13 @@ def _children(folder: Path) -> list[Path]:
 def _inside(real_root: Path, path: Path) -> Path:
     """``path`` with links resolved, refusing loops, dangling links and anything outside the root."""
     try:
-        real = Path(os.path.realpath(path, strict=True))
-    except OSError as e:
-        if e.errno == errno.ELOOP:
+        return resolve_inside(path, [real_root])
+    except PathRefused as e:
+        if e.kind == "outside":
+            raise _Unsafe(f"{path.name}: symlink points outside the model root (to {e.target})") from e
+        if e.kind == "loop":
             raise _Unsafe(f"{path.name}: symlink loop") from e
-        raise _Unsafe(f"{path.name}: {_describe(e)}") from e
-    if real != real_root and not real.is_relative_to(real_root):
-        raise _Unsafe(f"{path.name}: symlink points outside the model root (to {real})")
-    return real
+        raise _Unsafe(f"{path.name}: {_describe(e.error or e)}") from e
 
 
 def _describe(error: Exception) -> str:
