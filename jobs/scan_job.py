@@ -1,7 +1,7 @@
 """The scan job: discover models, fingerprint the new ones on Ray actors, test pairs as Ray tasks, keep it all in
 DuckDB, rebuild the lineage.
 
-    python -m jobs.scan --config configs/demo.yaml [--local DIR] [--db FILE] [--output DIR]
+    python -m jobs.scan --config configs/demo.yaml [--local DIR] [--db FILE] [--output DIR]   (jobs/scan.py)
     hubtrace scan --config configs/nightly-hub.yaml
     ray job submit --working-dir . -- python -m jobs.scan --config configs/nightly-hub.yaml
 
@@ -14,7 +14,6 @@ a fingerprint are skipped, pairs already tested at these revisions are not teste
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,19 +22,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
-import typer
 from rich.console import Console
 
-from jobs.actors import FingerprintOutcome, PairOutcome, WorkError, compare_batch_task
+from jobs.actors import FingerprintOutcome, PairOutcome, WorkFailure, compare_batch_task
 from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
-from jobs.pairs import Candidate, PairKey, PairPlan, batches, plan_pairs
+from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
-from scanner.sources import (WHOLE_SOURCE, ModelRecord, SourceError, discover_hf_cache, discover_hub,
+from scanner.sources import (WHOLE_SOURCE, ModelRecord, SourceFailure, discover_hf_cache, discover_hub,
                              discover_local)
 
 if TYPE_CHECKING:
-    from scanner.store import Store
+    from scanner.store import PairKey, Store
 
 #: Error stages worth retrying on the next run even at an unchanged revision (the model may be fine).
 TRANSIENT_STAGES = frozenset({"fetch", "worker"})
@@ -55,7 +53,7 @@ def input_set_prefix(config: ScanConfig) -> str:
     return f"v{s.version}-seed{s.seed}-{s.n_sequences}x{s.seq_len}-"
 
 
-def discover(config: ScanConfig) -> Iterator[ModelRecord | SourceError]:
+def discover(config: ScanConfig) -> Iterator[ModelRecord | SourceFailure]:
     """Records from every configured source in order; a model id seen twice keeps its first source."""
     seen: set[str] = set()
     for source in config.sources:
@@ -84,20 +82,9 @@ class _Known:
 
     @classmethod
     def load(cls, store: Store, prefix: str) -> _Known:
-        known = cls()
-        for model_id, revision, status in store.query(
-                "SELECT model_id, revision, status FROM current_models").iter_rows():
-            known.revisions[model_id] = (revision, status)
-        for model_id, revision, path in store.query(
-                "SELECT model_id, revision, path FROM fingerprints WHERE starts_with(input_set, ?)", [prefix]
-        ).iter_rows():
-            if path and Path(path).is_file():
-                known.fingerprinted.add((model_id, revision))
-        for model_id, revision, stage in store.query(
-                "SELECT model_id, revision, stage FROM scan_errors "
-                "QUALIFY row_number() OVER (PARTITION BY model_id, revision ORDER BY \"at\" DESC) = 1").iter_rows():
-            known.last_error[(model_id, revision)] = stage
-        return known
+        fingerprinted = {(model_id, revision) for model_id, revision, path in store.fingerprints_on(prefix)
+                         if path and Path(path).is_file()}
+        return cls(store.current_revisions(), fingerprinted, store.last_error_stages())
 
     def needs_fingerprint(self, record: ModelRecord, rescan_errors: bool) -> bool:
         revision, status = self.revisions.get(record.model_id, (None, None))
@@ -145,10 +132,10 @@ class _Scan:
     # discovery -> fingerprints ---------------------------------------------------------------------------
     def _to_fingerprint(self, known: _Known) -> Iterator[ModelRecord]:
         for item in discover(self.config):
-            if isinstance(item, SourceError):
+            if isinstance(item, SourceFailure):
                 self.summary.source_errors += 1
                 self.summary.failures["discover"] += 1
-                self.store.record_error(self.run_id, item.model_id, None, item.location, "discover", "SourceError",
+                self.store.record_error(self.run_id, item.model_id, None, item.location, "discover", "SourceFailure",
                                         item.reason)
                 self.say(f"[discover] {item.model_id}: {item.reason}")
                 continue
@@ -180,7 +167,7 @@ class _Scan:
         else:
             self._record_model_error(r, outcome.error)
 
-    def _record_model_error(self, record: ModelRecord, error: WorkError) -> None:
+    def _record_model_error(self, record: ModelRecord, error: WorkFailure) -> None:
         self.store.upsert_model(record, None, self.run_id, "error")
         self.store.record_error(self.run_id, record.model_id, record.revision, record.location, error.stage,
                                 error.error_type, error.reason)
@@ -189,12 +176,8 @@ class _Scan:
 
     # pairs ------------------------------------------------------------------------------------------------
     def plan(self) -> PairPlan:
-        rows = self.store.query(
-            "SELECT m.model_id, m.revision, f.input_set, f.path, m.declared_base_models "
-            "FROM current_models m JOIN fingerprints f USING (model_id, revision) "
-            "WHERE m.status = 'ok' AND starts_with(f.input_set, ?) ORDER BY m.model_id", [self.prefix])
-        candidates = [Candidate(m, rev, s, p, tuple(bases or ())) for m, rev, s, p, bases in rows.iter_rows()
-                      if Path(p).is_file()]
+        candidates = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix)
+                      if Path(row[3]).is_file()]
         tested: set[PairKey] = set()
         for input_set in {c.input_set for c in candidates}:
             tested |= self.store.tested_pair_keys(self.config.statistic, input_set)
@@ -232,7 +215,7 @@ class _Scan:
 
     # lineage and exports ----------------------------------------------------------------------------------
     def lineage_stage(self) -> None:
-        from lineage_graph.build import rebuild_lineage
+        from lineage_graph.persist import rebuild_lineage
         from lineage_graph.export import lineage_graph, write_graph
 
         lineage = rebuild_lineage(self.store, q=self.config.lineage.q, method=self.config.lineage.method,
@@ -293,13 +276,3 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
     finally:
         if started_ray:
             ray.shutdown()
-
-
-def main() -> None:
-    from jobs.cli_scan import scan_command
-
-    typer.run(scan_command)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

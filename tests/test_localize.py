@@ -18,7 +18,7 @@ from scipy.stats import kstest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from scanner.cli import EXIT_REFUSED, app
+from jobs.cli import EXIT_REFUSED, app
 from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
 from scanner.inputs import InputSpec
 from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map

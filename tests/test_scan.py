@@ -20,7 +20,7 @@ import ray
 import yaml
 
 from jobs.pool import FingerprintPool
-from jobs.scan import ScanObserver, run_scan
+from jobs.scan_job import ScanObserver, run_scan
 from scanner.sources import ModelRecord
 from scanner.testing.broken import build_broken_corpus
 from scanner.testing.fake_hub import FakeHub

@@ -8,11 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from scanner.errors import HubtraceError
 from scanner.inputs import InputSpec
 
 if TYPE_CHECKING:
-    from scanner.fingerprint import Fingerprint
     from scanner.localize import LocalizeResult
 
 
@@ -35,14 +33,12 @@ def localize_command(
     device: Annotated[str, typer.Option(help="torch device for forward passes and similarity products.")] = "cpu",
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
-    from scanner.cli import _fail
+    from scanner.fingerprint import fingerprint_pair
     from scanner.localize import localize, plot_unit_map
 
-    try:
-        fp_a, fp_b = _load_pair(model_a, model_b, InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len), device)
-        result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
-    except (HubtraceError, ValueError) as exc:
-        _fail(str(exc))
+    spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
+    fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device)
+    result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
     plots = []
     if plot_dir is not None:
         for (layer_a, layer_b), unit_map in result.unit_maps.items():
@@ -53,18 +49,6 @@ def localize_command(
         typer.echo(json.dumps({**result.to_json_dict(), "plots": plots}, indent=2))
     else:
         typer.echo(render_localize(result, plots))
-
-
-def _load_pair(path_a: Path, path_b: Path, spec: InputSpec, device: str) -> tuple[Fingerprint, Fingerprint]:
-    """Fingerprints of both sides; a directory side uses the input set of a file side, when there is one."""
-    from scanner.fingerprint import fingerprint_model, read_fingerprint
-
-    read = {p: read_fingerprint(p) for p in (path_a, path_b) if p.is_file()}
-    if read:
-        spec = InputSpec(**next(iter(read.values())).meta.input_spec)
-    a = read.get(path_a) or fingerprint_model(path_a, inputs=spec, device=device)
-    b = read.get(path_b) or fingerprint_model(path_b, inputs=spec, device=device)
-    return a, b
 
 
 def _short(name: str) -> str:

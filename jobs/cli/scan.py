@@ -9,24 +9,29 @@ import typer
 
 
 def scan_command(
-    config: Annotated[Path, typer.Option("--config", help="YAML scan config (see configs/ and docs/scan.md).")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="YAML scan config (see configs/ and docs/scan.md); optional with --local.")] = None,
     local: Annotated[Path | None, typer.Option("--local", help="Scan this org/name folder tree instead of the "
                                                               "config's sources.")] = None,
     db: Annotated[Path | None, typer.Option("--db", help="DuckDB file (default <output_dir>/hubtrace.duckdb).")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="Output folder for fingerprints and exports.")] = None,
 ) -> None:
-    """Scan models into a DuckDB database: fingerprints, pair tests, lineage (Ray; local or a cluster)."""
+    """Scan models into a DuckDB database: fingerprints, pair tests, lineage (Ray; local or a cluster).
+
+    `--local DIR` alone scans that folder with the defaults of configs/local-folder.yaml (output in
+    hubtrace-out/local)."""
     from rich.console import Console
 
-    from jobs.config import ConfigError, load_config
-    from jobs.pool import NoGpuError
-    from jobs.scan import run_scan
+    from jobs.cli.refusals import CommandError
+    from jobs.config import load_config, local_folder_config
+    from jobs.scan_job import run_scan
     from jobs.summary import render_summary
 
-    try:
-        cfg = load_config(config).with_overrides(local=local, db=db, output_dir=output)
-        summary = run_scan(cfg)
-    except (ConfigError, NoGpuError) as e:
-        typer.echo(f"hubtrace: error: {e}", err=True)
-        raise typer.Exit(2) from e
+    if config is not None:
+        cfg = load_config(config)
+    elif local is not None:
+        cfg = local_folder_config(local)
+    else:
+        raise CommandError("give --config FILE, or --local DIR to scan a folder with the defaults")
+    summary = run_scan(cfg.with_overrides(local=local, db=db, output_dir=output))
     Console().print(render_summary(summary))
