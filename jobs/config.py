@@ -135,7 +135,7 @@ class DevicesConfig(_Strict):
 
 
 class LineageConfig(_Strict):
-    """False-discovery control for calling tested pairs dependent (lineage_graph.rebuild_lineage)."""
+    """False-discovery control for calling tested pairs dependent (lineage_graph.persist.rebuild_lineage)."""
 
     q: float = Field(default=0.05, gt=0, lt=1)
     method: Method = "bh"

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from jobs.cli.refusals import CommandError
+
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
 
@@ -29,8 +31,6 @@ def test_command(
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
     from scanner.results import render_table
-
-    from jobs.cli.refusals import CommandError
 
     if stat not in STATISTICS:
         raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")

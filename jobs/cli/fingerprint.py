@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from jobs.cli.refusals import CommandError
+
 from scanner.inputs import InputSpec
 
 
@@ -26,7 +28,6 @@ def fingerprint_command(
     device: Annotated[str, typer.Option(help="torch device for the forward passes, e.g. cpu or cuda.")] = "cpu",
 ) -> None:
     """Read MODEL once, block by block, and write its fingerprint to --out."""
-    from jobs.cli.refusals import CommandError
     from scanner.fingerprint import STORAGE_DTYPES, fingerprint_model, write_fingerprint
 
     if storage_dtype not in STORAGE_DTYPES:

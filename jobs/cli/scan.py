@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from jobs.cli.refusals import CommandError
+
 
 def scan_command(
     config: Annotated[Path | None, typer.Option(
@@ -22,7 +24,6 @@ def scan_command(
     hubtrace-out/local)."""
     from rich.console import Console
 
-    from jobs.cli.refusals import CommandError
     from jobs.config import load_config, local_folder_config
     from jobs.scan_job import run_scan
     from jobs.summary import render_summary
