@@ -29,8 +29,7 @@ from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
-from scanner.sources import (WHOLE_SOURCE, ModelRecord, SourceFailure, discover_hf_cache, discover_hub,
-                             discover_local)
+from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
 
 if TYPE_CHECKING:
     from scanner.store import PairKey, Store
@@ -215,8 +214,8 @@ class _Scan:
 
     # lineage and exports ----------------------------------------------------------------------------------
     def lineage_stage(self) -> None:
-        from lineage_graph.persist import rebuild_lineage
         from lineage_graph.export import lineage_graph, write_graph
+        from lineage_graph.persist import rebuild_lineage
 
         lineage = rebuild_lineage(self.store, q=self.config.lineage.q, method=self.config.lineage.method,
                                   statistic=self.config.statistic)

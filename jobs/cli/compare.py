@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
-
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
 

@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
-
 from scanner.inputs import InputSpec
 
 

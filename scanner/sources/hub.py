@@ -19,8 +19,8 @@ import httpx2
 from huggingface_hub import HfApi, ModelInfo, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
     XetDownloadError,

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-
 SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL,
     hubtrace_version VARCHAR NOT NULL)"""
