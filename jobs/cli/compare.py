@@ -14,11 +14,14 @@ from scanner.results import PairTestResult
 
 
 def test_command(
-    model_a: Annotated[Path, typer.Argument(help="First model: a Hugging Face-format directory (or a fingerprint file).")],
-    model_b: Annotated[Path, typer.Argument(help="Second model: a Hugging Face-format directory (or a fingerprint file).")],
+    model_a: Annotated[Path, typer.Argument(
+        help="First model: a Hugging Face-format directory (or a fingerprint file).")],
+    model_b: Annotated[Path, typer.Argument(
+        help="Second model: a Hugging Face-format directory (or a fingerprint file).")],
     stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd")] = "match",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
-    sequences: Annotated[int, typer.Option(help="Canonical input sequences (activation statistics).")] = InputSpec.n_sequences,
+    sequences: Annotated[int, typer.Option(
+        help="Canonical input sequences (activation statistics).")] = InputSpec.n_sequences,
     seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
     seed: Annotated[int, typer.Option(help="Seed of the canonical inputs and of PERMTEST.")] = 0,
     permutations: Annotated[int, typer.Option(help="PERMTEST samples T for --stat l2.")] = 99,
@@ -50,6 +53,7 @@ def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, d
 
     if statistic not in FINGERPRINT_STATISTICS:
         raise IncomparableError(
-            f"--stat {statistic} needs the checkpoints; fingerprints carry activations for {', '.join(FINGERPRINT_STATISTICS)}"
+            f"--stat {statistic} needs the checkpoints; fingerprints carry activations for "
+            f"{', '.join(FINGERPRINT_STATISTICS)}"
         )
     return compare_fingerprints(*fingerprint_pair(path_a, path_b, inputs=spec, device=device), statistic, device=device)

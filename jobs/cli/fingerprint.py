@@ -21,9 +21,12 @@ def fingerprint_command(
     seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
     seed: Annotated[int, typer.Option(help="Seed of the canonical inputs.")] = 0,
     token_range: Annotated[
-        int | None, typer.Option(help="Draw ids from [0, N) instead of the model's own vocabulary (to match another model).")
+        int | None,
+        typer.Option(help="Draw ids from [0, N) instead of the model's own vocabulary (to match another model)."),
     ] = None,
-    storage_dtype: Annotated[str, typer.Option("--dtype", help="Activation storage: float16 (default) or float32.")] = "float16",
+    storage_dtype: Annotated[
+        str, typer.Option("--dtype", help="Activation storage: float16 (default) or float32.")
+    ] = "float16",
     device: Annotated[str, typer.Option(help="torch device for the forward passes, e.g. cpu or cuda.")] = "cpu",
 ) -> None:
     """Read MODEL once, block by block, and write its fingerprint to --out."""

@@ -15,19 +15,24 @@ if TYPE_CHECKING:
 
 
 def localize_command(
-    model_a: Annotated[Path, typer.Argument(help="Model A (the candidate parent): a model directory or a fingerprint file.")],
+    model_a: Annotated[Path, typer.Argument(
+        help="Model A (the candidate parent): a model directory or a fingerprint file.")],
     model_b: Annotated[Path, typer.Argument(help="Model B: a model directory or a fingerprint file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     threshold: Annotated[
-        float, typer.Option("--threshold", help="Map a block pair when its Bonferroni-corrected log10 p is at most this.")
+        float,
+        typer.Option("--threshold", help="Map a block pair when its Bonferroni-corrected log10 p is at most this."),
     ] = -2.0,
     any_order: Annotated[
-        bool, typer.Option("--any-order", help="Map each block of B to its best block of A, without keeping block order.")
+        bool,
+        typer.Option("--any-order", help="Map each block of B to its best block of A, without keeping block order."),
     ] = False,
     plot_dir: Annotated[
-        Path | None, typer.Option("--plot-dir", "--plot", help="Write one unit-map scatter PNG per mapped block pair here.")
+        Path | None,
+        typer.Option("--plot-dir", "--plot", help="Write one unit-map scatter PNG per mapped block pair here."),
     ] = None,
-    sequences: Annotated[int, typer.Option(help="Canonical input sequences, for a side given as a directory.")] = InputSpec.n_sequences,
+    sequences: Annotated[int, typer.Option(
+        help="Canonical input sequences, for a side given as a directory.")] = InputSpec.n_sequences,
     seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
     seed: Annotated[int, typer.Option(help="Seed of the canonical inputs.")] = 0,
     device: Annotated[str, typer.Option(help="torch device for forward passes and similarity products.")] = "cpu",
@@ -66,7 +71,8 @@ def render_localize(result: LocalizeResult, plots: list[str]) -> str:
     lines = [
         f"model A : {result.model_a}   ({raw.shape[0]} blocks)",
         f"model B : {result.model_b}   ({raw.shape[1]} blocks)",
-        f"{raw.size} block pairs tested; mapped when Bonferroni-corrected log10 p <= {result.threshold_log10} ({order})",
+        f"{raw.size} block pairs tested; mapped when Bonferroni-corrected log10 p <= {result.threshold_log10} "
+        f"({order})",
         "",
         f"{'block B':>8} {'<- block A':>10} {'log10 p':>10} {'corrected':>10} {'p':>12} {'units mapped':>13}",
     ]

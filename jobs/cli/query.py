@@ -88,8 +88,8 @@ def query_command(
     except duckdb.Error as exc:
         raise CommandError(f"SQL: {_without_excerpt(exc)}") from exc
     except pl.exceptions.PolarsError as exc:
-        raise CommandError(f"cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): {_without_excerpt(exc)}"
-                           ) from exc
+        raise CommandError("cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): "
+                           f"{_without_excerpt(exc)}") from exc
     text = _render(frame, fmt)
     if out is None:
         typer.echo(text)
