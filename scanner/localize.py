@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from scanner.errors import IncomparableError
+from scanner.fingerprint_compare import pair_fingerprint_experts
 from scanner.stats.block_map import bonferroni_log10, block_map
-from scanner.stats.independence import fisher, phi_match_similarity
+from scanner.stats.experts import ExpertPairing
+from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows
 
 if TYPE_CHECKING:
@@ -109,30 +111,32 @@ def localize(
     if reason is not None:
         raise IncomparableError(reason)
     notes: list[str] = []
-    n_experts = min(len(a.blocks[0]), len(b.blocks[0])) if a.blocks and b.blocks else 0
-    if a.blocks and b.blocks and len(a.blocks[0]) != len(b.blocks[0]):
-        notes.append(f"expert counts differ ({len(a.blocks[0])} vs {len(b.blocks[0])}); experts are paired by index")
-    if n_experts > 1:
-        notes.append("MoE blocks: block p-values combine experts by FISHER; unit maps are the first expert's")
-    units_a = _unit_blocks(a, n_experts, device)
-    units_b = _unit_blocks(b, n_experts, device)
+    if any(len(experts) > 1 for experts in [*a.blocks, *b.blocks]):
+        notes.append("MoE blocks: experts are matched before testing (scanner.stats.experts), block p-values combine "
+                     "them by FISHER (Bonferroni against a dense MLP); unit maps are those of B's first paired expert")
+    units_a = _unit_blocks(a, device)
+    units_b = _unit_blocks(b, device)
 
     p = np.zeros((len(units_a), len(units_b)))
+    pairings: dict[tuple[int, int], ExpertPairing] = {}
     screened = 0
     for i, block_a in enumerate(units_a):
         for j, block_b in enumerate(units_b):
+            pairing = pairings[(i, j)] = pair_fingerprint_experts(a, b, i, j)
+            paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
             rows = _screen_rows(block_a, block_b, screen_units)
             if rows is not None:
-                p[i, j] = _block_log10_p(block_a, block_b, rows)
+                p[i, j] = _block_log10_p(paired, pairing, rows)
                 if p[i, j] > screen_stop_log10_p:
                     screened += 1
                     continue
-            p[i, j] = _block_log10_p(block_a, block_b)
+            p[i, j] = _block_log10_p(paired, pairing)
     if screened:
         notes.append(f"{screened} of {p.size} block pairs ended after a screen on {screen_units} units of A "
                      f"(their p-value is the screen's, above {screen_stop_log10_p:g}; still valid)")
     chosen = block_map(p, threshold_log10, monotone=monotone) if p.size else []
-    unit_maps = {(i, j): _unit_map(*units_a[i][0], *units_b[j][0]) for i, j in chosen}
+    unit_maps = {(i, j): _unit_map(*units_a[i][pairings[(i, j)].pairs[0][0]], *units_b[j][pairings[(i, j)].pairs[0][1]])
+                 for i, j in chosen}
     return LocalizeResult(
         pairs=[BlockPair(i, j, float(p[i, j])) for i in range(p.shape[0]) for j in range(p.shape[1])],
         map=chosen,
@@ -158,16 +162,16 @@ def _screen_rows(block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]],
     return np.unique(np.linspace(0, width_a - 1, units).round().astype(np.int64))
 
 
-def _block_log10_p(block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]], rows: Any = None) -> float:
-    """phi_MATCH of one block pair (FISHER over experts), on A's units ``rows`` only when given."""
+def _block_log10_p(paired: list[tuple[Any, Any]], pairing: ExpertPairing, rows: Any = None) -> float:
+    """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
-    tests = [phi_match_similarity(pick(ga) @ gb.T, pick(ua) @ ub.T) for (ga, ua), (gb, ub) in zip(block_a, block_b)]
-    return tests[0].log10_p if len(tests) == 1 else fisher(tests)
+    tests = [phi_match_similarity(pick(ga) @ gb.T, pick(ua) @ ub.T) for (ga, ua), (gb, ub) in paired]
+    return pairing.combine([t.log10_p for t in tests])
 
 
-def _unit_blocks(fp: Fingerprint, n_experts: int, device: str) -> list[list[tuple[Any, Any]]]:
+def _unit_blocks(fp: Fingerprint, device: str) -> list[list[tuple[Any, Any]]]:
     """Per block, per expert: (gate, up) activations with unit-length rows, on ``device``."""
-    blocks = [[(unit_rows(e.gate), unit_rows(e.up)) for e in experts[:n_experts]] for experts in fp.blocks]
+    blocks = [[(unit_rows(e.gate), unit_rows(e.up)) for e in experts] for experts in fp.blocks]
     if device == "cpu":
         return blocks
     import torch
