@@ -11,6 +11,7 @@ from typing import Literal, get_args
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
+from scanner.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
 from scanner.stats.logp import log10_fisher
@@ -44,9 +45,12 @@ def compare_fingerprints(
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
-    notes = input_notes(
-        (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
-    )
+    if is_shared_string_input_set(a.meta.input_set):
+        notes = [shared_inputs_note(a.meta.input_set, a.meta.token_range)]
+    else:
+        notes = input_notes(
+            (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
+        )
     depth = min(len(a.blocks), len(b.blocks))
     if len(a.blocks) != len(b.blocks):
         notes.append(depth_note(len(a.blocks), len(b.blocks)))
