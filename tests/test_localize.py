@@ -160,7 +160,7 @@ def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprin
     """400 independent block pairs of 600 units screened on 100: KS against uniform at alpha = 0.001
     (false-failure rate 0.1% for an exactly uniform screen)."""
     a, b = synthetic_pair(template, 400, 600, {}, seed=5)
-    blocks_a, blocks_b = _unit_blocks(a, "cpu"), _unit_blocks(b, "cpu")
+    blocks_a, blocks_b = _unit_blocks(a.blocks, "cpu"), _unit_blocks(b.blocks, "cpu")
     rows = _screen_rows(blocks_a[0], blocks_b[0], 100)
     assert rows is not None and rows.size == 100
     single = pair_experts([(np.zeros((1, 1)),) * 2], [(np.zeros((1, 1)),) * 2])
