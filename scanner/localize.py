@@ -13,6 +13,10 @@ far above any threshold); the others are tested in full and report the full p-va
 is valid: for a level a below the stop, P(reported <= a) <= P(full <= a) = a; above it, at most
 P(screen <= stop) + P(stop < screen <= a) = a. So the Bonferroni-corrected map keeps its guarantee, and
 a 32 x 32 localize of 7B models costs about one whole-model test plus 1024 small screens.
+
+`localize_replayed` tests the same block pairs on replayed activations (scanner.replay): every block of B run
+on the residual stream that entered each block of A, so a depth prune's deeper blocks, whose own streams
+have drifted, are still mapped. MoE blocks pair their experts first (scanner.stats.experts) either way.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scanner.errors import IncomparableError
 from scanner.activations import MLPActivations
+from scanner.errors import IncomparableError
 from scanner.inputs import InputSpec
 from scanner.replay import replay
-from scanner.stats.block_map import bonferroni_log10, block_map
+from scanner.stats.block_map import block_map, bonferroni_log10
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows

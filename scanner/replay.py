@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from scanner.activations import MLPActivations, glu_activations
+from scanner.activations import MLPActivations, check_sequence_length, glu_activations
 from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.fingerprint import model_token_range
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
-from scanner.streaming import _block_calls, _load_block, _meta_model, check_sequence_length, default_dtype
+from scanner.streaming import _block_calls, _load_block, _meta_model, default_dtype
 
 BASIS_ROWS = 4096
 """Embedding rows (evenly spaced ids of the shared range) the residual-basis Procrustes fit reads."""

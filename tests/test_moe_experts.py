@@ -8,8 +8,6 @@ rate of 1% for an exactly valid test, here fixed by the seed); the validity test
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -112,7 +110,7 @@ def test_matched_expert_p_values_are_uniform_under_independence() -> None:
 
 def test_shared_experts_follow_the_routed_ones_and_a_dense_side_pairs_with_all(moe) -> None:
     rng = np.random.default_rng(0)
-    expert = lambda: (rng.standard_normal((16, 32)), rng.standard_normal((16, 32)))  # noqa: E731
+    expert = lambda: (rng.standard_normal((16, 32)), rng.standard_normal((16, 32)))
     a = [expert() for _ in range(3)] + [expert()]  # 3 routed + 1 shared
     b = [a[2], a[0], a[1], a[3]]
     pairing = pair_block_experts(a, b, 3, 3)

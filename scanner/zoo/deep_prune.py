@@ -1,10 +1,14 @@
-"""A deeper parent and its depth-and-width prune, for measuring `localize` where the residual stream drifts.
+"""Deeper parents and their depth-and-width prunes, for measuring `localize` where the residual stream drifts.
 
-The demo zoo's models have 4 blocks, too shallow for a prune to move the stream much. This builds an 8-block
-zoo Llama trained on a synthetic language, then a child that drops blocks 2, 4 and 6 and a quarter of every
-kept block's MLP units (a scattered subset), healed briefly on the same language: the shape of the issue's
-SmolLM2 prune (10 of 30 blocks, a quarter of the units) at zoo scale. Built once, cached by its spec (the
-folder is written under a temporary name and renamed, so concurrent builders never see half a model).
+The demo zoo's models have 4 blocks, too shallow for a prune to move the stream much. Both builders make an
+8-block Llama and a child that drops blocks 2, 4 and 6 and a quarter of every kept block's MLP units (a
+scattered subset): the shape of the issue's SmolLM2 prune (10 of 30 blocks, a quarter of the units).
+
+* `build_deep_prune`: a zoo Llama trained on a synthetic language, the child healed briefly on it. Built once,
+  cached by its spec (written under a temporary name and renamed: concurrent builders never see half a model).
+* `build_random_deep_prune`: untrained, with blocks that write strongly into the residual stream (weights of
+  std 0.1 in a 32-wide model) and small noise for healing, so the stream entering a kept block drifts as far
+  as in a real pruned model; no training, so tests can afford it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import LlamaForCausalLM
 
 from scanner.zoo.arch import ArchSpec, new_model, save_model
 from scanner.zoo.derivations import prune_depth, prune_width, scattered_units
@@ -66,6 +71,31 @@ def build_deep_prune(cache: Path, spec: DeepPruneSpec = DeepPruneSpec()) -> Deep
             shutil.rmtree(staging, ignore_errors=True)
     details = json.loads((root / "details.json").read_text())
     return DeepPrune(root / "parent", root / "child", details["kept_blocks"], details["kept_units"])
+
+
+def build_random_deep_prune(folder: Path, *, seed: int = 0, other_seed: int = 5) -> DeepPrune:
+    """An untrained 8-block parent (and an independent model of the same shape, ``folder/other``) and its prune."""
+    spec = DeepPruneSpec(keep_units=48)
+    parent = _random_deep(seed)
+    units = scattered_units(parent.config.intermediate_size, spec.keep_units, len(spec.kept_blocks),
+                            torch.Generator().manual_seed(seed + 1))
+    child = prune_width(prune_depth(parent, spec.kept_blocks), units)
+    with torch.no_grad():
+        for parameter in child.parameters():
+            parameter.add_(0.001 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(seed + 2)))
+    for name, model in (("parent", parent), ("child", child), ("other", _random_deep(other_seed))):
+        save_model(model, folder / name)
+    return DeepPrune(folder / "parent", folder / "child", spec.kept_blocks, units)
+
+
+def _random_deep(seed: int) -> LlamaForCausalLM:
+    arch = ArchSpec(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=8)
+    model = new_model(arch, seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.fill_(1.0) if "norm" in name else parameter.copy_(0.1 * torch.randn(parameter.shape, generator=g))
+    return model
 
 
 def _build(folder: Path, spec: DeepPruneSpec) -> None:
