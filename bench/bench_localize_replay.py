@@ -37,8 +37,12 @@ def main() -> None:
     trained = build_deep_prune(CACHE)
     random = build_random_deep_prune(Path(tempfile.mkdtemp()))
     cases = [
-        ("zoo depth prune (aurora-lite)", zoo["aurora-labs/aurora-base"].path, zoo["kestrel/aurora-lite"].path,
-         zoo["kestrel/aurora-lite"].details["kept_blocks"]),
+        (
+            "zoo depth prune (aurora-lite)",
+            zoo["aurora-labs/aurora-base"].path,
+            zoo["kestrel/aurora-lite"].path,
+            zoo["kestrel/aurora-lite"].details["kept_blocks"],
+        ),
         ("trained 8-block depth+width prune", trained.parent, trained.child, trained.kept_blocks),
         ("untrained 8-block depth+width prune", random.parent, random.child, random.kept_blocks),
     ]
@@ -53,8 +57,10 @@ def main() -> None:
         print(f"\n{name}: kept blocks {kept}")
         for label, result, seconds in (("fingerprints", own, own_s), ("replay", replayed, replay_s)):
             hits = len(set(result.map) & set(expected))
-            print(f"  {label:<13} {hits}/{len(kept)} kept blocks mapped{' (exact)' if result.map == expected else ''}, "
-                  f"{seconds:5.1f} s: {_mapped(result)}")
+            print(
+                f"  {label:<13} {hits}/{len(kept)} kept blocks mapped{' (exact)' if result.map == expected else ''}, "
+                f"{seconds:5.1f} s: {_mapped(result)}"
+            )
 
 
 if __name__ == "__main__":

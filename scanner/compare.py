@@ -95,7 +95,8 @@ def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpe
     (the hashes of the validation pass spare the fingerprints a second read of every tensor); on the token
     strings both tokenizers share when their vocabularies differ (scanner.shared_vocab)."""
     token_range = shared_token_range(a.token_range, b.token_range)
-    shared = pair_input_sets(a.checkpoint.path, b.checkpoint.path, a.adapter.shape.vocab_size, b.adapter.shape.vocab_size, spec)
+    rows = (a.adapter.shape.vocab_size, b.adapter.shape.vocab_size)
+    shared = pair_input_sets(a.checkpoint.path, b.checkpoint.path, *rows, spec)
     input_sets = shared or (None, None)
     fingerprints = [
         fingerprint_model(m.checkpoint.path, inputs=spec, device=device, token_range=token_range,

@@ -141,7 +141,9 @@ def expert_map_note(expert_maps: dict[int, str]) -> str:
             f"(B's expert <- A's expert; see scanner.stats.experts): {blocks}")
 
 
-def block_result(layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None) -> LayerResult:
+def block_result(
+    layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
+) -> LayerResult:
     """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
     one dense MLP (rho is then undefined)."""
     if len(tests) == 1:

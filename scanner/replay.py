@@ -79,7 +79,9 @@ class _Model:
         self.checkpoint.close()
 
     @torch.inference_mode()
-    def run(self, layer: int, hidden: torch.Tensor, experts: list[GLUWeights]) -> tuple[torch.Tensor, list[MLPActivations]]:
+    def run(
+        self, layer: int, hidden: torch.Tensor, experts: list[GLUWeights]
+    ) -> tuple[torch.Tensor, list[MLPActivations]]:
         """The loaded block on ``hidden``: its output stream, and its MLPs' gate/up activations."""
         captured: list[torch.Tensor] = []
         mlp = self.lm.get_submodule(self.adapter.mlp_module_path(layer))
@@ -91,11 +93,15 @@ class _Model:
         finally:
             handle.remove()
         mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-        weights = [GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts]
+        weights = [
+            GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts
+        ]
         return (out[0] if isinstance(out, tuple) else out), glu_activations(mlp_input, weights)
 
 
-def residual_basis(a: ArchitectureAdapter, b: ArchitectureAdapter, id_range: int, rows: int = BASIS_ROWS) -> torch.Tensor:
+def residual_basis(
+    a: ArchitectureAdapter, b: ArchitectureAdapter, id_range: int, rows: int = BASIS_ROWS
+) -> torch.Tensor:
     """(d_A, d_B) (semi-)orthogonal Q with E_A Q closest to E_B on the same ids (orthogonal Procrustes)."""
     ids = np.unique(np.linspace(0, id_range - 1, min(rows, id_range)).round().astype(np.int64)).tolist()
     e_a, e_b = a.embedding_rows(ids).double(), b.embedding_rows(ids).double()
@@ -103,9 +109,7 @@ def residual_basis(a: ArchitectureAdapter, b: ArchitectureAdapter, id_range: int
     return u @ vh
 
 
-def replay(
-    path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu"
-) -> Replay:
+def replay(path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu") -> Replay:
     """A's activations, and every block of B replayed on the stream entering every block of A (L_A * L_B block
     runs of B; each of B's blocks is read once). Both models read the canonical ids of their shared id range."""
     dtype = default_dtype(device)
@@ -129,5 +133,10 @@ def replay(
         for i, stream in enumerate(streams):
             acts_b[i].append(b.run(layer, stream, experts)[1])
         b.unload(layer)
-    return Replay(a=acts_a, b=acts_b, n_experts_a=a.adapter.shape.n_experts, n_experts_b=b.adapter.shape.n_experts,
-                  input_set=input_set)
+    return Replay(
+        a=acts_a,
+        b=acts_b,
+        n_experts_a=a.adapter.shape.n_experts,
+        n_experts_b=b.adapter.shape.n_experts,
+        input_set=input_set,
+    )

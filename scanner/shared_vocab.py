@@ -40,7 +40,9 @@ class SharedStringInputSet(InputSet):
     @property
     def id(self) -> str:
         s = self.spec
-        return f"v{s.version}-seed{s.seed}-{s.n_sequences}x{s.seq_len}-shared{self.token_range}-{self.strings_sha256[:12]}"
+        return (
+            f"v{s.version}-seed{s.seed}-{s.n_sequences}x{s.seq_len}-shared{self.token_range}-{self.strings_sha256[:12]}"
+        )
 
 
 def base_vocab(model_dir: str | Path, embedding_rows: int) -> dict[str, int] | None:
@@ -56,12 +58,19 @@ def base_vocab(model_dir: str | Path, embedding_rows: int) -> dict[str, int] | N
     model = data.get("model") if isinstance(data, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, list):  # Unigram: [[token, score], ...], the id is the position
-        vocab = {entry[0]: i for i, entry in enumerate(vocab) if isinstance(entry, list) and entry and isinstance(entry[0], str)}
+        vocab = {
+            entry[0]: i
+            for i, entry in enumerate(vocab)
+            if isinstance(entry, list) and entry and isinstance(entry[0], str)
+        }
     if not isinstance(vocab, dict):
         return None
     special = {t.get("content") for t in data.get("added_tokens") or [] if isinstance(t, dict) and t.get("special")}
-    return {token: i for token, i in vocab.items()
-            if isinstance(token, str) and type(i) is int and 0 <= i < embedding_rows and token not in special}
+    return {
+        token: i
+        for token, i in vocab.items()
+        if isinstance(token, str) and type(i) is int and 0 <= i < embedding_rows and token not in special
+    }
 
 
 def same_meaning(vocab_a: dict[str, int], vocab_b: dict[str, int], id_range: int) -> bool:
@@ -77,12 +86,18 @@ def shared_string_inputs(
     """The two models' ids for the same canonical draw from their shared token strings (see the module docstring)."""
     shared = sorted(set(vocab_a) & set(vocab_b))
     if len(shared) < MIN_SHARED_STRINGS:
-        raise CheckpointError(f"the two tokenizers share only {len(shared)} token strings, fewer than {MIN_SHARED_STRINGS}")
+        raise CheckpointError(
+            f"the two tokenizers share only {len(shared)} token strings, fewer than {MIN_SHARED_STRINGS}"
+        )
     digest = hashlib.sha256(json.dumps(shared, ensure_ascii=True).encode()).hexdigest()
     draw = canonical_inputs(len(shared), spec).ids
     return tuple(  # type: ignore[return-value]
-        SharedStringInputSet(spec=spec, token_range=len(shared), ids=np.asarray([vocab[s] for s in shared], np.int64)[draw],
-                             strings_sha256=digest)
+        SharedStringInputSet(
+            spec=spec,
+            token_range=len(shared),
+            ids=np.asarray([vocab[s] for s in shared], np.int64)[draw],
+            strings_sha256=digest,
+        )
         for vocab in (vocab_a, vocab_b)
     )
 
@@ -106,5 +121,7 @@ def is_shared_string_input_set(input_set_id: str) -> bool:
 
 
 def shared_inputs_note(input_set_id: str, n_strings: int) -> str:
-    return (f"the vocabularies differ: inputs were drawn from the {n_strings} token strings both tokenizers share, "
-            f"each model reading its own ids for them (input set {input_set_id})")
+    return (
+        f"the vocabularies differ: inputs were drawn from the {n_strings} token strings both tokenizers share, "
+        f"each model reading its own ids for them (input set {input_set_id})"
+    )

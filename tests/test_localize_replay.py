@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from scanner.cli import app
+from jobs.cli import app
 from scanner.fingerprint import fingerprint_model
 from scanner.localize import localize, localize_replayed
 from scanner.zoo import Zoo
@@ -31,7 +31,7 @@ def prune(tmp_path_factory: pytest.TempPathFactory) -> DeepPrune:
 def test_replay_maps_every_kept_block_and_its_kept_units(prune: DeepPrune) -> None:
     result = localize_replayed(prune.parent, prune.child)
     assert result.map == [(a, b) for b, a in enumerate(prune.kept_blocks)]
-    for (a, b), unit_map in result.unit_maps.items():
+    for (_, b), unit_map in result.unit_maps.items():
         np.testing.assert_array_equal(unit_map, np.asarray(prune.kept_units[b]))
     # the motivating failure: on their own streams, the deeper kept blocks are lost
     own_streams = localize(fingerprint_model(prune.parent), fingerprint_model(prune.child))

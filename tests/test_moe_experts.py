@@ -44,8 +44,13 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     with torch.no_grad():
         assert torch.allclose(parent(input_ids=tokens).logits, child(input_ids=tokens).logits, atol=1e-4)
     dense = _random("llama", 2)
-    models = {"parent": parent, "camouflaged": child, "other": _random("mixtral", 3), "dense": dense,
-              "upcycled": upcycle(dense, N_EXPERTS, noise=0.05, seed=4)}
+    models = {
+        "parent": parent,
+        "camouflaged": child,
+        "other": _random("mixtral", 3),
+        "dense": dense,
+        "upcycled": upcycle(dense, N_EXPERTS, noise=0.05, seed=4),
+    }
     fingerprints: dict[str, Fingerprint] = {}
     for name, model in models.items():
         model.save_pretrained(root / name, safe_serialization=True)
@@ -61,10 +66,12 @@ def test_camouflaged_moe_is_detected_and_its_experts_matched_to_the_planted_perm
     for layer, order in enumerate(planted.expert_permutations):
         assert f"block {layer}: " + " ".join(f"{k}<-{a}" for k, a in enumerate(order)) in note
     # what index pairing would have said: the experts at equal positions are unrelated
-    by_index = [phi_match(x.gate, x.up, y.gate, y.up).log10_p
-                for layer in range(len(fp["parent"].blocks))
-                for k, (x, y) in enumerate(zip(fp["parent"].blocks[layer], fp["camouflaged"].blocks[layer]))
-                if planted.expert_permutations[layer][k] != k]
+    by_index = [
+        phi_match(x.gate, x.up, y.gate, y.up).log10_p
+        for layer in range(len(fp["parent"].blocks))
+        for k, (x, y) in enumerate(zip(fp["parent"].blocks[layer], fp["camouflaged"].blocks[layer]))
+        if planted.expert_permutations[layer][k] != k
+    ]
     assert log10_fisher(by_index) > -3
 
 
@@ -75,10 +82,16 @@ def test_upcycled_moe_maps_every_expert_to_the_dense_mlp(moe) -> None:
     assert all(layer.log10_p < -50 for layer in result.layers)
     note = next(n for n in result.notes if n.startswith("experts matched"))
     assert all(f"block {layer}: 0<-0 1<-0 2<-0 3<-0" in note for layer in range(len(result.layers)))
-    pairing = pair_block_experts([(x.gate, x.up) for x in fp["dense"].blocks[0]],
-                                 [(y.gate, y.up) for y in fp["upcycled"].blocks[0]], 0, N_EXPERTS)
-    tests = [phi_match(fp["dense"].blocks[0][0].gate, fp["dense"].blocks[0][0].up, y.gate, y.up).log10_p
-             for y in fp["upcycled"].blocks[0]]
+    pairing = pair_block_experts(
+        [(x.gate, x.up) for x in fp["dense"].blocks[0]],
+        [(y.gate, y.up) for y in fp["upcycled"].blocks[0]],
+        0,
+        N_EXPERTS,
+    )
+    tests = [
+        phi_match(fp["dense"].blocks[0][0].gate, fp["dense"].blocks[0][0].up, y.gate, y.up).log10_p
+        for y in fp["upcycled"].blocks[0]
+    ]
     assert pairing.one_to_many and all(t < -50 for t in tests)  # each expert on its own, not just the best
 
 
@@ -110,7 +123,10 @@ def test_matched_expert_p_values_are_uniform_under_independence() -> None:
 
 def test_shared_experts_follow_the_routed_ones_and_a_dense_side_pairs_with_all(moe) -> None:
     rng = np.random.default_rng(0)
-    expert = lambda: (rng.standard_normal((16, 32)), rng.standard_normal((16, 32)))
+
+    def expert() -> tuple[np.ndarray, np.ndarray]:
+        return rng.standard_normal((16, 32)), rng.standard_normal((16, 32))
+
     a = [expert() for _ in range(3)] + [expert()]  # 3 routed + 1 shared
     b = [a[2], a[0], a[1], a[3]]
     pairing = pair_block_experts(a, b, 3, 3)

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from scanner.cli import app
+from jobs.cli import app
 from scanner.compare import compare_models
 from scanner.fingerprint import fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
@@ -31,8 +31,14 @@ N_SHARED = 100
 def _write_tokenizer(folder: Path, tokens: list[str]) -> None:
     """A WordLevel tokenizer.json (the simplest real format): token i of the list has id i."""
     data = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
         "model": {"type": "WordLevel", "vocab": {t: i for i, t in enumerate(tokens)}, "unk_token": tokens[0]},
     }
     (folder / "tokenizer.json").write_text(json.dumps(data))
@@ -70,8 +76,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 c.copy_(p + 0.01 * torch.randn_like(p))
     other = _random_llama(2)
     paths = {}
-    for name, model, tokens in (("parent", parent, parent_tokens), ("child", child, child_tokens),
-                                ("other", other, child_tokens)):
+    for name, model, tokens in (
+        ("parent", parent, parent_tokens),
+        ("child", child, child_tokens),
+        ("other", other, child_tokens),
+    ):
         paths[name] = root / name
         model.save_pretrained(paths[name], safe_serialization=True)
         _write_tokenizer(paths[name], tokens)
@@ -113,6 +122,9 @@ def test_unreadable_or_oversized_tokenizers_fall_back_to_plain_ids(tmp_path: Pat
     assert base_vocab(tmp_path, VOCAB) is None
     (tmp_path / "tokenizer.json").write_bytes(b" " * (MAX_TOKENIZER_BYTES + 1))
     assert base_vocab(tmp_path, VOCAB) is None
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 500, "c": "x"}},
-                                                         "added_tokens": [{"content": "a", "special": True}]}))
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps(
+            {"model": {"vocab": {"a": 0, "b": 500, "c": "x"}}, "added_tokens": [{"content": "a", "special": True}]}
+        )
+    )
     assert base_vocab(tmp_path, VOCAB) == {}

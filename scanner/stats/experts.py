@@ -66,7 +66,9 @@ def expert_similarity(
 ) -> np.ndarray:
     """(E_a, E_b) similarities s(i, j) of (gate, up) activations shaped (units, tokens); see the module docstring."""
     normed_a = [(unit_rows(g), unit_rows(u)) for g, u in experts_a]
-    normed_b = [(unit_rows(g[_sample(g.shape[0], units)]), unit_rows(u[_sample(u.shape[0], units)])) for g, u in experts_b]
+    normed_b = [
+        (unit_rows(g[_sample(g.shape[0], units)]), unit_rows(u[_sample(u.shape[0], units)])) for g, u in experts_b
+    ]
     out = np.zeros((len(normed_a), len(normed_b)))
     for i, (gate_a, up_a) in enumerate(normed_a):
         for j, (gate_b, up_b) in enumerate(normed_b):
@@ -80,8 +82,12 @@ def pair_experts(
 ) -> ExpertPairing:
     """The pairing of A's and B's experts that the block's tests use (see the module docstring)."""
     if len(experts_a) == 1 or len(experts_b) == 1:
-        pairs = [(0, j) for j in range(len(experts_b))] if len(experts_a) == 1 else [(i, 0) for i in range(len(experts_a))]
-        return ExpertPairing(pairs=pairs, one_to_many=len(pairs) > 1, similarity=np.ones((len(experts_a), len(experts_b))))
+        pairs = (
+            [(0, j) for j in range(len(experts_b))] if len(experts_a) == 1 else [(i, 0) for i in range(len(experts_a))]
+        )
+        return ExpertPairing(
+            pairs=pairs, one_to_many=len(pairs) > 1, similarity=np.ones((len(experts_a), len(experts_b)))
+        )
     similarity = expert_similarity(experts_a, experts_b)
     rows, cols = linear_sum_assignment(similarity, maximize=True)
     return ExpertPairing(pairs=[(int(i), int(j)) for i, j in zip(rows, cols)], one_to_many=False, similarity=similarity)

@@ -77,8 +77,9 @@ def build_random_deep_prune(folder: Path, *, seed: int = 0, other_seed: int = 5)
     """An untrained 8-block parent (and an independent model of the same shape, ``folder/other``) and its prune."""
     spec = DeepPruneSpec(keep_units=48)
     parent = _random_deep(seed)
-    units = scattered_units(parent.config.intermediate_size, spec.keep_units, len(spec.kept_blocks),
-                            torch.Generator().manual_seed(seed + 1))
+    units = scattered_units(
+        parent.config.intermediate_size, spec.keep_units, len(spec.kept_blocks), torch.Generator().manual_seed(seed + 1)
+    )
     child = prune_width(prune_depth(parent, spec.kept_blocks), units)
     with torch.no_grad():
         for parameter in child.parameters():
@@ -103,11 +104,13 @@ def _build(folder: Path, spec: DeepPruneSpec) -> None:
     language = MarkovLanguage(spec.seed, vocab_size=arch.vocab_size)
     parent = new_model(arch, seed=spec.seed)
     train_lm(parent, language, TrainSpec(spec.base_steps, spec.base_lr, data_seed=spec.seed))
-    units = scattered_units(arch.intermediate_size, spec.keep_units, len(spec.kept_blocks),
-                            torch.Generator().manual_seed(spec.seed))
+    units = scattered_units(
+        arch.intermediate_size, spec.keep_units, len(spec.kept_blocks), torch.Generator().manual_seed(spec.seed)
+    )
     child = prune_width(prune_depth(parent, spec.kept_blocks), units)
     train_lm(child, language, TrainSpec(spec.heal_steps, spec.heal_lr, data_seed=spec.seed + 1))
     save_model(parent, folder / "parent")
     save_model(child, folder / "child")
-    (folder / "details.json").write_text(json.dumps({"spec": asdict(spec), "kept_blocks": spec.kept_blocks,
-                                                     "kept_units": units}))
+    (folder / "details.json").write_text(
+        json.dumps({"spec": asdict(spec), "kept_blocks": spec.kept_blocks, "kept_units": units})
+    )

@@ -47,17 +47,29 @@ def camouflage_experts(model: MixtralForCausalLM, seed: int) -> tuple[MixtralFor
 
 @torch.no_grad()
 def upcycle(dense: LlamaForCausalLM, n_experts: int, *, noise: float, seed: int, top_k: int = 2) -> MixtralForCausalLM:
-    """A Mixtral whose every expert is the dense parent's MLP plus Gaussian noise (``noise`` times the weights' std, standing in
-    for the training after upcycling), with a random router; attention, norms and embeddings are copied."""
+    """A Mixtral whose every expert is the dense parent's MLP plus Gaussian noise (``noise`` times the weights'
+    std, standing in for the training after upcycling), with a random router; attention, norms and embeddings
+    are copied."""
     g = torch.Generator().manual_seed(seed)
     c = dense.config
     config = MixtralConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps, rope_theta=getattr(c, "rope_theta", 10000.0), tie_word_embeddings=c.tie_word_embeddings,
-        num_local_experts=n_experts, num_experts_per_tok=top_k, hidden_act=c.hidden_act,
-        pad_token_id=c.pad_token_id, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=getattr(c, "rope_theta", 10000.0),
+        tie_word_embeddings=c.tie_word_embeddings,
+        num_local_experts=n_experts,
+        num_experts_per_tok=top_k,
+        hidden_act=c.hidden_act,
+        pad_token_id=c.pad_token_id,
+        bos_token_id=c.bos_token_id,
+        eos_token_id=c.eos_token_id,
     )
     moe = MixtralForCausalLM(config).eval()
     source = dense.state_dict()
