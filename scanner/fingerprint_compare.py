@@ -11,6 +11,8 @@ from typing import Literal, get_args
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
+from scanner.shared_vocab import is_shared_string_input_set, shared_inputs_note
+from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
 from scanner.stats.logp import log10_fisher
 from scanner.stats.sequential import SequentialDesign
@@ -43,25 +45,31 @@ def compare_fingerprints(
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
-    notes = input_notes(
-        (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
-    )
+    if is_shared_string_input_set(a.meta.input_set):
+        notes = [shared_inputs_note(a.meta.input_set, a.meta.token_range)]
+    else:
+        notes = input_notes(
+            (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
+        )
     depth = min(len(a.blocks), len(b.blocks))
     if len(a.blocks) != len(b.blocks):
         notes.append(depth_note(len(a.blocks), len(b.blocks)))
     if statistic == "hidden":
         notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
 
+    expert_maps: dict[int, str] = {}
+
     def block(layer: int) -> LayerResult:
         experts_a, experts_b = a.blocks[layer], b.blocks[layer]
-        if len(experts_a) != len(experts_b) and expert_note(len(experts_a), len(experts_b)) not in notes:
-            notes.append(expert_note(len(experts_a), len(experts_b)))
+        pairing = pair_fingerprint_experts(a, b, layer, layer)
+        if not pairing.by_index or len(experts_a) != len(experts_b):
+            expert_maps[layer] = pairing.describe()
+        pairs = [(experts_a[i], experts_b[j]) for i, j in pairing.pairs]
         if statistic == "hidden":
-            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device)
-                     for x, y in zip(experts_a, experts_b)]
+            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device) for x, y in pairs]
         else:
-            tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in zip(experts_a, experts_b)]
-        return block_result(layer, layer, tests)
+            tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
+        return block_result(layer, layer, tests, pairing)
 
     screen = design.screen(depth) if design is not None else list(range(depth))
     layers = [block(layer) for layer in screen]
@@ -73,6 +81,8 @@ def compare_fingerprints(
             layers = sorted([*layers, *(block(layer) for layer in range(depth) if layer not in screen)],
                             key=lambda result: result.layer_a)
             log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
+    if expert_maps:
+        notes.append(expert_map_note(expert_maps))
     return PairTestResult(
         model_a=a.meta.model,
         model_b=b.meta.model,
@@ -116,8 +126,27 @@ def expert_note(experts_a: int, experts_b: int) -> str:
     return f"expert counts differ ({experts_a} vs {experts_b}); experts are paired by index up to the smaller count"
 
 
-def block_result(layer_a: int, layer_b: int, tests: list[BlockTest]) -> LayerResult:
-    """One block pair's result; an MoE block's experts are combined by FISHER (rho is then undefined)."""
+def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
+    """Which expert of A's block goes with which of B's (scanner.stats.experts: matched, not paired by index)."""
+    return pair_block_experts(
+        [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
+        a.meta.n_experts, b.meta.n_experts,
+    )
+
+
+def expert_map_note(expert_maps: dict[int, str]) -> str:
+    """One note for every block whose experts were not paired by index: B's expert <- A's expert."""
+    blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(expert_maps.items()))
+    return (f"experts matched on unit-order-invariant activation similarity before testing "
+            f"(B's expert <- A's expert; see scanner.stats.experts): {blocks}")
+
+
+def block_result(
+    layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
+) -> LayerResult:
+    """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
+    one dense MLP (rho is then undefined)."""
     if len(tests) == 1:
         return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units)
-    return LayerResult(layer_a, layer_b, fisher(tests), None, sum(t.n_units for t in tests))
+    log10_p = pairing.combine([t.log10_p for t in tests]) if pairing is not None else fisher(tests)
+    return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests))
