@@ -6,7 +6,9 @@ fingerprint files gives exactly the numbers of a live test on the same input set
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, TypeVar, get_args
 
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
@@ -19,6 +21,9 @@ FingerprintStatistic = Literal["match", "hidden"]
 """The statistics a fingerprint carries activations for (and so the ones a scan can test)."""
 FINGERPRINT_STATISTICS: tuple[str, ...] = get_args(FingerprintStatistic)
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 
 def compare_fingerprints(
     a: Fingerprint,
@@ -27,13 +32,16 @@ def compare_fingerprints(
     *,
     device: str | None = None,
     design: SequentialDesign | None = None,
+    workers: int = 1,
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
     ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
     selects assignment candidates there too (same matchings, see scanner.stats.assignment). ``design`` compares
     its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
-    every block. Raises IncomparableError when the fingerprints were taken on different input sets.
+    every block. ``workers`` > 1 compares that many blocks at once on threads (BLAS, the LAP solvers' C code and
+    the certificate's numpy release the GIL); the result is the same. Raises IncomparableError when the
+    fingerprints were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -54,8 +62,6 @@ def compare_fingerprints(
 
     def block(layer: int) -> LayerResult:
         experts_a, experts_b = a.blocks[layer], b.blocks[layer]
-        if len(experts_a) != len(experts_b) and expert_note(len(experts_a), len(experts_b)) not in notes:
-            notes.append(expert_note(len(experts_a), len(experts_b)))
         if statistic == "hidden":
             tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device)
                      for x, y in zip(experts_a, experts_b)]
@@ -63,14 +69,21 @@ def compare_fingerprints(
             tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in zip(experts_a, experts_b)]
         return block_result(layer, layer, tests)
 
+    def compared(layers: list[int]) -> list[LayerResult]:
+        for layer in layers:
+            experts = len(a.blocks[layer]), len(b.blocks[layer])
+            if experts[0] != experts[1] and expert_note(*experts) not in notes:
+                notes.append(expert_note(*experts))
+        return parallel_map(block, layers, workers)
+
     screen = design.screen(depth) if design is not None else list(range(depth))
-    layers = [block(layer) for layer in screen]
+    layers = compared(screen)
     log10_p = log10_fisher([layer.log10_p for layer in layers])
     if design is not None and len(screen) < depth:
         if design.stops(log10_p):
             notes.append(screen_note(screen, depth, log10_p))
         else:
-            layers = sorted([*layers, *(block(layer) for layer in range(depth) if layer not in screen)],
+            layers = sorted([*layers, *compared([layer for layer in range(depth) if layer not in screen])],
                             key=lambda result: result.layer_a)
             log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
     return PairTestResult(
@@ -83,6 +96,14 @@ def compare_fingerprints(
         inputs=a.meta.input_set,
         notes=notes,
     )
+
+
+def parallel_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """``[function(x) for x in items]``, on up to ``workers`` threads when there is more than one item."""
+    if workers <= 1 or len(items) <= 1:
+        return [function(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="hubtrace-block") as pool:
+        return list(pool.map(function, items))
 
 
 def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
