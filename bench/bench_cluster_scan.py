@@ -66,7 +66,8 @@ def main() -> None:
             make_bucket("bench")
         print(f"# hub: {n} models, {n * (n - 1) // 2} pairs; {os.cpu_count()} cores; {args.cpus} logical CPUs "
               f"split over the raylets; fingerprints in {'moto S3' if args.s3 else 'a shared local folder'}")
-        print("| raylets | actors | fingerprint s | pairs s | lineage s | wall s | fingerprinted | pairs tested | failed |")
+        print("| raylets | actors | fingerprint s | pairs s | lineage s | wall s | fingerprinted | pairs tested "
+              "| failed |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for nodes in args.nodes:
             store = f"s3://bench/run{nodes}" if args.s3 else str(Path(tmp) / f"fp{nodes}")

@@ -10,6 +10,7 @@ from scanner.stats.sequential import SequentialDesign
 from scanner.testing.synthetic import synthetic_pair
 from tests.synthetic_fingerprints import template_fingerprint
 
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     template = template_fingerprint(tmp_path_factory.mktemp("llama"), 32)
