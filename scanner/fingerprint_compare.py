@@ -39,9 +39,10 @@ def compare_fingerprints(
     ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
     selects assignment candidates there too (same matchings, see scanner.stats.assignment). ``design`` compares
     its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
-    every block. ``workers`` > 1 compares that many blocks at once on threads (BLAS, the LAP solvers' C code and
-    the certificate's numpy release the GIL); the result is the same. Raises IncomparableError when the
-    fingerprints were taken on different input sets.
+    every block. ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products
+    (BLAS, outside the GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py
+    --workers measures the gain). Raises IncomparableError when the fingerprints were taken on different input
+    sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
