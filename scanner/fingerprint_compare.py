@@ -6,7 +6,9 @@ fingerprint files gives exactly the numbers of a live test on the same input set
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, TypeVar, get_args
 
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
@@ -21,6 +23,9 @@ FingerprintStatistic = Literal["match", "hidden"]
 """The statistics a fingerprint carries activations for (and so the ones a scan can test)."""
 FINGERPRINT_STATISTICS: tuple[str, ...] = get_args(FingerprintStatistic)
 
+T = TypeVar("T")
+R = TypeVar("R")
+
 
 def compare_fingerprints(
     a: Fingerprint,
@@ -29,13 +34,17 @@ def compare_fingerprints(
     *,
     device: str | None = None,
     design: SequentialDesign | None = None,
+    workers: int = 1,
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
     ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
     selects assignment candidates there too (same matchings, see scanner.stats.assignment). ``design`` compares
     its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
-    every block. Raises IncomparableError when the fingerprints were taken on different input sets.
+    every block. ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products
+    (BLAS, outside the GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py
+    --workers measures the gain). Raises IncomparableError when the fingerprints were taken on different input
+    sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -71,14 +80,17 @@ def compare_fingerprints(
             tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
         return block_result(layer, layer, tests, pairing)
 
+    def compared(layers: list[int]) -> list[LayerResult]:
+        return parallel_map(block, layers, workers)
+
     screen = design.screen(depth) if design is not None else list(range(depth))
-    layers = [block(layer) for layer in screen]
+    layers = compared(screen)
     log10_p = log10_fisher([layer.log10_p for layer in layers])
     if design is not None and len(screen) < depth:
         if design.stops(log10_p):
             notes.append(screen_note(screen, depth, log10_p))
         else:
-            layers = sorted([*layers, *(block(layer) for layer in range(depth) if layer not in screen)],
+            layers = sorted([*layers, *compared([layer for layer in range(depth) if layer not in screen])],
                             key=lambda result: result.layer_a)
             log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
     if expert_maps:
@@ -93,6 +105,14 @@ def compare_fingerprints(
         inputs=a.meta.input_set,
         notes=notes,
     )
+
+
+def parallel_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """``[function(x) for x in items]``, on up to ``workers`` threads when there is more than one item."""
+    if workers <= 1 or len(items) <= 1:
+        return [function(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="hubtrace-block") as pool:
+        return list(pool.map(function, items))
 
 
 def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
@@ -120,10 +140,6 @@ def depth_note(depth_a: int, depth_b: int) -> str:
         f"depths differ ({depth_a} vs {depth_b} blocks): blocks are paired by index over the common first "
         f"{min(depth_a, depth_b)}; `hubtrace localize` searches all block pairs"
     )
-
-
-def expert_note(experts_a: int, experts_b: int) -> str:
-    return f"expert counts differ ({experts_a} vs {experts_b}); experts are paired by index up to the smaller count"
 
 
 def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
