@@ -69,9 +69,15 @@ def _lo(log_odds: Mapping[tuple[str, str], float], parent: str, child: str) -> f
     return value if parent < child else -value
 
 
-def _first(group: frozenset[str], log_odds: Mapping[tuple[str, str], float]) -> str:
-    """The member of a group of copies that the direction evidence puts above the others (then the smallest id)."""
-    return max(sorted(group), key=lambda m: sum(_lo(log_odds, m, o) for o in group if o != m))
+def _first(group: frozenset[str], log_odds: Mapping[tuple[str, str], float], confirmed: Mapping[str, set[str]]) -> str:
+    """The member of a group of copies that the direction evidence puts above the others; on a tie the one whose
+    card names a confirmed base outside the group (it states where the weights came from), then the smallest id
+    (arbitrary: the link then has confidence 0.5)."""
+    def key(m: str) -> tuple[float, bool, str]:
+        votes = sum(_lo(log_odds, m, o) for o in group if o != m)
+        return (-round(votes, 9), not (confirmed.get(m, set()) - group), m)
+
+    return min(group, key=key)
 
 
 def _orient(tree: nx.Graph, root: str) -> dict[str, str]:
@@ -141,7 +147,7 @@ def family_phylogeny(
         only = next(iter(members))
         return Phylogeny(only, {}, {}, {only: frozenset()})
     groups = clone_groups(members, closeness)
-    head = {m: _first(g, log_odds) for g in groups for m in g}
+    head = {m: _first(g, log_odds, confirmed) for g in groups for m in g}
     heads = sorted(set(head.values()))
     # Distances between groups (the nearest pair of members) and the evidence carried over to the group heads.
     distance: dict[tuple[str, str], float] = {}
