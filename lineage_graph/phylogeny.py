@@ -14,7 +14,8 @@ links and the others hang under it.
 Distances make a tree without a root. The root is the member that agrees best with the direction evidence of
 the tree's links: a placement scores the log-odds of each link as it orients it; ties go to the member nearest to
 all others (a base sits between its fine-tunes), then to the larger id. A tree link's confidence compares the best placement that keeps it as drawn
-with the best that reverses it: sigmoid of the difference, 0.5 when nothing tells them apart.
+with the best that reverses it: a likelihood ratio (a vote of reliability r weighs log r when the placement agrees
+with it, log(1 - r) when not), so one vote alone gives confidence r; 0.5 when nothing tells them apart.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ MERGE_RATIO = 0.8
 """A member m is a merge of x and y when d(x, m) + d(m, y) <= MERGE_RATIO * d(x, y). Along a lineage distances
 add (a base between two fine-tunes: ratio ~1); an average of x and y sits much closer to both than they are to
 each other (ratio (1 - a)^2 + a^2 for weights a, 1 - a in the small-drift limit; 0.71 measured on the zoo's
-0.6/0.4 soup, >= 0.97 for every other member and pair of the zoo)."""
+0.6/0.4 soup; about 1.0 for every triple of the zoo not centred on the soup)."""
 MERGE_BONUS = 0.9
 """Assumed probability that a member found between two others (MERGE_RATIO) is their merge, not their ancestor."""
 
@@ -183,7 +184,7 @@ def family_phylogeny(
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
-        confidence[(parent, child)] = sigmoid(keep - flip)
+        confidence[(parent, child)] = sigmoid((keep - flip) / 2)  # scores count each vote as +lo or -lo
     for m, (x, y) in merged.items():
         geometry = 0.0 if m in declared_merges else math.log(MERGE_BONUS / (1 - MERGE_BONUS))
         parents[m] = [(x, "tree"), (y, "merge")]

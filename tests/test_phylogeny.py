@@ -48,12 +48,16 @@ def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
     assert set(tree.confidence.values()) == {0.5}
 
     chain = _additive({"ft1": ("base", 0.1), "ft2": ("ft1", 0.1), "ft3": ("ft2", 0.1)})
-    # One declared link (ft3 declares ft2) is enough evidence to root the whole path at its far end.
-    log_odds = {("ft2", "ft3"): math.log(0.95 / 0.05)}
-    tree = family_phylogeny(frozenset({"base", "ft1", "ft2", "ft3"}), chain, log_odds, {})
+    members = frozenset({"base", "ft1", "ft2", "ft3"})
+    # One declared link (ft3 declares ft2) orients that link only; the rest of the path stays a coin flip.
+    one = family_phylogeny(members, chain, {("ft2", "ft3"): math.log(0.95 / 0.05)}, {})
+    assert one.parents["ft3"] == (("ft2", "tree"),) and one.confidence[("ft2", "ft3")] == pytest.approx(0.95)
+    assert sorted(one.confidence.values()) == pytest.approx([0.5, 0.5, 0.95])
+    # Evidence on every link roots the path at its far end.
+    every = {("base", "ft1"): 1.0, ("ft1", "ft2"): 1.0, ("ft2", "ft3"): 1.0}
+    tree = family_phylogeny(members, chain, every, {})
     assert tree.root == "base"
     assert {c: links[0][0] for c, links in tree.parents.items()} == {"ft1": "base", "ft2": "ft1", "ft3": "ft2"}
-    assert tree.confidence[("ft2", "ft3")] == pytest.approx(0.95)
 
 
 def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> None:
