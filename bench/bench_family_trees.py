@@ -41,7 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[1, 2, 3])
     args = parser.parse_args()
-    zoos = [("zoo (seed 0)", build_zoo(CACHE / "zoo"))] + [(f"small zoo seed {s}", seed_zoo(CACHE, s)) for s in args.seeds]
+    zoos = [("zoo (seed 0)", build_zoo(CACHE / "zoo"))]
+    zoos += [(f"small zoo seed {s}", seed_zoo(CACHE, s)) for s in args.seeds]
     signals = [s for s in direction.RELIABILITY if s not in ("declared", "declared_ancestry", "scratch_claim", "dates")]
     header = "| zoo | evidence | tree links right | directions right | undecided |"
     print(header + "\n|---|---|---|---|---|")

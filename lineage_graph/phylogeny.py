@@ -13,7 +13,8 @@ links and the others hang under it.
 
 Distances make a tree without a root. The root is the member that agrees best with the direction evidence of
 the tree's links: a placement scores the log-odds of each link as it orients it; ties go to the member nearest to
-all others (a base sits between its fine-tunes), then to the larger id. A tree link's confidence compares the best placement that keeps it as drawn
+all others (a base sits between its fine-tunes), then to the larger id. A tree link's confidence compares the
+best placement that keeps it as drawn
 with the best that reverses it: a likelihood ratio (a vote of reliability r weighs log r when the placement agrees
 with it, log(1 - r) when not), so one vote alone gives confidence r; 0.5 when nothing tells them apart.
 """

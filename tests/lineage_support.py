@@ -20,8 +20,8 @@ def zoo_lineage_inputs(zoo: Zoo) -> tuple[list[PairTest], list[ModelInfo]]:
     tests = []
     for a, b in itertools.combinations(sorted(zoo.ids), 2):
         r = compare_fingerprints(prints[a], prints[b], "match")
-        layers = tuple({"layer_a": l.layer_a, "layer_b": l.layer_b, "log10_p": l.log10_p, "rho": l.rho,
-                        "n_units": l.n_units, "closeness": l.closeness} for l in r.layers)
+        layers = tuple({"layer_a": b.layer_a, "layer_b": b.layer_b, "log10_p": b.log10_p, "rho": b.rho,
+                        "n_units": b.n_units, "closeness": b.closeness} for b in r.layers)
         tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, layers, r.inputs or "", closeness=r.closeness))
     models = []
     for model_id in zoo.ids:

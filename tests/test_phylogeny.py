@@ -128,7 +128,8 @@ def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo
               (("base", zoo[base].path), ("chat", zoo[chat].path), ("copy", copy_dir))}
     summaries = {name: fp.meta.summaries for name, fp in prints.items()}
     # The attack is real: the weight kurtosis the old rule voted on moves by far more than any fine-tune moved it.
-    kurtosis_shift = abs(np.mean(summaries["copy"]["mlp_weight_kurtosis"]) - np.mean(summaries["chat"]["mlp_weight_kurtosis"]))
+    kurtosis = {name: np.mean(summaries[name]["mlp_weight_kurtosis"]) for name in ("chat", "copy")}
+    kurtosis_shift = abs(kurtosis["copy"] - kurtosis["chat"])
     assert kurtosis_shift > 1.0
     # The activation effective rank does not move (float16 storage of activations: ~1e-3 relative at most).
     assert np.allclose(summaries["copy"]["activation_effective_rank"], summaries["chat"]["activation_effective_rank"],
