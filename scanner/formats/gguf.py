@@ -34,9 +34,9 @@ GGUF_SUFFIX = ".gguf"
 #: their own value fixes and are refused by name rather than read wrongly.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 #: Architectures whose converter reorders query/key rows (`permute` in llama.cpp's convert_hf_to_gguf.py).
-_ROTARY_PERMUTED = {"llama"}
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK_NAMES = {
+ROTARY_PERMUTED = {"llama"}
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -66,7 +66,7 @@ class GGUFCheckpoint(Checkpoint):
                 ignored.append(tensor.name)
                 continue
             order = None
-            if config["model_type"] in _ROTARY_PERMUTED and hf_name.rsplit(".", 2)[-2] in heads:
+            if config["model_type"] in ROTARY_PERMUTED and hf_name.rsplit(".", 2)[-2] in heads:
                 order = _unpermuted_rows(tensor, heads[hf_name.rsplit(".", 2)[-2]], file)
             self._sources[hf_name] = (tensor, order)
         unknown = sorted(set(ignored) - _DERIVED)
@@ -83,6 +83,11 @@ class GGUFCheckpoint(Checkpoint):
         self.quantization = sorted({t.qtype.name for t, _ in self._sources.values()})
         self._contents = contents
         self._memmap: np.memmap | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The file's metadata as parsed (string arrays decoded): data, never interpreted."""
+        return self._contents.metadata
 
     def get(self, name: str) -> torch.Tensor:
         tensor, order = self._source(name)
@@ -193,11 +198,11 @@ def _hf_name(gguf_name: str) -> str | None:
     stem, _, suffix = gguf_name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
-    if stem in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
+    if stem in GLOBAL_NAMES:
+        return f"{GLOBAL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{int(parts[1])}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in BLOCK_NAMES:
+        return f"model.layers.{int(parts[1])}.{BLOCK_NAMES[parts[2]]}.{suffix}"
     return None
 
 
