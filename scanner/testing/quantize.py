@@ -25,13 +25,15 @@ FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 def rtn_int4(weight: torch.Tensor, group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, ...]:
     """Asymmetric 4-bit round-to-nearest of a float (out, in) weight with the input columns in groups.
 
-    Returns q (out, in) in 0..15, zeros (groups, out) in 1..15 and scales (groups, out): W ~ (q - zero) * scale.
+    Returns q (out, in) in 0..15, zeros (groups, out) in 1..14 and scales (groups, out): W ~ (q - zero) * scale.
     """
     w = weight.float()
     lows = torch.stack([w[:, group == g].amin(1).clamp(max=0) for g in range(n_groups)])  # (groups, out)
     highs = torch.stack([w[:, group == g].amax(1).clamp(min=0) for g in range(n_groups)])
     scales = ((highs - lows) / 15).clamp(min=1e-8)
-    zeros = torch.round(-lows / scales).clamp(1, 15)
+    # zero 0 cannot be stored in the classic GPTQ layout (zeros minus one), so zero >= 1 and the scale widens to fit
+    zeros = torch.round(-lows / scales).clamp(1, 14)
+    scales = torch.maximum(highs / (15 - zeros), -lows / zeros).clamp(min=1e-8)
     q = torch.round(w / scales[group].T + zeros[group].T).clamp(0, 15)
     return q.to(torch.int32), zeros.to(torch.int32), scales.half()
 
