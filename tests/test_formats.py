@@ -286,3 +286,22 @@ def test_fp8_scale_of_the_wrong_shape_is_refused(zoo: Zoo, tmp_path: Path) -> No
     save_file(tensors, folder / "model.safetensors")
     with pytest.raises(CheckpointError, match="weight_scale_inv has shape \\[3, 3\\]"):
         open_model_checkpoint(folder)
+
+
+def test_a_local_scan_discovers_gguf_files_and_folders_and_fingerprints_them(
+    ggufs: dict[str, Path], tmp_path: Path
+) -> None:
+    from jobs.actors import fingerprint_record
+    from scanner.inputs import InputSpec
+    from scanner.sources.local import discover_local
+
+    org = tmp_path / "hub" / "llama-cpp"
+    (org / "chat-release").mkdir(parents=True)
+    shutil.copy(ggufs["Q8_0"], org / "chat.Q8_0.gguf")
+    shutil.copy(ggufs["Q4_0"], org / "chat-release" / "chat.Q4_0.gguf")
+    records = {r.model_id: r for r in discover_local(tmp_path / "hub")}
+    assert set(records) == {"llama-cpp/chat.Q8_0.gguf", "llama-cpp/chat-release"}
+    for record in records.values():
+        outcome = fingerprint_record(record, tmp_path / "fingerprints", InputSpec(n_sequences=2, seq_len=16))
+        assert outcome.error is None, outcome.error
+        assert outcome.meta.n_layers == 4 and outcome.meta.model_type == "llama"
