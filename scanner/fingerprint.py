@@ -377,7 +377,8 @@ class _open:
             self.handle = safe_open(str(self.path), framework="numpy")
         except (SafetensorError, OSError, ValueError) as exc:
             raise FingerprintError(
-                f"{self.path} is not a readable fingerprint (safetensors) file ({exc}), nor a GGUF model (no GGUF magic)"
+                f"{self.path} is not a readable fingerprint (safetensors) file ({exc}), "
+                "nor a GGUF model (no GGUF magic)"
             ) from exc
         return self.handle
 

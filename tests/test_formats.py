@@ -27,9 +27,9 @@ from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf import GGUFCheckpoint
 from scanner.formats.gguf_write import write_gguf
 from scanner.formats.quantized import AWQ_ORDER, pack_int4, unpack_int4
+from scanner.testing.quantize import write_quantized
 from scanner.validate import validate_checkpoint
 from scanner.zoo import Zoo
-from scanner.testing.quantize import write_quantized
 
 BASE, CHAT, TWIN = "aurora-labs/aurora-base", "finch-nlp/aurora-chat", "tundra-research/tundra-64"
 DEPENDENT_BELOW, INDEPENDENT_ABOVE = -20.0, -5.0

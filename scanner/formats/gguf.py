@@ -162,7 +162,8 @@ def open_gguf(file: str | Path) -> GGUFCheckpoint:
     architecture = contents.metadata.get("general.architecture")
     if architecture not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
-            f"{path}: GGUF architecture {architecture!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"{path}: GGUF architecture {architecture!r} is not supported; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))}"
         )
     for qtype in sorted({t.qtype for t in contents.tensors.values()}):
         _check_dequantizable(qtype, path)

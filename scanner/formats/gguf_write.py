@@ -17,7 +17,7 @@ from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError
-from scanner.formats.gguf import BLOCK_NAMES, GLOBAL_NAMES, ROTARY_PERMUTED, ARCHITECTURES, GGUFCheckpoint
+from scanner.formats.gguf import ARCHITECTURES, BLOCK_NAMES, GLOBAL_NAMES, ROTARY_PERMUTED, GGUFCheckpoint
 
 _GGUF_OF_GLOBAL = {hf: gguf for gguf, hf in GLOBAL_NAMES.items()}
 _GGUF_OF_BLOCK = {hf: gguf for gguf, hf in BLOCK_NAMES.items()}
@@ -51,7 +51,8 @@ def write_gguf(checkpoint: Checkpoint, out: str | Path, qtype: GGMLQuantizationT
         module = name.rsplit(".", 2)[-2]
         if arch in ROTARY_PERMUTED and module in heads:
             n_heads = heads[module] or heads["q_proj"]
-            values = values.reshape(n_heads, 2, values.shape[0] // n_heads // 2, -1).swapaxes(1, 2).reshape(values.shape)
+            half = values.shape[0] // n_heads // 2
+            values = values.reshape(n_heads, 2, half, -1).swapaxes(1, 2).reshape(values.shape)
         block_size, _ = GGML_QUANT_SIZES[qtype]
         kind = qtype if values.ndim == 2 and values.shape[1] % block_size == 0 else GGMLQuantizationType.F32
         data = quantize(np.ascontiguousarray(values), kind)

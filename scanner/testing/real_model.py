@@ -104,7 +104,8 @@ def _build(gguf: Path, out: Path) -> None:
     _camouflaged(float_model).save_pretrained(out / "camouflage")
     _pruned(float_model).save_pretrained(out / "prune")
     write_gguf(original, out / "requant.gguf", GGMLQuantizationType[RECIPE["requant"]])
-    write_gguf(open_model_checkpoint(out / "finetune"), out / "roundtrip.gguf", GGMLQuantizationType[RECIPE["roundtrip"]])
+    roundtrip = GGMLQuantizationType[RECIPE["roundtrip"]]
+    write_gguf(open_model_checkpoint(out / "finetune"), out / "roundtrip.gguf", roundtrip)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RECIPE["random_seed"])
         LlamaForCausalLM(config).save_pretrained(out / "random")
@@ -164,7 +165,8 @@ def _pruned(model: LlamaForCausalLM) -> LlamaForCausalLM:
             elif rest == "mlp.down_proj.weight":
                 value = value[:, units]
             state[f"model.layers.{new_index}.{rest}"] = value.clone()
-    config = LlamaConfig(**{**model.config.to_dict(), "num_hidden_layers": len(kept_blocks), "intermediate_size": width})
+    shape = {"num_hidden_layers": len(kept_blocks), "intermediate_size": width}
+    config = LlamaConfig(**{**model.config.to_dict(), **shape})
     child = LlamaForCausalLM(config)
     child.load_state_dict(state, strict=False)
     return child.eval()
