@@ -84,6 +84,7 @@ def smollm2_family(gguf: Path, cache: Path) -> dict[str, Path]:
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
     _build(gguf, building)
     (building / "recipe.json").write_text(json.dumps(RECIPE, indent=2))
+    building.chmod(0o755)  # mkdtemp's 0700 would hide the shared cache from other users
     if root.exists():
         shutil.rmtree(building)  # someone else finished first; theirs is the same recipe
     else:
