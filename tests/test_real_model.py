@@ -19,27 +19,18 @@ from scanner.fingerprint_compare import compare_fingerprints
 from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf import GGUFCheckpoint
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.real_model import smollm2_family, smollm2_gguf
-from tests.conftest import CACHE
-
-pytestmark = pytest.mark.slow
 
 DEPENDENT = ("float", "finetune", "camouflage", "prune", "requant", "roundtrip")
 
 
 @pytest.fixture(scope="module")
-def family() -> dict[str, Path]:
-    return smollm2_family(smollm2_gguf(CACHE), CACHE)
-
-
-@pytest.fixture(scope="module")
-def fingerprints(family: dict[str, Path]) -> dict[str, Fingerprint]:
+def fingerprints(smollm2: dict[str, Path]) -> dict[str, Fingerprint]:
     """Every model fingerprinted on the original's id range (the GGUF vocabulary's ordinary tokens)."""
-    original = open_model_checkpoint(family["original"])
+    original = open_model_checkpoint(smollm2["original"])
     token_range = original.tokenizer_base_vocab_size()
-    folder = family["float"].parent / "fingerprints"
+    folder = smollm2["float"].parent / "fingerprints"
     prints = {}
-    for name, path in family.items():
+    for name, path in smollm2.items():
         file = folder / f"{name}.fp.safetensors"
         if not file.is_file():
             write_fingerprint(fingerprint_model(path, token_range=token_range), file)
@@ -47,8 +38,8 @@ def fingerprints(family: dict[str, Path]) -> dict[str, Fingerprint]:
     return prints
 
 
-def test_the_shipped_gguf_reads_as_a_llama_of_the_published_shape(family: dict[str, Path]) -> None:
-    checkpoint = open_model_checkpoint(family["original"])
+def test_the_shipped_gguf_reads_as_a_llama_of_the_published_shape(smollm2: dict[str, Path]) -> None:
+    checkpoint = open_model_checkpoint(smollm2["original"])
     assert isinstance(checkpoint, GGUFCheckpoint)
     assert checkpoint.quantization == ["F32", "Q4_1", "Q8_0"]
     c = checkpoint.config
