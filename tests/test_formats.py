@@ -20,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from typer.testing import CliRunner
 
-from scanner.cli import app
+from jobs.cli import app
 from scanner.compare import compare_models
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
 from scanner.formats import open_model_checkpoint
