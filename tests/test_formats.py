@@ -292,6 +292,7 @@ def test_a_local_scan_discovers_gguf_files_and_folders_and_fingerprints_them(
     ggufs: dict[str, Path], tmp_path: Path
 ) -> None:
     from jobs.actors import fingerprint_record
+    from scanner.fingerprint_store import FingerprintStore
     from scanner.inputs import InputSpec
     from scanner.sources.local import discover_local
 
@@ -302,6 +303,7 @@ def test_a_local_scan_discovers_gguf_files_and_folders_and_fingerprints_them(
     records = {r.model_id: r for r in discover_local(tmp_path / "hub")}
     assert set(records) == {"llama-cpp/chat.Q8_0.gguf", "llama-cpp/chat-release"}
     for record in records.values():
-        outcome = fingerprint_record(record, tmp_path / "fingerprints", InputSpec(n_sequences=2, seq_len=16))
+        store = FingerprintStore(tmp_path / "fingerprints")
+        outcome = fingerprint_record(record, store, InputSpec(n_sequences=2, seq_len=16))
         assert outcome.error is None, outcome.error
         assert outcome.meta.n_layers == 4 and outcome.meta.model_type == "llama"
