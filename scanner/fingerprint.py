@@ -32,9 +32,11 @@ from safetensors.numpy import save_file
 from scanner import __version__
 from scanner.activations import MLPActivations
 from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
-from scanner.checkpoint import Checkpoint, open_checkpoint
+from scanner.checkpoint import Checkpoint
 from scanner.errors import FingerprintError
 from scanner.files import file_sha256
+from scanner.formats import open_model_checkpoint
+from scanner.formats.gguf_file import is_gguf_file
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
 from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
@@ -126,7 +128,7 @@ def fingerprint_model(
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
-    checkpoint = open_checkpoint(path)
+    checkpoint = open_model_checkpoint(path)
     adapter = adapter_for(checkpoint)
     own_range = model_token_range(checkpoint, adapter)
     if input_set is None:
@@ -181,12 +183,12 @@ def fingerprint_pair(
     `inputs` on their shared id range, or on their shared token strings when their vocabularies differ
     (scanner.shared_vocab). Whether the result is comparable is `comparable_with`'s call.
     """
-    files = {p: read_fingerprint(p) for p in (Path(path_a), Path(path_b)) if Path(p).is_file()}
+    files = {p: read_fingerprint(p) for p in (Path(path_a), Path(path_b)) if is_fingerprint_file(p)}
     if files:
         fixed = next(iter(files.values())).meta
         inputs, token_range = InputSpec(**fixed.input_spec), fixed.token_range
     else:
-        checkpoints = [open_checkpoint(p) for p in (path_a, path_b)]
+        checkpoints = [open_model_checkpoint(p) for p in (path_a, path_b)]
         adapters = [adapter_for(c) for c in checkpoints]
         token_range = min(model_token_range(c, a) for c, a in zip(checkpoints, adapters))
         shared = pair_input_sets(path_a, path_b, *(a.shape.vocab_size for a in adapters), inputs)
@@ -198,6 +200,11 @@ def fingerprint_pair(
         files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range)
         for p in (path_a, path_b)
     )
+
+
+def is_fingerprint_file(path: str | Path) -> bool:
+    """A side given as a file is a fingerprint unless it is a GGUF model (both are single files)."""
+    return Path(path).is_file() and not is_gguf_file(Path(path))
 
 
 def write_fingerprint(fp: Fingerprint, path: str | Path) -> str:
@@ -369,7 +376,10 @@ class _open:
         try:
             self.handle = safe_open(str(self.path), framework="numpy")
         except (SafetensorError, OSError, ValueError) as exc:
-            raise FingerprintError(f"{self.path} is not a readable fingerprint (safetensors) file: {exc}") from exc
+            raise FingerprintError(
+                f"{self.path} is not a readable fingerprint (safetensors) file ({exc}), "
+                "nor a GGUF model (no GGUF magic)"
+            ) from exc
         return self.handle
 
     def __exit__(self, *exc: object) -> None:

@@ -20,9 +20,10 @@ from typing import NamedTuple
 import torch
 
 from scanner.adapters import ArchitectureAdapter, adapter_for
-from scanner.checkpoint import Checkpoint, open_checkpoint
+from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, UnsafeCheckpointError
 from scanner.files import PathRefused, resolve_inside
+from scanner.formats import open_model_checkpoint
 
 #: Bytes of one tensor held in memory at a time while its values are checked.
 VALUE_CHUNK_BYTES = 16 << 20
@@ -47,9 +48,10 @@ def validate_checkpoint(
     (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run.
     `check_values=False` skips it (`tensor_hashes` is then None).
     """
-    folder = _real_folder(Path(path))
-    _check_entries(folder)
-    checkpoint = open_checkpoint(folder)
+    target = _real_path(Path(path))
+    if target.is_dir():
+        _check_entries(target)
+    checkpoint = open_model_checkpoint(target)
     adapter = adapter_for(checkpoint)
     hashes = check_values_and_hash(checkpoint, chunk_bytes) if check_values else None
     return ValidatedCheckpoint(checkpoint, adapter, hashes)
@@ -96,8 +98,8 @@ def _is_float(checkpoint: Checkpoint, name: str) -> bool:
     return getattr(torch, checkpoint.dtype(name)).is_floating_point
 
 
-def _real_folder(folder: Path) -> Path:
-    """The folder with links resolved; a loop or a missing path is a one-line CheckpointError."""
+def _real_path(folder: Path) -> Path:
+    """The folder (or GGUF file) with links resolved; a loop or a missing path is a one-line CheckpointError."""
     try:
         real = resolve_inside(folder)
     except PathRefused as exc:
@@ -105,8 +107,8 @@ def _real_folder(folder: Path) -> Path:
             raise CheckpointError(f"checkpoint folder {folder} is a symlink loop") from exc
         reason = (exc.error.strerror if exc.error else None) or exc.error or exc
         raise CheckpointError(f"cannot open checkpoint folder {folder}: {reason}") from exc
-    if not real.is_dir():
-        raise CheckpointError(f"checkpoint path {folder} is not a directory")
+    if not (real.is_dir() or real.is_file()):
+        raise CheckpointError(f"checkpoint path {folder} is neither a directory nor a GGUF file")
     return real
 
 

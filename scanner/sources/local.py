@@ -1,4 +1,4 @@
-"""Models in a local folder tree laid out like the Hub: ``<root>/<org>/<name>/``.
+"""Models in a local folder tree laid out like the Hub: ``<root>/<org>/<name>/`` (or a GGUF file ``<name>.gguf``).
 
 Every ``org/name`` directory is a candidate model, including ones that turn out broken (no config, pickle only,
 empty): they get a record so that the scan can record why they failed. What discovery itself cannot do safely is
@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scanner.cards import read_card
+from scanner.cards import Card, read_card
 from scanner.files import PathRefused, resolve_inside
+from scanner.formats.gguf import GGUF_SUFFIX
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
@@ -57,6 +58,9 @@ def discover_local(root: Path) -> Iterator[ModelRecord | SourceFailure]:
             model_id = f"{org.name}/{entry.name}"
             try:
                 model_dir = _inside(real_root, entry)
+                if model_dir.is_file() and entry.name.endswith(GGUF_SUFFIX):
+                    yield _gguf_file_record(model_id, model_dir)
+                    continue
                 if not model_dir.is_dir():
                     continue
                 yield _record(real_root, model_id, model_dir)
@@ -78,6 +82,16 @@ def _record(real_root: Path, model_id: str, model_dir: Path) -> ModelRecord:
         read_card(model_dir),
         last_modified=datetime.fromtimestamp(newest / 1e9, tz=UTC) if newest is not None else None,
     )
+
+
+def _gguf_file_record(model_id: str, file: Path) -> ModelRecord:
+    """A lone ``<org>/<name>.gguf`` (how llama.cpp builds are often kept): the id keeps the file name, the
+    revision hashes its size and modification time, and there is no card to read."""
+    st = os.stat(file)
+    revision = hashlib.sha256(f"{file.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()).hexdigest()
+    card = Card(notes=("a lone GGUF file: no model card",))
+    return record_from_card(model_id, revision, "local", str(file), card,
+                            last_modified=datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC))
 
 
 def _file_stats(real_root: Path, model_dir: Path) -> list[tuple[str, int, int]]:
