@@ -75,6 +75,7 @@ class PairJob:
     path_b: str
     input_set: str
     reason: str       # "comparable" | "declared_base"
+    block_map: tuple[tuple[int, int], ...] = ()   # retrieval's block pairs, used when the depths differ
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ def fingerprint_record(record: ModelRecord, fingerprint_root: Path, inputs: Inpu
                        download_dir: Path | None = None, token: str | None = None) -> FingerprintOutcome:
     """Fetch (Hub records), validate, fingerprint and write one model; every failure is returned, not raised."""
     from scanner.fingerprint import fingerprint_model, write_fingerprint
+    from scanner.retrieval.index import entry_path, write_entry
+    from scanner.retrieval.signatures import retrieval_entry
     from scanner.sources import materialize
     from scanner.validate import validate_checkpoint
 
@@ -119,6 +122,7 @@ def fingerprint_record(record: ModelRecord, fingerprint_root: Path, inputs: Inpu
         target = fingerprint_path(fingerprint_root, record.model_id, record.revision, fingerprint.meta.input_set)
         target.parent.mkdir(parents=True, exist_ok=True)
         sha = write_fingerprint(fingerprint, target)
+        write_entry(retrieval_entry(fingerprint), entry_path(target))   # candidate retrieval's part, kept beside
     except Exception as e:  # noqa: BLE001 - a model's failure is data for scan_errors, whatever its type
         return _failed(record, stage, e, started)
     return FingerprintOutcome(record, meta=fingerprint.meta, path=str(target), file_sha256=sha,
@@ -197,7 +201,8 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     out = []
     for job in jobs:
         try:
-            result = compare_fingerprints(load(job.path_a), load(job.path_b), statistic, device=device, design=design)
+            result = compare_fingerprints(load(job.path_a), load(job.path_b), statistic, device=device, design=design,
+                                          block_map=job.block_map)
             out.append(PairOutcome(job, result=result))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkError("compare", type(e).__name__, one_line(e))))

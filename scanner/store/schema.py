@@ -46,6 +46,20 @@ CORE_DDL: tuple[str, ...] = (
 )
 
 
+CANDIDATE_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS candidate_pairs (
+        model_a VARCHAR NOT NULL, revision_a VARCHAR NOT NULL, model_b VARCHAR NOT NULL, revision_b VARCHAR NOT NULL,
+        input_set VARCHAR NOT NULL, score INTEGER, rank INTEGER,
+        source VARCHAR NOT NULL CHECK (source IN ('retrieval', 'family', 'declared_base', 'identical_tensor')),
+        block_map JSON, run_id VARCHAR, found_at TIMESTAMPTZ,
+        PRIMARY KEY (model_a, revision_a, model_b, revision_b),
+        CHECK (model_a < model_b OR (model_a = model_b AND revision_a < revision_b)))""",
+    """CREATE OR REPLACE VIEW current_candidate_pairs AS SELECT c.* FROM candidate_pairs c
+        JOIN current_models ma ON ma.model_id = c.model_a AND ma.revision = c.revision_a
+        JOIN current_models mb ON mb.model_id = c.model_b AND mb.revision = c.revision_b""",
+)
+
+
 def _lineage_ddl() -> Sequence[str]:
     # Imported when the migration runs: the lineage package (networkx, scipy) is not needed to open a store.
     from lineage_graph.build import LINEAGE_DDL
@@ -67,6 +81,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "models, fingerprints, pair_tests, scan_runs, scan_errors and the current_* views",
               lambda: CORE_DDL),
     Migration(2, "lineage tables: lineage_edges, families, family_members, discrepancies", _lineage_ddl),
+    Migration(4, "candidate_pairs (pairs candidate retrieval chose for a test) and current_candidate_pairs",
+              lambda: CANDIDATE_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 
