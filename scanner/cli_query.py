@@ -45,6 +45,10 @@ def query_command(
     errors: Annotated[bool, typer.Option(
         "--errors", help="The errors of a run (--run, default the latest), each marked new or seen before.")] = False,
     runs: Annotated[bool, typer.Option("--runs", help="Every scan run, newest first, with its counts.")] = False,
+    similar: Annotated[str | None, typer.Option(
+        "--similar", metavar="ID",
+        help="ID's nearest models by candidate-retrieval score (the index beside the database); tests nothing.")
+    ] = None,
     run: Annotated[str | None, typer.Option(
         "--run", metavar="RUN_ID", help="The run for --changes or --errors (ids: --runs).")] = None,
     log10_p_below: Annotated[float | None, typer.Option(
@@ -72,6 +76,7 @@ def query_command(
         "--changes": (changes, lambda store: queries.run_changes(store, run, log10_p_below=threshold)),
         "--errors": (errors, lambda store: queries.run_errors(store, run)),
         "--runs": (runs, queries.runs),
+        "--similar": (similar is not None, lambda store: _similar(store, db, similar)),
     }
     asked = [name for name, (given, _) in presets.items() if given]
     if len(asked) != 1:
@@ -101,6 +106,12 @@ def query_command(
     except OSError as exc:
         _fail(f"cannot write {out}: {exc.strerror or exc}")
     typer.echo(f"wrote {out} ({frame.height} rows)")
+
+
+def _similar(store: Store, db: Path, model_id: str) -> pl.DataFrame:
+    from scanner.retrieval.scan import similar as similar_models
+
+    return similar_models(store, db, model_id)
 
 
 def _read_only_query(store: Store, sql: str) -> pl.DataFrame:

@@ -95,3 +95,26 @@ def _tensor_hashes(models: Sequence[ScannedModel]) -> dict[tuple[str, str], dict
         except FingerprintError:
             continue   # a damaged file fails its pair tests with a clear error; here it only has no hashes
     return hashes
+
+
+def similar(store: Store, db_path: str | Path, model_id: str, *, limit: int = 20):  # noqa: ANN201 - polars frame
+    """``hubtrace query --similar``: ``model_id``'s nearest models by collision score, from the index beside the
+    database, without testing anything; each row says whether the pair was tested and its log10 p."""
+    import polars as pl
+
+    from scanner.retrieval.hub import similar_models
+    from scanner.store import StoreError, queries
+
+    fingerprints = queries.current_fingerprints(store, model_id)
+    if fingerprints.is_empty():
+        raise StoreError(f"no current fingerprinted revision of {model_id!r} in {db_path}")
+    rows = []
+    for revision, input_set, path in fingerprints.select("revision", "input_set", "path").iter_rows():
+        for pair in similar_models(index_folder(db_path), IndexedModel(model_id, revision, input_set, path),
+                                   limit=limit):
+            other, other_revision = ((pair.model_b, pair.revision_b) if pair.model_a == model_id
+                                     else (pair.model_a, pair.revision_a))
+            rows.append({"model_id": other, "revision": other_revision, "score": pair.score, "rank": pair.rank,
+                         "blocks": ", ".join(f"{a}-{b}" for a, b in pair.block_map), "input_set": input_set})
+    return pl.DataFrame(rows, schema={"model_id": pl.String, "revision": pl.String, "score": pl.Int64,
+                                      "rank": pl.Int64, "blocks": pl.String, "input_set": pl.String})

@@ -183,3 +183,16 @@ def run_errors(store: Store, run_id: str | None = None) -> pl.DataFrame:
 def runs(store: Store) -> pl.DataFrame:
     """Every run, newest first, with its counts."""
     return store.query(RUNS_SQL)
+
+
+CURRENT_FINGERPRINTS_SQL = """
+SELECT m.model_id, m.revision, f.input_set, f.path
+FROM current_models m JOIN fingerprints f USING (model_id, revision)
+WHERE m.status = 'ok' AND m.model_id = $model
+ORDER BY f.created_at DESC
+"""
+"""The fingerprint files of $model's current revision (one per input set)."""
+
+
+def current_fingerprints(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(CURRENT_FINGERPRINTS_SQL, {"model": model_id})
