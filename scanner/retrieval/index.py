@@ -31,9 +31,9 @@ from scanner.errors import FingerprintError
 from scanner.retrieval.collisions import ROW_BITS, close_pairs, vector_id
 from scanner.retrieval.signatures import RetrievalEntry, SignatureParams
 
-FLAT_LIMIT = 500_000
+FLAT_LIMIT = 65_536
 """Above this many vectors the index is an IVF; below, exact search is cheaper than training one."""
-NPROBE = 24
+NPROBE = 16
 ENTRY_SUFFIX = ".retrieval.safetensors"
 SEARCH_CHUNK = 65_536
 
