@@ -1,12 +1,12 @@
-# The two quick-start commands: `make demo` and `make test`. Both create .venv with Python 3.11,
-# install the pinned CPU build of torch first (an unpinned torch would pull a multi-GB CUDA build),
-# then hubtrace itself.
+# The two quick-start commands: `make demo` and `make test`; while developing, `make test-fast` and `make lint`.
+# All create .venv with Python 3.11, install the pinned CPU build of torch first (an unpinned torch would pull
+# a multi-GB CUDA build), then hubtrace itself.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install browser
+.PHONY: demo test test-fast lint install browser
 
 # The lineage page is tested in a real headless browser: Debian's chromium (installed once, needs apt).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -21,10 +21,17 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m scanner.demo
+	$(BIN)/python -m jobs.demo --config configs/demo.yaml
 
 browser:
 	@command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest
+
+# Everything that needs neither the trained zoo nor a Ray cluster (the rule in tests/conftest.py): under a minute.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .

@@ -127,7 +127,8 @@ def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int,
                 other = members[same[rng.integers(len(same))]][0]
                 blocks = [[MLPActivations(0.6 * e.gate + 0.4 * o.gate.astype(np.float32),
                                           0.6 * e.up + 0.4 * o.up.astype(np.float32))
-                           for e, o in zip(experts, other_experts)] for experts, other_experts in zip(blocks, other.blocks)]
+                           for e, o in zip(experts, other_experts)]
+                          for experts, other_experts in zip(blocks, other.blocks)]
         elif kind == "retrained-mlp":
             donors = [m for m in names if members[m][1] != family]
             donor = members[donors[rng.integers(len(donors))]][0]

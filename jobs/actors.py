@@ -1,6 +1,6 @@
 """The scan's Ray workers: fingerprinting actors and pair-comparison tasks.
 
-Failures come back as values (`WorkError`: stage, exception type, one-line reason), never as exceptions into
+Failures come back as values (`WorkFailure`: stage, exception type, one-line reason), never as exceptions into
 the driver, so one broken checkpoint costs one ``scan_errors`` row and nothing else. Only a dying process (OOM,
 SIGKILL) escapes that; Ray restarts the actor and retries its task, which is safe because a fingerprint is
 written atomically to a path fixed by model, revision and input set.
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from scanner.errors import one_line
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
 
@@ -31,7 +32,7 @@ FINGERPRINT_CACHE = 4
 
 
 @dataclass(frozen=True)
-class WorkError:
+class WorkFailure:
     """Why one model (or pair) failed: the stage it reached, the exception type and a one-line reason."""
 
     stage: str        # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "worker" | "discover"
@@ -50,7 +51,7 @@ class FingerprintOutcome:
     n_tokens: int | None = None
     device: str | None = None
     seconds: float = 0.0
-    error: WorkError | None = None
+    error: WorkFailure | None = None
 
 
 @dataclass(frozen=True)
@@ -82,22 +83,17 @@ class PairJob:
 class PairOutcome:
     job: PairJob
     result: PairTestResult | None = None
-    error: WorkError | None = None
+    error: WorkFailure | None = None
 
 
-def fingerprint_path(root: Path, model_id: str, revision: str, input_set: str) -> Path:
+def fingerprint_destination(root: Path, model_id: str, revision: str, input_set: str) -> Path:
     """``<root>/<model_id>/<revision>/<input_set>.safetensors``: one file per model, revision and input set."""
     return Path(root) / model_id / revision / f"{input_set}.safetensors"
 
 
-def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text[:500] if text else type(error).__name__
-
-
 def _failed(record: ModelRecord, stage: str, error: BaseException, started: float) -> FingerprintOutcome:
     return FingerprintOutcome(record, seconds=time.perf_counter() - started,
-                              error=WorkError(stage, type(error).__name__, one_line(error)))
+                              error=WorkFailure(stage, type(error).__name__, one_line(error)))
 
 
 def fingerprint_record(record: ModelRecord, fingerprint_root: Path, inputs: InputSpec, *, device: str = "cpu",
@@ -119,7 +115,7 @@ def fingerprint_record(record: ModelRecord, fingerprint_root: Path, inputs: Inpu
         stage = "fingerprint"
         fingerprint = fingerprint_model(folder, inputs=inputs, device=device, tensor_hashes=valid.tensor_hashes)
         stage = "write"
-        target = fingerprint_path(fingerprint_root, record.model_id, record.revision, fingerprint.meta.input_set)
+        target = fingerprint_destination(fingerprint_root, record.model_id, record.revision, fingerprint.meta.input_set)
         target.parent.mkdir(parents=True, exist_ok=True)
         sha = write_fingerprint(fingerprint, target)
         write_entry(retrieval_entry(fingerprint), entry_path(target))   # candidate retrieval's part, kept beside
@@ -205,7 +201,7 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
                                           block_map=job.block_map)
             out.append(PairOutcome(job, result=result))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
-            out.append(PairOutcome(job, error=WorkError("compare", type(e).__name__, one_line(e))))
+            out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e))))
     return out
 
 

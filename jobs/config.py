@@ -13,13 +13,19 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from lineage_graph.export import ExportFormat
+from lineage_graph.multiple_testing import Method
+from scanner.errors import HubtraceError, one_line
+from scanner.fingerprint_compare import FingerprintStatistic
 from scanner.inputs import InputSpec
+from scanner.sources import SOURCE_KINDS
 from scanner.stats.sequential import SequentialDesign
 
-EXPORT_FORMATS = ("graphml", "gexf", "json", "dot", "html", "png")
+LOCAL_FOLDER_OUTPUT = Path("hubtrace-out/local")
+"""Where ``hubtrace scan --local DIR`` without ``--config`` writes (as configs/local-folder.yaml)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(HubtraceError):
     """A scan configuration that cannot be used; the message names the file and the offending keys."""
 
 
@@ -133,10 +139,10 @@ class DevicesConfig(_Strict):
 
 
 class LineageConfig(_Strict):
-    """False-discovery control for calling tested pairs dependent (lineage_graph.rebuild_lineage)."""
+    """False-discovery control for calling tested pairs dependent (lineage_graph.persist.rebuild_lineage)."""
 
     q: float = Field(default=0.05, gt=0, lt=1)
-    method: Literal["bh", "by"] = "bh"
+    method: Method = "bh"
 
 
 class ScanConfig(_Strict):
@@ -146,12 +152,12 @@ class ScanConfig(_Strict):
     output_dir: Path = Path("hubtrace-out")
     db: Path | None = None            # default <output_dir>/hubtrace.duckdb
     inputs: InputsConfig = InputsConfig()
-    statistic: Literal["match", "hidden"] = "match"
+    statistic: FingerprintStatistic = "match"
     pairs: PairsConfig = PairsConfig()
     ray: RayConfig = RayConfig()
     devices: DevicesConfig = DevicesConfig()
     lineage: LineageConfig = LineageConfig()
-    exports: list[Literal["graphml", "gexf", "json", "dot", "html", "png"]] = ["html", "graphml", "json"]
+    exports: list[ExportFormat] = ["html", "graphml", "json"]
     rescan_errors: bool = False       # retry models that failed at an unchanged revision (fetch errors always are)
 
     @property
@@ -182,6 +188,12 @@ class ScanConfig(_Strict):
         return self.model_dump(mode="json")
 
 
+def local_folder_config(root: Path) -> ScanConfig:
+    """``hubtrace scan --local DIR`` with no ``--config``: that folder with every default, written under
+    hubtrace-out/local (what configs/local-folder.yaml says)."""
+    return ScanConfig(sources=[LocalSourceConfig(kind="local", path=root)], output_dir=LOCAL_FOLDER_OUTPUT)
+
+
 def load_config(path: str | Path) -> ScanConfig:
     """Read and validate a YAML scan config; every problem becomes one `ConfigError` naming file and key."""
     path = Path(path)
@@ -190,7 +202,7 @@ def load_config(path: str | Path) -> ScanConfig:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from e
+        raise ConfigError(f"{path}: not valid YAML: {one_line(e)}") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a mapping of keys to values, got {type(raw).__name__}")
     try:
@@ -208,9 +220,9 @@ def _describe(error: dict) -> str:
     if error["type"] == "missing":
         return f"  {key}: required key is missing"
     if error["type"] == "union_tag_invalid":
-        return f"  {key}: unknown source kind; allowed: local, hf_cache, hub"
+        return f"  {key}: unknown source kind; allowed: {', '.join(SOURCE_KINDS)}"
     if error["type"] == "union_tag_not_found":
-        return f"  {key}: a source needs 'kind' (local, hf_cache or hub)"
+        return f"  {key}: a source needs 'kind' ({', '.join(SOURCE_KINDS)})"
     return f"  {key}: {error['msg']} (got {error.get('input')!r})"
 
 
@@ -220,7 +232,7 @@ def _key_path(loc: tuple) -> str:
     for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not (i >= 2 and loc[i - 2] == "sources" and part in SOURCE_KINDS):
+        elif not (i >= 2 and loc[i - 2] == "sources" and part in SOURCE_CONFIGS):
             out += f".{part}" if out else str(part)
     return out or "(top level)"
 
@@ -231,8 +243,8 @@ def _allowed_keys(loc: tuple) -> list[str]:
     for part in loc:
         if isinstance(part, int):
             continue
-        if model is ScanConfig and part in SOURCE_KINDS:
-            model = SOURCE_KINDS[part]
+        if model is ScanConfig and part in SOURCE_CONFIGS:
+            model = SOURCE_CONFIGS[part]
             continue
         annotation = model.model_fields[part].annotation if part in model.model_fields else None
         nested = [t for t in (annotation, *get_args(annotation)) if isinstance(t, type) and issubclass(t, BaseModel)]
@@ -241,6 +253,6 @@ def _allowed_keys(loc: tuple) -> list[str]:
     return sorted(model.model_fields)
 
 
-SOURCE_KINDS: dict[str, type[BaseModel]] = {
+SOURCE_CONFIGS: dict[str, type[BaseModel]] = {
     "local": LocalSourceConfig, "hf_cache": HfCacheSourceConfig, "hub": HubSourceConfig,
 }

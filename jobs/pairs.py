@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from jobs.actors import PairJob
-
-PairKey = tuple[str, str, str, str]   # (model_a, revision_a, model_b, revision_b), model_a < model_b
+from scanner.store import PairKey
 
 
 @dataclass(frozen=True)

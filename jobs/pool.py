@@ -13,13 +13,14 @@ from typing import TypeVar
 import ray
 from ray.exceptions import RayActorError
 
-from jobs.actors import FingerprintOutcome, FingerprintWorker, WorkError
+from jobs.actors import FingerprintOutcome, FingerprintWorker, WorkFailure
 from jobs.config import ScanConfig
+from scanner.errors import HubtraceError, one_line
 
 T = TypeVar("T")
 
 
-class NoGpuError(RuntimeError):
+class NoGpuError(HubtraceError):
     """``devices.mode: gpu`` on a cluster without GPUs: an actor asking for one would wait forever."""
 
 
@@ -113,7 +114,7 @@ class FingerprintPool:
                 ray.kill(actor, no_restart=True)
                 self.actors[slot] = self._new_actor()
             reason = f"worker process died {self._options['max_task_retries'] + 1} times on this model: {e}"
-            return FingerprintOutcome(record, error=WorkError("worker", type(e).__name__, " ".join(reason.split())[:500]))
+            return FingerprintOutcome(record, error=WorkFailure("worker", type(e).__name__, one_line(reason)))
 
     def shutdown(self) -> None:
         for actor in self.actors:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Literal, get_args
 
 import networkx as nx
 
 from lineage_graph.lineage import Lineage
 
-FORMATS = ("graphml", "gexf", "json", "dot", "html", "png")
+ExportFormat = Literal["graphml", "gexf", "json", "dot", "html", "png"]
+FORMATS: tuple[str, ...] = get_args(ExportFormat)
 
 
 def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | None = None) -> nx.DiGraph:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from scipy import special
 
 Method = Literal["bh", "by"]
-METHODS: tuple[str, ...] = ("bh", "by")
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 def _log10_harmonic(m: int) -> float:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lineage_graph.lineage import Lineage
 from scanner.results import format_p
+from scanner.store import queries
 
 if TYPE_CHECKING:
     from scanner.store import Store
@@ -45,7 +46,7 @@ def _block_chart(layers: list[dict], path: Path, title: str) -> Path:
 
 def _unit_map(store: Store, a: dict, b: dict, input_set: str, out: Path) -> tuple[list[Path], list[str], dict | None]:
     """Localize from the stored fingerprints: (unit-map PNGs, notes, block map json) or a note why not."""
-    paths = [store.fingerprint_path(m["model_id"], m["revision"], input_set) for m in (a, b)]
+    paths = [store.recorded_fingerprint_path(m["model_id"], m["revision"], input_set) for m in (a, b)]
     if not all(p and Path(p).is_file() for p in paths):
         return [], ["no fingerprint files for this pair in the store: unit map not drawn"], None
     try:
@@ -75,8 +76,7 @@ def _meta_table(a: dict, b: dict) -> list[tuple[str, str, str]]:
 def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out: Path, db: Path) -> ReportFiles:
     """Write report.md, report.html and the PNGs into out; raises KeyError when a model or the pair is unknown."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = {r["model_id"]: r for r in store.query(
-        "SELECT * FROM current_models WHERE model_id IN (?, ?)", [model_a, model_b]).iter_rows(named=True)}
+    rows = queries.current_model_rows(store, [model_a, model_b])
     for m in (model_a, model_b):
         if m not in rows:
             raise KeyError(f"model {m!r} is not in the store")
@@ -87,12 +87,8 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
     a, b = rows[first], rows[second]
     test = edge.test
     layers = list(test.layers)
-    revisions = store.query(
-        "SELECT model_id, revision, status, first_seen_run, last_seen_run FROM models WHERE model_id IN (?, ?) "
-        "ORDER BY model_id, first_seen_run", [first, second])
-    others = store.query(
-        "SELECT statistic, input_set, log10_p, tested_at FROM current_pair_tests WHERE model_a = ? AND model_b = ? "
-        "ORDER BY statistic", [first, second])
+    revisions = queries.revision_history(store, [first, second])
+    others = queries.pair_tests_between(store, first, second)
 
     images = [_block_chart(layers, out / "blocks.png", f"{first} vs {second}")] if layers else []
     unit_images, notes, block_map = _unit_map(store, a, b, test.input_set, out)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 from transformers import CONFIG_MAPPING, PretrainedConfig
@@ -64,35 +64,59 @@ class _Spec:
 _Layout = dict[str, _Spec]
 
 
+# Canonical norm role -> module name under the block (its weight is `{name}.weight`).
+_PRE_NORMS = MappingProxyType({"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
+_QK_NORMS = MappingProxyType({"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"})
+# Gemma 2 and 3 norm both sides of attention and of the MLP ("post_attention_layernorm" is a true post-norm).
+_SANDWICH_NORMS = MappingProxyType(
+    {
+        "attn_norm": "input_layernorm",
+        "post_attn_norm": "post_attention_layernorm",
+        "mlp_norm": "pre_feedforward_layernorm",
+        "post_mlp_norm": "post_feedforward_layernorm",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture family as data: what sets it apart from the Llama layout, and the adapter that reads it.
+
+    Most families are only data (`ArchitectureAdapter` reads them); a family whose layout is fused or sparse, or
+    whose live module names differ, names its own `adapter` subclass.
+    """
+
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]  # the class names transformers saves in config["architectures"]
+    norms: Mapping[str, str] = field(default_factory=lambda: _PRE_NORMS)  # role -> module name under the block
+    norm_offset: float = 0.0  # Gemma stores RMSNorm weights as (multiplier - 1)
+    has_final_norm: bool = True
+    activation_key: str = "hidden_act"  # the config key naming the gate's activation
+    stored_roots: tuple[str, ...] = ("model.",)  # where embed_tokens and layers live in the file
+    lm_head_names: tuple[str, ...] = ("lm_head.weight",)
+    adapter: type[ArchitectureAdapter] | None = None  # None: the plain ArchitectureAdapter
+
+
 class ArchitectureAdapter:
     """Llama-layout decoder: separate q/k/v/o and gate/up/down projections under `{root}layers.{i}.`.
 
-    Families differ only in class attributes, and where their layout is fused or sparse they override
-    `_attention_layout`, `_mlp_layout`, `_unfuse` and `_glu_prefixes`.
+    What families differ in as data comes from their `Family`; where their layout is fused or sparse, subclasses
+    override `_attention_layout`, `_mlp_layout`, `_unfuse` and `_glu_prefixes`.
     """
 
-    model_types: ClassVar[tuple[str, ...]]
-    architectures: ClassVar[tuple[str, ...]]  # the class names transformers saves in config["architectures"]
-    # Canonical norm role -> module name under the block (its weight is `{name}.weight`).
-    norms: ClassVar[dict[str, str]] = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
-    norm_offset: ClassVar[float] = 0.0  # Gemma stores RMSNorm weights as (multiplier - 1)
-    has_final_norm: ClassVar[bool] = True
-    activation_key: ClassVar[str] = "hidden_act"
-    stored_roots: ClassVar[tuple[str, ...]] = ("model.",)  # where embed_tokens and layers live in the file
-    lm_head_names: ClassVar[tuple[str, ...]] = ("lm_head.weight",)
-
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    def __init__(self, checkpoint: Checkpoint, family: Family) -> None:
         """Resolve names and dims, then check every tensor's shape against the config (headers only)."""
         self.checkpoint = checkpoint
+        self.family = family
         self._config = _transformers_config(checkpoint)
         self._text = self._config.get_text_config()
         self._root = self._find_root()
-        self._lm_head = next((n for n in self.lm_head_names if checkpoint.has(n)), None)
+        self._lm_head = next((n for n in self.family.lm_head_names if checkpoint.has(n)), None)
         tied = self._lm_head is None
         if tied and not getattr(self._config, "tie_word_embeddings", False):
             raise CheckpointError(
                 f"{checkpoint.path}: config.json unties the output head (tie_word_embeddings is false) "
-                f"but there is no {self.lm_head_names[0]}"
+                f"but there is no {self.family.lm_head_names[0]}"
             )
         n_experts, intermediate_size = self._expert_dims()
         architectures = checkpoint.config.get("architectures") or [checkpoint.config["model_type"]]
@@ -104,7 +128,7 @@ class ArchitectureAdapter:
             intermediate_size=intermediate_size,
             vocab_size=self._text.vocab_size,
             n_experts=n_experts,
-            hidden_act=getattr(self._text, self.activation_key),
+            hidden_act=getattr(self._text, self.family.activation_key),
             tie_word_embeddings=tied,
         )
         self._check_shapes()
@@ -150,8 +174,8 @@ class ArchitectureAdapter:
         embed = self.checkpoint.get(self._embed_name).float()
         lm_head = embed if self._lm_head is None else self.checkpoint.get(self._lm_head).float()
         weights = {"embed": embed, "lm_head": lm_head}
-        if self.has_final_norm:
-            weights["final_norm"] = self.checkpoint.get(f"{self._root}norm.weight").float() + self.norm_offset
+        if self.family.has_final_norm:
+            weights["final_norm"] = self.checkpoint.get(f"{self._root}norm.weight").float() + self.family.norm_offset
         return weights
 
     # -- layouts (overridden by families) --------------------------------------------------------------------
@@ -167,7 +191,7 @@ class ArchitectureAdapter:
         d = self.shape.hidden_size
         return {
             role: _Spec(f"{self.block_prefix(layer)}{module}.weight", (None,) if role in ("q_norm", "k_norm") else (d,))
-            for role, module in self.norms.items()
+            for role, module in self.family.norms.items()
         }
 
     def _attention_layout(self, layer: int) -> _Layout:
@@ -216,17 +240,17 @@ class ArchitectureAdapter:
         return f"{self._root}embed_tokens.weight"
 
     def _find_root(self) -> str:
-        for root in self.stored_roots:
+        for root in self.family.stored_roots:
             if self.checkpoint.has(f"{root}embed_tokens.weight"):
                 return root
-        looked = ", ".join(f"{root}embed_tokens.weight" for root in self.stored_roots)
+        looked = ", ".join(f"{root}embed_tokens.weight" for root in self.family.stored_roots)
         raise CheckpointError(f"{self.checkpoint.path} has no token embedding (looked for {looked})")
 
     def _read(self, layout: _Layout) -> dict[str, torch.Tensor]:
         weights = {}
         for role, spec in layout.items():
             tensor = self.checkpoint.get(spec.name).float()
-            weights[role] = tensor + self.norm_offset if role in self.norms else tensor
+            weights[role] = tensor + self.family.norm_offset if role in self.family.norms else tensor
         return self._unfuse(weights)
 
     def _check_shapes(self) -> None:
@@ -236,7 +260,7 @@ class ArchitectureAdapter:
         specs = [_Spec(self._embed_name, (s.vocab_size, s.hidden_size))]
         if self._lm_head is not None:
             specs.append(_Spec(self._lm_head, (s.vocab_size, s.hidden_size)))
-        if self.has_final_norm:
+        if self.family.has_final_norm:
             specs.append(_Spec(f"{self._root}norm.weight", (s.hidden_size,)))
         layers = _indices(self.checkpoint.tensor_names(), f"{self._root}layers.")
         if layers != set(range(s.n_layers)):
@@ -255,64 +279,12 @@ class ArchitectureAdapter:
                 )
 
 
-class LlamaAdapter(ArchitectureAdapter):
-    model_types = ("llama",)
-    architectures = ("LlamaForCausalLM",)
-
-
-class MistralAdapter(ArchitectureAdapter):
-    model_types = ("mistral",)
-    architectures = ("MistralForCausalLM",)
-
-
-class Qwen2Adapter(ArchitectureAdapter):
-    model_types = ("qwen2",)
-    architectures = ("Qwen2ForCausalLM",)
-
-
-_QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
-
-
-class Qwen3Adapter(ArchitectureAdapter):
-    model_types = ("qwen3",)
-    architectures = ("Qwen3ForCausalLM",)
-    norms = {**ArchitectureAdapter.norms, **_QK_NORMS}
-
-
-class GemmaAdapter(ArchitectureAdapter):
-    """Gemma's RMSNorm computes x * (1 + w): the stored w is one less than the multiplier."""
-
-    model_types = ("gemma",)
-    architectures = ("GemmaForCausalLM",)
-    norm_offset = 1.0
-
-
-class Gemma2Adapter(GemmaAdapter):
-    """Gemma 2 norms both sides of attention and of the MLP ("post_attention_layernorm" is a true post-norm)."""
-
-    model_types = ("gemma2",)
-    architectures = ("Gemma2ForCausalLM",)
-    norms = {
-        "attn_norm": "input_layernorm",
-        "post_attn_norm": "post_attention_layernorm",
-        "mlp_norm": "pre_feedforward_layernorm",
-        "post_mlp_norm": "post_feedforward_layernorm",
-    }
-    activation_key = "hidden_activation"
-
-
-class Gemma3Adapter(Gemma2Adapter):
+class Gemma3Adapter(ArchitectureAdapter):
     """Gemma 3 text (gemma3_text) and the text tower of the multimodal gemma3 checkpoints (text_config).
 
     Multimodal files store the text model as language_model.model.* (transformers' in-memory names are
     model.language_model.*); the vision tower is ignored.
     """
-
-    model_types = ("gemma3_text", "gemma3")
-    architectures = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-    norms = {**Gemma2Adapter.norms, **_QK_NORMS}
-    stored_roots = ("model.", "language_model.model.", "model.language_model.")
-    lm_head_names = ("lm_head.weight", "language_model.lm_head.weight")
 
     def mlp_module_path(self, layer: int) -> str:
         if self.shape.model_type == "gemma3":  # transformers builds Gemma3ForConditionalGeneration
@@ -323,9 +295,6 @@ class Gemma3Adapter(Gemma2Adapter):
 class Phi3Adapter(ArchitectureAdapter):
     """Phi-3 fuses q/k/v into qkv_proj (rows: q, then k, then v) and gate/up into gate_up_proj (rows: gate, then
     up, as Phi3MLP does `gate, up = gate_up_proj(x).chunk(2, dim=-1)`)."""
-
-    model_types = ("phi3",)
-    architectures = ("Phi3ForCausalLM",)
 
     def _attention_layout(self, layer: int) -> _Layout:
         prefix = f"{self.block_prefix(layer)}self_attn."
@@ -350,27 +319,6 @@ class Phi3Adapter(ArchitectureAdapter):
         if "gate_up" in weights:
             weights["gate"], weights["up"] = weights.pop("gate_up").chunk(2)
         return weights
-
-
-class OlmoAdapter(ArchitectureAdapter):
-    """OLMo (v1) normalizes with a parameter-free LayerNorm: no norm roles and no final_norm."""
-
-    model_types = ("olmo",)
-    architectures = ("OlmoForCausalLM",)
-    norms = {}
-    has_final_norm = False
-
-
-class Olmo2Adapter(ArchitectureAdapter):
-    """OLMo 2 norms the outputs of attention and MLP (no pre-norms) and q/k over all heads at once."""
-
-    model_types = ("olmo2",)
-    architectures = ("Olmo2ForCausalLM",)
-    norms = {
-        "post_attn_norm": "post_attention_layernorm",
-        "post_mlp_norm": "post_feedforward_layernorm",
-        **_QK_NORMS,
-    }
 
 
 class _MoEAdapter(ArchitectureAdapter):
@@ -414,9 +362,6 @@ class MixtralAdapter(_MoEAdapter):
     """Hub/saved layout: block_sparse_moe.experts.{e}.w1 (gate), w3 (up), w2 (down); router block_sparse_moe.gate.
     transformers 5 renames block_sparse_moe to mlp in memory (and in the fused layout)."""
 
-    model_types = ("mixtral",)
-    architectures = ("MixtralForCausalLM",)
-
     def _expert_dims(self) -> tuple[int, int]:
         return self._text.num_local_experts, self._text.intermediate_size
 
@@ -428,9 +373,6 @@ class Qwen2MoeAdapter(_MoEAdapter):
     """Routed experts mlp.experts.{e}.{gate,up,down}_proj, router mlp.gate, an always-on shared expert
     mlp.shared_expert.* scaled by sigmoid(mlp.shared_expert_gate x); blocks listed in mlp_only_layers, or off the
     decoder_sparse_step grid, are dense MLPs of intermediate_size."""
-
-    model_types = ("qwen2_moe",)
-    architectures = ("Qwen2MoeForCausalLM",)
 
     def _expert_dims(self) -> tuple[int, int]:
         return self._text.num_experts, self._text.moe_intermediate_size
@@ -461,19 +403,39 @@ class Qwen2MoeAdapter(_MoEAdapter):
         return [*routed, "shared_expert."] if self._is_sparse(layer) else routed
 
 
-_ADAPTERS: tuple[type[ArchitectureAdapter], ...] = (
-    LlamaAdapter,
-    MistralAdapter,
-    Qwen2Adapter,
-    Qwen3Adapter,
-    GemmaAdapter,
-    Gemma2Adapter,
-    Gemma3Adapter,
-    Phi3Adapter,
-    OlmoAdapter,
-    Olmo2Adapter,
-    MixtralAdapter,
-    Qwen2MoeAdapter,
+FAMILIES: tuple[Family, ...] = (
+    Family(("llama",), ("LlamaForCausalLM",)),
+    Family(("mistral",), ("MistralForCausalLM",)),
+    Family(("qwen2",), ("Qwen2ForCausalLM",)),
+    Family(("qwen3",), ("Qwen3ForCausalLM",), norms=MappingProxyType({**_PRE_NORMS, **_QK_NORMS})),
+    # Gemma's RMSNorm computes x * (1 + w): the stored w is one less than the multiplier.
+    Family(("gemma",), ("GemmaForCausalLM",), norm_offset=1.0),
+    Family(
+        ("gemma2",), ("Gemma2ForCausalLM",), norms=_SANDWICH_NORMS, norm_offset=1.0, activation_key="hidden_activation"
+    ),
+    Family(
+        ("gemma3_text", "gemma3"),
+        ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+        norms=MappingProxyType({**_SANDWICH_NORMS, **_QK_NORMS}),
+        norm_offset=1.0,
+        activation_key="hidden_activation",
+        stored_roots=("model.", "language_model.model.", "model.language_model."),
+        lm_head_names=("lm_head.weight", "language_model.lm_head.weight"),
+        adapter=Gemma3Adapter,
+    ),
+    Family(("phi3",), ("Phi3ForCausalLM",), adapter=Phi3Adapter),
+    # OLMo (v1) normalizes with a parameter-free LayerNorm: no norm roles and no final_norm.
+    Family(("olmo",), ("OlmoForCausalLM",), norms=MappingProxyType({}), has_final_norm=False),
+    # OLMo 2 norms the outputs of attention and MLP (no pre-norms) and q/k over all heads at once.
+    Family(
+        ("olmo2",),
+        ("Olmo2ForCausalLM",),
+        norms=MappingProxyType(
+            {"post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm", **_QK_NORMS}
+        ),
+    ),
+    Family(("mixtral",), ("MixtralForCausalLM",), adapter=MixtralAdapter),
+    Family(("qwen2_moe",), ("Qwen2MoeForCausalLM",), adapter=Qwen2MoeAdapter),
 )
 
 
@@ -485,15 +447,15 @@ def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
     """
     model_type = checkpoint.config.get("model_type")
     architectures = checkpoint.config.get("architectures") or []
-    for adapter in _ADAPTERS:
-        if model_type in adapter.model_types:
-            if architectures and architectures[0] not in adapter.architectures:
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            if architectures and architectures[0] not in family.architectures:
                 raise UnsupportedArchitectureError(
                     f"{checkpoint.path}: architecture {architectures[0]} is not supported for model_type "
-                    f"{model_type!r}; supported: {', '.join(adapter.architectures)}"
+                    f"{model_type!r}; supported: {', '.join(family.architectures)}"
                 )
-            return adapter(checkpoint)
-    supported = sorted(t for adapter in _ADAPTERS for t in adapter.model_types)
+            return (family.adapter or ArchitectureAdapter)(checkpoint, family)
+    supported = sorted(t for family in FAMILIES for t in family.model_types)
     raise UnsupportedArchitectureError(
         f"{checkpoint.path}: model_type {model_type!r} (architectures {architectures}) is not supported; "
         f"supported model_types: {', '.join(supported)}"

@@ -25,6 +25,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import CONFIG_MAPPING
 
 from scanner.errors import CheckpointError, UnsafeCheckpointError
+from scanner.files import file_sha256
 
 SINGLE_WEIGHTS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -181,7 +182,11 @@ class Checkpoint:
             return None
         digest = hashlib.sha256()
         for name in present:
-            digest.update(name.encode() + b"\0" + _file_sha256(self.path / name).encode())
+            try:
+                content = file_sha256(self.path / name)
+            except OSError as exc:
+                raise CheckpointError(f"cannot read {self.path / name}: {exc.strerror or exc}") from exc
+            digest.update(name.encode() + b"\0" + content.encode())
         return digest.hexdigest()
 
     def tokenizer_base_vocab_size(self) -> int | None:
@@ -396,17 +401,6 @@ def _read_json(file: Path) -> Any:
         return json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{file} is not valid JSON: {exc}") from exc
-
-
-def _file_sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    try:
-        with open(file, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
-    return digest.hexdigest()
 
 
 def _runs(rows: list[int]) -> list[tuple[int, int]]:

@@ -23,3 +23,12 @@ class FingerprintError(CheckpointError):
 
 class IncomparableError(HubtraceError):
     """Two models (or fingerprints) cannot be compared with the requested statistic, and the message says why."""
+
+
+def one_line(error: BaseException | str, limit: int | None = 500) -> str:
+    """An error message flattened to one line, cut at ``limit`` characters (None: whole), for scan_errors rows and
+    CLI refusals; an exception with no message is named by its type."""
+    text = " ".join(str(error).split())
+    if not text and isinstance(error, BaseException):
+        return type(error).__name__
+    return text if limit is None else text[:limit]

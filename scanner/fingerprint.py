@@ -34,6 +34,7 @@ from scanner.activations import MLPActivations
 from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.errors import FingerprintError
+from scanner.files import file_sha256
 from scanner.inputs import InputSpec, canonical_inputs
 from scanner.streaming import stream_blocks
 
@@ -202,7 +203,7 @@ def write_fingerprint(fp: Fingerprint, path: str | Path) -> str:
     os.close(handle)
     try:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=metadata)
-        digest = _file_sha256(Path(tmp))
+        digest = file_sha256(Path(tmp))
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -320,14 +321,6 @@ def _content_sha256(tensors: dict[str, np.ndarray]) -> str:
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
         digest.update(memoryview(array).cast("B"))
-    return digest.hexdigest()
-
-
-def _file_sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for chunk in iter(lambda: handle.read(8 << 20), b""):
-            digest.update(chunk)
     return digest.hexdigest()
 
 

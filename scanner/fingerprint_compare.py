@@ -7,6 +7,7 @@ fingerprint files gives exactly the numbers of a live test on the same input set
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
@@ -15,7 +16,9 @@ from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
 from scanner.stats.logp import log10_fisher
 from scanner.stats.sequential import SequentialDesign
 
-FINGERPRINT_STATISTICS = ("match", "hidden")
+FingerprintStatistic = Literal["match", "hidden"]
+"""The statistics a fingerprint carries activations for (and so the ones a scan can test)."""
+FINGERPRINT_STATISTICS: tuple[str, ...] = get_args(FingerprintStatistic)
 
 
 def compare_fingerprints(

@@ -10,7 +10,6 @@ activation statistic into NaN. Every failure is a `HubtraceError` with a one-lin
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -23,6 +22,7 @@ import torch
 from scanner.adapters import ArchitectureAdapter, adapter_for
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.errors import CheckpointError, UnsafeCheckpointError
+from scanner.files import PathRefused, resolve_inside
 
 #: Bytes of one tensor held in memory at a time while its values are checked.
 VALUE_CHUNK_BYTES = 16 << 20
@@ -99,11 +99,12 @@ def _is_float(checkpoint: Checkpoint, name: str) -> bool:
 def _real_folder(folder: Path) -> Path:
     """The folder with links resolved; a loop or a missing path is a one-line CheckpointError."""
     try:
-        real = Path(os.path.realpath(folder, strict=True))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        real = resolve_inside(folder)
+    except PathRefused as exc:
+        if exc.kind == "loop":
             raise CheckpointError(f"checkpoint folder {folder} is a symlink loop") from exc
-        raise CheckpointError(f"cannot open checkpoint folder {folder}: {exc.strerror or exc}") from exc
+        reason = (exc.error.strerror if exc.error else None) or exc.error or exc
+        raise CheckpointError(f"cannot open checkpoint folder {folder}: {reason}") from exc
     if not real.is_dir():
         raise CheckpointError(f"checkpoint path {folder} is not a directory")
     return real
@@ -130,16 +131,16 @@ def _check_entries(folder: Path) -> None:
         path = Path(entry.path)
         if entry.is_symlink():
             try:
-                target = Path(os.path.realpath(path, strict=True))
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
+                target = resolve_inside(path, allowed)
+            except PathRefused as exc:
+                if exc.kind == "loop":
                     raise CheckpointError(f"{path} is a symlink loop") from exc
+                if exc.kind == "outside":
+                    raise UnsafeCheckpointError(
+                        f"symlink {path} points outside the model folder (to {exc.target}); hubtrace never follows "
+                        "links out of a model folder"
+                    ) from exc
                 continue  # dangling: harmless unless hubtrace needs the file, and then opening it says so
-            if not any(target.is_relative_to(root) for root in allowed):
-                raise UnsafeCheckpointError(
-                    f"symlink {path} points outside the model folder (to {target}); hubtrace never follows links "
-                    "out of a model folder"
-                )
         else:
             target = path
         try:

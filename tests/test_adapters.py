@@ -22,10 +22,11 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.activations import ACT2FN
 
+from scanner.adapters import FAMILIES as ADAPTER_FAMILIES
 from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
 from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
-from tests.tiny_models import D, FAMILIES, GEMMA_FAMILIES, H, LAYERS, VOCAB, gemma3_multimodal, save_random
+from tests.tiny_models import FAMILIES, GEMMA_FAMILIES, LAYERS, VOCAB, D, H, gemma3_multimodal, save_random
 
 
 @dataclass
@@ -320,6 +321,14 @@ def test_config_defaults_and_legacy_values_follow_transformers(tmp_path: Path) -
     shape = adapter_for(open_checkpoint(folder)).shape
     assert shape.hidden_act == "gelu_pytorch_tanh"
     assert shape.tie_word_embeddings
+
+
+def test_every_row_of_the_family_table_is_tested_and_claims_its_model_types_once() -> None:
+    # The parametrised tests above build one tiny model per key of tests.tiny_models.FAMILIES: a row added to
+    # the adapter table without a tiny model would go untested.
+    claimed = [model_type for family in ADAPTER_FAMILIES for model_type in family.model_types]
+    assert len(claimed) == len(set(claimed))
+    assert set(claimed) == set(FAMILIES)
 
 
 def test_unknown_model_type(llama_folder: Path, tmp_path: Path) -> None:

@@ -7,8 +7,14 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from scanner.stats import assignment
-from scanner.stats.assignment import AssignmentStats, max_weight_assignment, solve_assignment
+from scanner.stats.assignment import (
+    AssignmentStats,
+    candidates,
+    certificate,
+    max_weight_assignment,
+    solve,
+    solve_assignment,
+)
 from scanner.stats.matching import cosine_similarity_matrix
 
 
@@ -116,7 +122,7 @@ def test_random_matrix_with_tiny_candidate_sets_enlarges_until_certified(rows: i
 
 
 def test_a_wrong_repair_is_caught_and_solved_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_repair = assignment._repair
+    real_repair = solve._repair
     calls = []
 
     def worse_repair(indptr, indices, values, x_old, D_old, rows):
@@ -129,10 +135,10 @@ def test_a_wrong_repair_is_caught_and_solved_afresh(monkeypatch: pytest.MonkeyPa
                 b = indices[indptr[k] : indptr[k + 1]]
                 if x[k] in a and x[i] in b:
                     x[[i, k]] = x[[k, i]]
-                    return assignment._validated(x, indptr, indices, n, D.size), D
+                    return candidates.validated(x, indptr, indices, n, D.size), D
         raise AssertionError("no swappable pair")
 
-    monkeypatch.setattr(assignment, "_repair", worse_repair)
+    monkeypatch.setattr(solve, "_repair", worse_repair)
     similarity = _band_adversary(64, 32, seed=5)
     result = solve_assignment(similarity, candidates=2)
     _assert_same_as_scipy(similarity, result)
@@ -177,7 +183,7 @@ def test_a_wrong_sparse_solver_answer_is_never_returned(monkeypatch: pytest.Monk
             worse[[0, 1]] = worse[[1, 0]]  # a valid permutation, not optimal
             return worse, np.argsort(worse)
 
-    monkeypatch.setattr(assignment, "_lap", ReversedLap)
+    monkeypatch.setattr(solve, "_lap", ReversedLap)
     result = solve_assignment(similarity)
     _assert_same_as_scipy(similarity, result)
     assert result.stats.solver == "scipy-sparse"  # lapmod's answer was rejected
@@ -191,11 +197,11 @@ def test_potentials_reject_a_suboptimal_sparse_matching() -> None:
     indptr = np.array([0, 2, 4])
     x = np.array([0, 1])
     hit = np.array([0, 3])
-    assert assignment._potentials(indptr, indices, values, (x, hit), 2) is None
+    assert certificate.potentials(indptr, indices, values, (x, hit), 2) is None
     x, hit = np.array([1, 0]), np.array([1, 2])
-    certificate = assignment._potentials(indptr, indices, values, (x, hit), 2)
-    assert certificate is not None
-    _, u, D, tol = certificate
+    proof = certificate.potentials(indptr, indices, values, (x, hit), 2)
+    assert proof is not None
+    _, u, D, tol = proof
     full = values.reshape(2, 2)
     assert np.all(u[:, None] + D[None, :] >= full - tol)
 

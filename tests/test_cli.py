@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from scanner.cli import EXIT_REFUSED, app
+from jobs.cli import EXIT_REFUSED, app
 from scanner.zoo import Zoo
 from scanner.zoo.arch import ArchSpec, new_model, save_model
 

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from scanner.activations import MLPActivations, glu_activations, load_causal_lm, mlp_inputs
 from scanner.adapters import ArchitectureAdapter, adapter_for
 from scanner.checkpoint import Checkpoint, open_checkpoint
-from scanner.cli import EXIT_REFUSED, app
+from jobs.cli import EXIT_REFUSED, app
 from scanner.compare import compare_models
 from scanner.errors import FingerprintError, IncomparableError
 from scanner.fingerprint import (

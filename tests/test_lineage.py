@@ -219,7 +219,6 @@ def _truth(zoo: Zoo) -> dict:
     return {m["id"]: m for m in json.loads((Path(zoo[zoo.ids[0]].path).parents[1] / "ground_truth.json").read_text())["models"]}
 
 
-@pytest.mark.slow
 def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], zoo_models: list[ModelInfo]) -> None:
     lineage = compute_lineage(zoo_models, zoo_pairs, q=0.05, method="bh")
     truth = _truth(zoo)
@@ -259,7 +258,6 @@ def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], z
     assert tree_edges == set(true_edges)  # the depth prune under the base, the remix under chat, both merge parents
 
 
-@pytest.mark.slow
 def test_exports_parse_back_and_render(zoo_pairs: list[PairTest], zoo_models: list[ModelInfo], tmp_path: Path) -> None:
     lineage = compute_lineage(zoo_models, zoo_pairs)
     graph = lineage_graph(lineage)
@@ -283,7 +281,6 @@ def test_exports_parse_back_and_render(zoo_pairs: list[PairTest], zoo_models: li
     assert set(sub.nodes) == set(lineage.family_of("kestrel/aurora-lite").members)
 
 
-@pytest.mark.slow
 def test_html_shows_every_model_in_headless_chromium(zoo_pairs, zoo_models, tmp_path: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "Debian's chromium is needed: apt-get install chromium"

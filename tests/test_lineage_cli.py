@@ -27,9 +27,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from jobs.actors import PairJob, fingerprint_record
-from jobs.scan import ScanObserver, _Scan, discover
+from jobs.scan_job import ScanObserver, _Scan, discover
 from lineage_graph.export import FORMATS
-from scanner.cli import EXIT_REFUSED, app
+from jobs.cli import EXIT_REFUSED, app
 from scanner.fingerprint import read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.store import PairTestRow, Store

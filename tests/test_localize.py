@@ -18,7 +18,7 @@ from scipy.stats import kstest
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
-from scanner.cli import EXIT_REFUSED, app
+from jobs.cli import EXIT_REFUSED, app
 from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
 from scanner.inputs import InputSpec
 from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map
@@ -177,3 +177,26 @@ def test_screened_localize_maps_what_the_full_one_maps(template: Fingerprint) ->
     assert all(p.log10_p == mapped[(p.layer_a, p.layer_b)] for p in screened.pairs if (p.layer_a, p.layer_b) in mapped)
     ended = int(screened.notes[-1].split()[0])
     assert ended >= 30 and "screen on 128 units" in screened.notes[-1]  # of the 32 independent pairs
+
+
+def test_cli_localizes_two_folders_with_different_vocabularies(tmp_path: Path) -> None:
+    """A copy with a padded vocabulary is localized on the shared id range, as `hubtrace test` compares it
+    (one function, scanner.fingerprint.fingerprint_pair, picks the input set for both commands)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_models import FAMILIES, save_random
+
+    base, padded = tmp_path / "org" / "base", tmp_path / "org" / "padded"
+    save_random(FAMILIES["llama"].config(), base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    model.resize_token_embeddings(model.config.vocab_size + 32)
+    model.save_pretrained(padded, safe_serialization=True)
+
+    result = runner.invoke(app, ["localize", str(base), str(padded), "--json"])
+
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [(m["layer_a"], m["layer_b"]) for m in data["map"]] == [(0, 0), (1, 1)]
+    tested = runner.invoke(app, ["test", str(base), str(padded), "--json"])
+    assert tested.exit_code == 0, tested.output
+    assert json.loads(tested.stdout)["inputs"].endswith("ids<128")

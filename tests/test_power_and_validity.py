@@ -14,8 +14,6 @@ from scanner.compare import compare_models
 from scanner.stats.logp import log10_fisher
 from scanner.zoo import Zoo
 
-pytestmark = pytest.mark.slow
-
 #: alpha of each KS test: a false-failure rate of 0.1% per statistic if the p-values were exactly uniform and the
 #: 66 pairs independent (they share models, which widens the spread of the KS distance a little).
 KS_ALPHA = 1e-3

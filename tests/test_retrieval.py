@@ -5,7 +5,6 @@ superseded revisions and is rebuilt when it does not match its manifest."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from itertools import combinations
 
 import numpy as np

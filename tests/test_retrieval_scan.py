@@ -12,8 +12,8 @@ import pytest
 import ray
 from typer.testing import CliRunner
 
-from jobs.scan import run_scan
-from scanner.cli import app
+from jobs.cli import app
+from jobs.scan_job import run_scan
 from scanner.retrieval.hub import index_folder
 from tests.scan_support import SUBSET, copy_models, query, scan_config
 
@@ -38,7 +38,8 @@ def test_candidates_test_every_dependent_pair_and_declared_pair_but_not_the_twin
     tested = {(a, b) for a, b in query(config.db_path, "SELECT model_a, model_b FROM current_pair_tests").iter_rows()}
     dependent = {tuple(sorted(p)) for p in combinations(SUBSET, 2) if zoo.dependent(*p)}
     assert dependent <= tested
-    declared = {("aurora-labs/aurora-base", "ember-ml/ember-small"), ("aurora-labs/aurora-base", "finch-nlp/aurora-chat")}
+    declared = {("aurora-labs/aurora-base", "ember-ml/ember-small"),
+                ("aurora-labs/aurora-base", "finch-nlp/aurora-chat")}
     assert declared <= tested
     assert not any("tundra-research/tundra-64" in pair for pair in tested), "the independent twin was tested"
     pairs = summary.to_json_dict()["pairs"]

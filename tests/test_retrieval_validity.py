@@ -40,7 +40,7 @@ def _independent_models(template: Fingerprint) -> dict[str, Fingerprint]:
     for m in range(MODELS):
         strength = rng.uniform(0.0, 3.0)
 
-        def part() -> np.ndarray:
+        def part(strength: float = strength) -> np.ndarray:
             return (strength * rng.standard_normal((UNITS, RANK)) @ shared
                     + rng.standard_normal((UNITS, TOKENS))).astype(np.float32)
 

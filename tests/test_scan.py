@@ -20,7 +20,7 @@ import ray
 import yaml
 
 from jobs.pool import FingerprintPool
-from jobs.scan import ScanObserver, run_scan
+from jobs.scan_job import ScanObserver, run_scan
 from scanner.sources import ModelRecord
 from scanner.testing.broken import build_broken_corpus
 from scanner.testing.fake_hub import FakeHub
@@ -235,3 +235,24 @@ def test_a_hub_source_is_fetched_at_the_listed_sha_and_rescanned_only_when_it_ch
 
     assert (again.models, again.skipped, again.fingerprinted, again.pairs_tested, again.failed) == (3, 3, 0, 0, 0)
     assert {r.path for r in second_requests} == {"/api/models"}  # the listing alone: no model info, no download
+
+
+def test_scan_of_a_local_folder_needs_no_config(zoo, local_ray, tmp_path, monkeypatch):
+    """`hubtrace scan --local DIR`, as a newcomer types it: configs/local-folder.yaml's defaults, output under
+    hubtrace-out/local of the working directory."""
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    pair = ("aurora-labs/aurora-base", "finch-nlp/aurora-chat")
+    root = copy_models(zoo, pair, tmp_path / "models")
+    monkeypatch.chdir(tmp_path)
+
+    result = CliRunner().invoke(app, ["scan", "--local", str(root)])
+
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "hubtrace-out" / "local"
+    assert sorted(query(out / "hubtrace.duckdb", "SELECT model_id FROM fingerprints")["model_id"]) == list(pair)
+    tests = query(out / "hubtrace.duckdb", "SELECT log10_p FROM current_pair_tests")
+    assert tests.height == 1 and tests["log10_p"][0] <= -20
+    assert {p.name for p in (out / "exports").iterdir()} == {"lineage.html", "lineage.graphml", "lineage.json"}

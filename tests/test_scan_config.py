@@ -78,3 +78,18 @@ def test_pool_asks_for_gpus_only_when_the_cluster_has_them():
     needs_gpu = config.model_copy(update={"devices": config.devices.model_copy(update={"mode": "gpu"})})
     with pytest.raises(NoGpuError):
         pool_shape(needs_gpu, {"CPU": 4.0})
+
+
+def test_a_local_folder_without_a_config_gets_the_local_folder_yaml(tmp_path: Path) -> None:
+    """`hubtrace scan --local DIR` alone scans exactly as configs/local-folder.yaml with --local DIR."""
+    from jobs.config import local_folder_config
+
+    written = load_config(REPO / "configs" / "local-folder.yaml").with_overrides(local=tmp_path)
+    assert local_folder_config(tmp_path) == written
+
+
+def test_every_source_kind_of_scanner_sources_has_a_config() -> None:
+    from jobs.config import SOURCE_CONFIGS
+    from scanner.sources import SOURCE_KINDS
+
+    assert tuple(SOURCE_CONFIGS) == SOURCE_KINDS

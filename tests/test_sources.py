@@ -22,7 +22,7 @@ from scanner.sources import (
     WHOLE_SOURCE,
     ModelRecord,
     RetryPolicy,
-    SourceError,
+    SourceFailure,
     SourceFetchError,
     discover_hf_cache,
     discover_hub,
@@ -52,7 +52,7 @@ def hub(zoo: Zoo):
 
 
 def records(items: list) -> dict[str, ModelRecord]:
-    assert all(isinstance(r, ModelRecord) for r in items), [r for r in items if isinstance(r, SourceError)]
+    assert all(isinstance(r, ModelRecord) for r in items), [r for r in items if isinstance(r, SourceFailure)]
     return {r.model_id: r for r in items}
 
 
@@ -105,7 +105,7 @@ def test_local_symlink_loops_and_escapes_are_source_errors(zoo: Zoo, tmp_path: P
     os.symlink(root / BASE, root / "escapes" / "alias")             # a link that stays inside the root is fine
 
     items = list(discover_local(root))
-    errors = {e.model_id: e.reason for e in items if isinstance(e, SourceError)}
+    errors = {e.model_id: e.reason for e in items if isinstance(e, SourceFailure)}
     assert set(errors) == {"loops/a", "loops/b", "loops/inner", "escapes/whole-model", "escapes/one-file"}
     assert all("symlink loop" in errors[k] for k in ("loops/a", "loops/b", "loops/inner"))
     assert all("outside the model root" in errors[k] for k in ("escapes/whole-model", "escapes/one-file"))
@@ -115,7 +115,7 @@ def test_local_symlink_loops_and_escapes_are_source_errors(zoo: Zoo, tmp_path: P
 
 def test_missing_local_root_is_one_source_error(tmp_path: Path) -> None:
     (error,) = discover_local(tmp_path / "nope")
-    assert isinstance(error, SourceError) and error.model_id == WHOLE_SOURCE and "unreadable" in error.reason
+    assert isinstance(error, SourceFailure) and error.model_id == WHOLE_SOURCE and "unreadable" in error.reason
 
 
 # -- Hub listing ---------------------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_hostile_cards_on_the_hub_become_notes(zoo: Zoo, hub: FakeHub) -> None:
 def test_listing_errors_end_as_one_source_error(hub: FakeHub) -> None:
     hub.fail(r"^/api/models\?.*cursor=", 400, times=None)        # page 1 fine, every later page refused
     items = list(discover_hub(endpoint=hub.endpoint))
-    assert [type(i) for i in items] == [ModelRecord] * 3 + [SourceError]
+    assert [type(i) for i in items] == [ModelRecord] * 3 + [SourceFailure]
     assert items[-1].model_id == WHOLE_SOURCE and "400" in items[-1].reason
 
 
@@ -340,7 +340,7 @@ def test_hf_cache_lists_materialized_and_downloaded_models(zoo: Zoo, hub: FakeHu
     (cache / "models--broken--repo").mkdir()                                    # no snapshots folder: corrupted
 
     items = list(discover_hf_cache(cache))
-    errors = [i for i in items if isinstance(i, SourceError)]
+    errors = [i for i in items if isinstance(i, SourceFailure)]
     assert [e.model_id for e in errors] == ["broken/repo"]
     found = records([i for i in items if isinstance(i, ModelRecord)])
     assert sorted(found) == [CHAT, soup]
@@ -355,4 +355,4 @@ def test_hf_cache_lists_materialized_and_downloaded_models(zoo: Zoo, hub: FakeHu
 
 def test_missing_hf_cache_is_one_source_error(tmp_path: Path) -> None:
     (error,) = discover_hf_cache(tmp_path / "nothing-here")
-    assert isinstance(error, SourceError) and error.model_id == WHOLE_SOURCE
+    assert isinstance(error, SourceFailure) and error.model_id == WHOLE_SOURCE

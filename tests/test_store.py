@@ -9,8 +9,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from scanner.store import LATEST_VERSION, MIGRATIONS, Store, StoreError, StoreLockedError
-from scanner.store import queries
+from scanner.store import LATEST_VERSION, MIGRATIONS, Store, StoreError, StoreLockedError, queries
 from scanner.store.schema import CORE_DDL, SCHEMA_VERSION_DDL
 from tests.store_support import T0, Meta, record, scanned_hub, test_row, writer_holding
 
@@ -89,8 +88,8 @@ def test_every_write_is_idempotent_on_retry(db: Path) -> None:
             store.put_pair_tests(batch)
             store.record_error(run, "org/x", "r1", "/hub/org/x", "fingerprint", "CheckpointError", "truncated")
         assert [count(store, t) for t in ("models", "fingerprints", "pair_tests", "scan_errors")] == [1, 1, 2, 1]
-        assert store.fingerprint_path("org/a", "r1", "v1") == "/fp/a.safetensors"
-        assert store.fingerprint_path("org/a", "r2", "v1") is None
+        assert store.recorded_fingerprint_path("org/a", "r1", "v1") == "/fp/a.safetensors"
+        assert store.recorded_fingerprint_path("org/a", "r2", "v1") is None
         # a retried batch that repeats a pair inside itself keeps the last one
         store.put_pair_tests([test_row("org/a", "r1", "org/c", "r1", -2.0, run),
                               test_row("org/c", "r1", "org/a", "r1", -3.0, run)])

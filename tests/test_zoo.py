@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -23,8 +22,6 @@ from scanner.zoo import (
 )
 from scanner.zoo.arch import new_model
 from scanner.zoo.camouflage import camouflage
-
-pytestmark = pytest.mark.slow
 
 BASE = "aurora-labs/aurora-base"
 TWIN = "tundra-research/tundra-64"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from scanner.retrieval.candidates import CandidatePair, scored_pairs, select
 from scanner.retrieval.index import ModelKey, RetrievalIndex, load_or_make_entry
-from scanner.retrieval.signatures import SignatureParams
+from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams
 
 #: Weight tensors whose byte-identity says nothing (a freshly initialised norm is all ones in every model).
 UNINFORMATIVE_TENSOR_WORDS = ("norm", "bias", "rotary", "inv_freq")
@@ -50,7 +50,7 @@ def index_folder(db_path: str | Path) -> Path:
 
 
 def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_score: int,
-                   params: SignatureParams = SignatureParams(), before_save=None) -> RetrievalRun:
+                   params: SignatureParams = DEFAULT_PARAMS, before_save=None) -> RetrievalRun:
     """For each input set: drop superseded or vanished revisions from its index, add and query the new ones,
     return the pairs scoring at least ``min_score``. ``before_save(run)`` is called before an index is written
     (the scan stores the pairs there first, so a crash in between only repeats the query next time)."""
@@ -64,10 +64,10 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
             run.rebuilt[input_set] = index.rebuilt_because
         entries = {}
 
-        def loader(model: IndexedModel):  # noqa: ANN202
+        def loader(model: IndexedModel, loaded: dict = entries):  # noqa: ANN202
             def load():  # noqa: ANN202
-                entries[model.key] = load_or_make_entry(model.fingerprint_path, params)
-                return entries[model.key]
+                loaded[model.key] = load_or_make_entry(model.fingerprint_path, params)
+                return loaded[model.key]
             return load
 
         removed, added = index.sync({key: loader(model) for key, model in members.items()})
@@ -80,7 +80,7 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
     return run
 
 
-def similar_models(folder: str | Path, model: IndexedModel, *, params: SignatureParams = SignatureParams(),
+def similar_models(folder: str | Path, model: IndexedModel, *, params: SignatureParams = DEFAULT_PARAMS,
                    limit: int = 20) -> list[CandidatePair]:
     """The models nearest to ``model`` by collision score (any score above zero), best first; reads the index,
     never writes it."""

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from safetensors.numpy import load_file, save_file
 
 from scanner.errors import FingerprintError
 from scanner.retrieval.collisions import ROW_BITS, close_pairs, vector_id
-from scanner.retrieval.signatures import RetrievalEntry, SignatureParams
+from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
 FLAT_LIMIT = 65_536
 """Above this many vectors the index is an IVF; below, exact search is cheaper than training one."""
@@ -46,6 +46,9 @@ class SearchParams:
 
     neighbours: int = 32
     threshold: float = 0.6
+
+
+DEFAULT_SEARCH = SearchParams()
 
 
 def entry_path(fingerprint_path: str | Path) -> Path:
@@ -99,8 +102,8 @@ class RetrievalIndex:
     """The index of one input set's current models. ``sync`` brings it to a set of models; ``search`` finds the
     close signature pairs of some of them against everything held."""
 
-    def __init__(self, folder: str | Path, input_set: str, params: SignatureParams = SignatureParams(),
-                 search: SearchParams = SearchParams()) -> None:
+    def __init__(self, folder: str | Path, input_set: str, params: SignatureParams = DEFAULT_PARAMS,
+                 search: SearchParams = DEFAULT_SEARCH) -> None:
         import faiss
 
         self.folder = Path(folder) / hashlib.sha256(input_set.encode()).hexdigest()[:16]

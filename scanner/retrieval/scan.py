@@ -15,10 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from scanner.fingerprint import read_fingerprint_meta
 from scanner.errors import FingerprintError
-from scanner.retrieval.hub import (IndexedModel, RetrievalRun, family_pairs, identical_tensor_pairs, index_folder,
-                                   update_indexes)
+from scanner.fingerprint import read_fingerprint_meta
+from scanner.retrieval.hub import (
+    IndexedModel,
+    RetrievalRun,
+    family_pairs,
+    identical_tensor_pairs,
+    index_folder,
+    update_indexes,
+)
 from scanner.store import CandidateRow, Store
 
 PairKey = tuple[str, str, str, str]

@@ -87,7 +87,10 @@ def select_units(signatures: np.ndarray, params: SignatureParams, tokens: int, k
     return top[np.lexsort((signatures[top].sum(axis=1), -scores[top]))]
 
 
-def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = SignatureParams()) -> RetrievalEntry:
+DEFAULT_PARAMS = SignatureParams()
+
+
+def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_PARAMS) -> RetrievalEntry:
     """The entry of a fingerprint: ``query_units_per_block`` signatures of every block (all experts competing),
     the first ``units_per_block`` of them indexed.
 

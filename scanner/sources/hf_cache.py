@@ -20,23 +20,23 @@ from huggingface_hub.utils import CachedRepoInfo, CachedRevisionInfo
 
 from scanner.cards import read_card
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS
-from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceError, record_from_card
+from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 _MODEL_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", *PICKLE_WEIGHT_PATTERNS)
 _REPO_FOLDER = re.compile(r"models--([^/\\'\"\s]+?)--([^/\\'\"\s]+)")
 
 
-def discover_hf_cache(cache_dir: Path | None = None) -> Iterator[ModelRecord | SourceError]:
+def discover_hf_cache(cache_dir: Path | None = None) -> Iterator[ModelRecord | SourceFailure]:
     """One record per cached model repo (revision = the snapshot's commit hash, location = its folder)."""
     try:
         info = scan_cache_dir(cache_dir)
     except (CacheNotFound, OSError) as e:
-        yield SourceError(WHOLE_SOURCE, str(cache_dir or "HF_HUB_CACHE"), f"Hugging Face cache unreadable: {e}")
+        yield SourceFailure(WHOLE_SOURCE, str(cache_dir or "HF_HUB_CACHE"), f"Hugging Face cache unreadable: {e}")
         return
     for warning in info.warnings:
         match = _REPO_FOLDER.search(str(warning))
         model_id = f"{match.group(1)}/{match.group(2)}" if match else WHOLE_SOURCE
-        yield SourceError(model_id, str(info.cache_dir or cache_dir), f"corrupted cache entry: {warning}")
+        yield SourceFailure(model_id, str(info.cache_dir or cache_dir), f"corrupted cache entry: {warning}")
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model":
             continue

@@ -19,8 +19,8 @@ import httpx2
 from huggingface_hub import HfApi, ModelInfo, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
     XetDownloadError,
@@ -30,8 +30,8 @@ from huggingface_hub.utils import validate_repo_id
 
 from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES
-from scanner.errors import CheckpointError, UnsafeCheckpointError
-from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceError, SourceFetchError
+from scanner.errors import CheckpointError, UnsafeCheckpointError, one_line
+from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, SourceFetchError
 from scanner.sources.retry import RetryPolicy, call_with_retries
 
 T = TypeVar("T")
@@ -46,11 +46,11 @@ _FETCH_ERRORS = (HfHubHTTPError, EntryNotFoundError, httpx2.HTTPError, XetDownlo
 
 def discover_hub(*, endpoint: str | None = None, token: str | None = None, author: str | None = None,
                  search: str | None = None, filter: str | None = None, limit: int | None = None
-                 ) -> Iterator[ModelRecord | SourceError]:
+                 ) -> Iterator[ModelRecord | SourceFailure]:
     """Records for the models the Hub lists for these filters (at most ``limit``), in the Hub's order.
 
-    A listing that fails after the client's own retries ends the iteration with one `SourceError` for the whole
-    source; a listed model without a usable id or sha becomes a `SourceError` of its own.
+    A listing that fails after the client's own retries ends the iteration with one `SourceFailure` for the whole
+    source; a listed model without a usable id or sha becomes a `SourceFailure` of its own.
     """
     api = HfApi(endpoint=endpoint.rstrip("/") if endpoint else None, token=token)
     models = iter(api.list_models(author=author, search=search, filter=filter, limit=limit, expand=LIST_EXPAND))
@@ -60,22 +60,22 @@ def discover_hub(*, endpoint: str | None = None, token: str | None = None, autho
         except StopIteration:
             return
         except (HfHubHTTPError, httpx2.HTTPError, ValueError, TypeError, KeyError) as e:
-            yield SourceError(WHOLE_SOURCE, f"{api.endpoint}/api/models", f"listing models failed: {_one_line(e)}")
+            yield SourceFailure(WHOLE_SOURCE, f"{api.endpoint}/api/models", f"listing models failed: {one_line(e, 300)}")
             return
         yield hub_record(info, api.endpoint)
 
 
-def hub_record(info: ModelInfo, endpoint: str) -> ModelRecord | SourceError:
+def hub_record(info: ModelInfo, endpoint: str) -> ModelRecord | SourceFailure:
     """The record for one listed model: its sha, dates, tags and the lineage its card (or the Hub) declares."""
     location = f"{endpoint}/{info.id}"
     try:
         validate_repo_id(info.id)
     except HFValidationError as e:
-        return SourceError(str(info.id), location, f"not a valid repo id: {_one_line(e)}")
+        return SourceFailure(str(info.id), location, f"not a valid repo id: {one_line(e, 300)}")
     if "/" not in info.id:
-        return SourceError(info.id, location, "repo id has no organisation (expected org/name)")
+        return SourceFailure(info.id, location, "repo id has no organisation (expected org/name)")
     if not info.sha:
-        return SourceError(info.id, location, "the Hub listed no commit sha for this model")
+        return SourceFailure(info.id, location, "the Hub listed no commit sha for this model")
     card_data = info.card_data.to_dict() if isinstance(info.card_data, CardData) else info.card_data
     card = card_from_metadata(card_data)
     hub_tags = tuple(t for t in info.tags or () if isinstance(t, str))
@@ -161,7 +161,7 @@ def _shards(where: str, index: Path, files: set[str]) -> list[str]:
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
     except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{where}: {SHARD_INDEX} is not a JSON object: {_one_line(e)}") from e
+        raise CheckpointError(f"{where}: {SHARD_INDEX} is not a JSON object: {one_line(e, 300)}") from e
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{where}: {SHARD_INDEX} has no weight_map")
     shards = sorted({str(v) for v in weight_map.values()})
@@ -183,7 +183,7 @@ def _fetching(where: str, what: str, retry: RetryPolicy, fn: Callable[[], T]) ->
     except _FETCH_ERRORS as e:
         status = getattr(getattr(e, "response", None), "status_code", None)
         detail = f"HTTP {status}" if status else type(e).__name__
-        raise SourceFetchError(f"{where}: fetching {what} failed ({detail}): {_one_line(e)}") from e
+        raise SourceFetchError(f"{where}: fetching {what} failed ({detail}): {one_line(e, 300)}") from e
 
 
 def _declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
@@ -213,8 +213,3 @@ def _declared_by_base_models(value: object) -> tuple[tuple[str, ...], str | None
         if isinstance(models, list) else ()
     relation = value.get("relation")
     return ids, relation if relation in HUB_RELATION_VALUES else None
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text[:300] if text else type(error).__name__

@@ -2,14 +2,13 @@
 
 Every ``org/name`` directory is a candidate model, including ones that turn out broken (no config, pickle only,
 empty): they get a record so that the scan can record why they failed. What discovery itself cannot do safely is
-a `SourceError` instead: a symlink loop, a link that leaves the root, an unreadable directory. The revision is a
+a `SourceFailure` instead: a symlink loop, a link that leaves the root, an unreadable directory. The revision is a
 hash over the files' relative paths, sizes and modification times, so an edited model gets a new revision
 without reading any weights.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -18,7 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from scanner.cards import read_card
-from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceError, record_from_card
+from scanner.files import PathRefused, resolve_inside
+from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
 MAX_FILES = 10_000
@@ -26,23 +26,23 @@ MAX_DEPTH = 8
 
 
 class _Unsafe(Exception):
-    """A path discovery refuses to follow; the message becomes a SourceError reason."""
+    """A path discovery refuses to follow; the message becomes a SourceFailure reason."""
 
 
-def discover_local(root: Path) -> Iterator[ModelRecord | SourceError]:
-    """One record (or SourceError) per ``org/name`` directory under ``root``, in sorted order."""
+def discover_local(root: Path) -> Iterator[ModelRecord | SourceFailure]:
+    """One record (or SourceFailure) per ``org/name`` directory under ``root``, in sorted order."""
     try:
-        real_root = Path(os.path.realpath(root, strict=True))
-    except OSError as e:
-        yield SourceError(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e)}")
+        real_root = resolve_inside(root)
+    except PathRefused as e:
+        yield SourceFailure(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e.error or e)}")
         return
     if not real_root.is_dir():
-        yield SourceError(WHOLE_SOURCE, str(root), "local model root is not a directory")
+        yield SourceFailure(WHOLE_SOURCE, str(root), "local model root is not a directory")
         return
     try:
         orgs = _children(real_root)
     except OSError as e:
-        yield SourceError(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e)}")
+        yield SourceFailure(WHOLE_SOURCE, str(root), f"local model root unreadable: {_describe(e)}")
         return
     for org in orgs:
         try:
@@ -51,7 +51,7 @@ def discover_local(root: Path) -> Iterator[ModelRecord | SourceError]:
                 continue  # loose files next to the org folders (e.g. a manifest) are not models
             names = _children(org_dir)
         except (_Unsafe, OSError) as e:
-            yield SourceError(org.name, str(org), _describe(e))
+            yield SourceFailure(org.name, str(org), _describe(e))
             continue
         for entry in names:
             model_id = f"{org.name}/{entry.name}"
@@ -61,7 +61,7 @@ def discover_local(root: Path) -> Iterator[ModelRecord | SourceError]:
                     continue
                 yield _record(real_root, model_id, model_dir)
             except (_Unsafe, OSError) as e:
-                yield SourceError(model_id, str(entry), _describe(e))
+                yield SourceFailure(model_id, str(entry), _describe(e))
 
 
 def _record(real_root: Path, model_id: str, model_dir: Path) -> ModelRecord:
@@ -112,14 +112,13 @@ def _children(folder: Path) -> list[Path]:
 def _inside(real_root: Path, path: Path) -> Path:
     """``path`` with links resolved, refusing loops, dangling links and anything outside the root."""
     try:
-        real = Path(os.path.realpath(path, strict=True))
-    except OSError as e:
-        if e.errno == errno.ELOOP:
+        return resolve_inside(path, [real_root])
+    except PathRefused as e:
+        if e.kind == "outside":
+            raise _Unsafe(f"{path.name}: symlink points outside the model root (to {e.target})") from e
+        if e.kind == "loop":
             raise _Unsafe(f"{path.name}: symlink loop") from e
-        raise _Unsafe(f"{path.name}: {_describe(e)}") from e
-    if real != real_root and not real.is_relative_to(real_root):
-        raise _Unsafe(f"{path.name}: symlink points outside the model root (to {real})")
-    return real
+        raise _Unsafe(f"{path.name}: {_describe(e.error or e)}") from e
 
 
 def _describe(error: Exception) -> str:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal, get_args
 
 from scanner.cards import Card
 from scanner.errors import HubtraceError
 
-#: ``SourceError.model_id`` when a whole source failed (unreadable root, listing that errored) rather than one model.
+SourceKind = Literal["local", "hf_cache", "hub"]
+SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)
+
+#: ``SourceFailure.model_id`` when a whole source failed (unreadable root, listing that errored) rather than one model.
 WHOLE_SOURCE = "*"
 
 
@@ -19,7 +23,7 @@ class ModelRecord:
 
     model_id: str                 # "org/name"
     revision: str                 # hub commit sha; local: sha256 over (relative path, size, mtime_ns) of its files
-    source: str                   # "local" | "hf_cache" | "hub"
+    source: SourceKind
     location: str                 # local folder, or "<endpoint>/<model_id>" before download
     base_models: tuple[str, ...]  # declared: card base_model, or the Hub's baseModels / base_model: tags
     base_model_relation: str | None
@@ -32,7 +36,7 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
-class SourceError:
+class SourceFailure:
     """A model (or, with model_id == WHOLE_SOURCE, a whole source) that discovery could not turn into a record."""
 
     model_id: str

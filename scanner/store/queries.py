@@ -11,7 +11,7 @@ from datetime import datetime
 
 import polars as pl
 
-from scanner.store.store import Store
+from scanner.store.store import Store, StoreError
 
 DEFAULT_LOG10_P = -8.0
 """log10 p at or below which a raw pair test counts as dependence: about a 5% Bonferroni bound over 2 million
@@ -183,6 +183,46 @@ def run_errors(store: Store, run_id: str | None = None) -> pl.DataFrame:
 def runs(store: Store) -> pl.DataFrame:
     """Every run, newest first, with its counts."""
     return store.query(RUNS_SQL)
+
+
+def current_model_rows(store: Store, model_ids: list[str]) -> dict[str, dict]:
+    """Every column of the current row of each of these models that the store knows, by model id."""
+    placeholders = ", ".join("?" for _ in model_ids) or "NULL"
+    frame = store.query(f"SELECT * FROM current_models WHERE model_id IN ({placeholders})", list(model_ids))
+    return {row["model_id"]: row for row in frame.iter_rows(named=True)}
+
+
+def revision_history(store: Store, model_ids: list[str]) -> pl.DataFrame:
+    """Every stored revision of these models (superseded ones included) with the runs that saw it."""
+    placeholders = ", ".join("?" for _ in model_ids) or "NULL"
+    return store.query(
+        "SELECT model_id, revision, status, first_seen_run, last_seen_run FROM models "
+        f"WHERE model_id IN ({placeholders}) ORDER BY model_id, first_seen_run", list(model_ids))
+
+
+def pair_tests_between(store: Store, model_a: str, model_b: str) -> pl.DataFrame:
+    """The current tests of one pair (``model_a < model_b``), one row per statistic and input set."""
+    return store.query(
+        "SELECT statistic, input_set, log10_p, tested_at FROM current_pair_tests WHERE model_a = ? AND model_b = ? "
+        "ORDER BY statistic", [model_a, model_b])
+
+
+READ_STATEMENTS = ("SELECT", "EXPLAIN")
+"""DuckDB statement types that `read_only_query` runs; DESCRIBE, SHOW, SUMMARIZE, FROM-first queries and VALUES
+parse as SELECT."""
+
+
+def read_only_query(store: Store, sql: str) -> pl.DataFrame:
+    """Run ``sql`` if it is exactly one query. DuckDB's read-only mode still lets a statement write files
+    (``COPY ... TO``, ``EXPORT DATABASE``) or change the session, so anything but a query is refused unrun."""
+    statements = store.connection.extract_statements(sql)
+    if len(statements) != 1:
+        raise StoreError(f"give exactly one SQL statement; got {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in READ_STATEMENTS:
+        raise StoreError(f"{kind} refused: hubtrace query only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, "
+                         f"EXPLAIN); the database is written by scans alone")
+    return store.query(sql)
 
 
 CURRENT_FINGERPRINTS_SQL = """

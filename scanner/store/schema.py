@@ -46,6 +46,28 @@ CORE_DDL: tuple[str, ...] = (
 )
 
 
+LINEAGE_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS lineage_edges (
+        model_a VARCHAR, model_b VARCHAR, statistic VARCHAR, input_set VARCHAR,
+        log10_p DOUBLE, log10_q DOUBLE, dependent BOOLEAN, joins_family BOOLEAN,
+        parent VARCHAR, child VARCHAR, direction_confidence DOUBLE, direction_reasons VARCHAR[],
+        blocks_matched INTEGER, block_map JSON, family_id VARCHAR, tree_link VARCHAR,
+        q DOUBLE, method VARCHAR, built_at TIMESTAMPTZ,
+        PRIMARY KEY (model_a, model_b))""",
+    """CREATE TABLE IF NOT EXISTS families (
+        family_id VARCHAR PRIMARY KEY, root VARCHAR, n_members INTEGER,
+        first_built_at TIMESTAMPTZ, built_at TIMESTAMPTZ, q DOUBLE, method VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS family_members (
+        family_id VARCHAR, model_id VARCHAR, revision VARCHAR, is_root BOOLEAN,
+        parents VARCHAR[], merge_parents VARCHAR[],
+        PRIMARY KEY (family_id, model_id))""",
+    """CREATE TABLE IF NOT EXISTS discrepancies (
+        model_id VARCHAR, kind VARCHAR, related_model VARCHAR, confidence DOUBLE,
+        detail VARCHAR, evidence JSON, built_at TIMESTAMPTZ)""",
+)
+"""The lineage tables (written by lineage_graph through scanner.store.lineage_tables), migration 2."""
+
+
 CANDIDATE_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS candidate_pairs (
         model_a VARCHAR NOT NULL, revision_a VARCHAR NOT NULL, model_b VARCHAR NOT NULL, revision_b VARCHAR NOT NULL,
@@ -60,17 +82,10 @@ CANDIDATE_DDL: tuple[str, ...] = (
 )
 
 
-def _lineage_ddl() -> Sequence[str]:
-    # Imported when the migration runs: the lineage package (networkx, scipy) is not needed to open a store.
-    from lineage_graph.build import LINEAGE_DDL
-
-    return LINEAGE_DDL
-
-
 @dataclass(frozen=True)
 class Migration:
-    """One step of the schema: its version number, what it adds, and its DDL (a callable so a step's DDL may
-    live with the module that owns those tables)."""
+    """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
+    built only when it runs)."""
 
     version: int
     description: str
@@ -80,7 +95,8 @@ class Migration:
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "models, fingerprints, pair_tests, scan_runs, scan_errors and the current_* views",
               lambda: CORE_DDL),
-    Migration(2, "lineage tables: lineage_edges, families, family_members, discrepancies", _lineage_ddl),
+    Migration(2, "lineage tables: lineage_edges, families, family_members, discrepancies",
+              lambda: LINEAGE_DDL),
     Migration(4, "candidate_pairs (pairs candidate retrieval chose for a test) and current_candidate_pairs",
               lambda: CANDIDATE_DDL),
 )

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,7 +112,7 @@ class CandidateRow:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def new_run_id() -> str:
@@ -326,10 +326,35 @@ class Store:
             "hubtrace_version = excluded.hubtrace_version, run_id = excluded.run_id, created_at = excluded.created_at",
             [model_id, revision, input_set, str(path), file_sha256, n_tokens, __version__, run_id, _now()])
 
-    def fingerprint_path(self, model_id: str, revision: str, input_set: str) -> str | None:
+    def recorded_fingerprint_path(self, model_id: str, revision: str, input_set: str) -> str | None:
+        """The fingerprint file recorded for this model, revision and input set (it may have gone since)."""
         rows = self._rows("SELECT path FROM fingerprints WHERE model_id = ? AND revision = ? AND input_set = ?",
                           [model_id, revision, input_set])
         return rows[0][0] if rows else None
+
+    def fingerprints_on(self, input_set_prefix: str) -> list[tuple[str, str, str]]:
+        """(model_id, revision, recorded path) of every fingerprint whose input set starts with this prefix."""
+        return [tuple(r) for r in self._rows(
+            "SELECT model_id, revision, path FROM fingerprints WHERE starts_with(input_set, ?)", [input_set_prefix])]
+
+    def current_revisions(self) -> dict[str, tuple[str, str]]:
+        """model_id -> (revision, status) of every current (not superseded) model."""
+        return {m: (rev, status) for m, rev, status in self._rows(
+            "SELECT model_id, revision, status FROM current_models")}
+
+    def last_error_stages(self) -> dict[tuple[str, str], str]:
+        """(model_id, revision) -> the stage of its most recent scan error."""
+        return {(m, rev): stage for m, rev, stage in self._rows(
+            "SELECT model_id, revision, stage FROM scan_errors "
+            "QUALIFY row_number() OVER (PARTITION BY model_id, revision ORDER BY \"at\" DESC) = 1")}
+
+    def fingerprinted_ok_models(self, input_set_prefix: str) -> list[tuple[str, str, str, str, tuple[str, ...]]]:
+        """(model_id, revision, input_set, path, declared bases) of each current 'ok' model with a fingerprint on
+        an input set starting with this prefix, by model id: the candidates for pair tests."""
+        return [(m, rev, s, p, tuple(bases or ())) for m, rev, s, p, bases in self._rows(
+            "SELECT m.model_id, m.revision, f.input_set, f.path, m.declared_base_models "
+            "FROM current_models m JOIN fingerprints f USING (model_id, revision) "
+            "WHERE m.status = 'ok' AND starts_with(f.input_set, ?) ORDER BY m.model_id", [input_set_prefix])]
 
     # pair tests -----------------------------------------------------------------------------------------------
     def tested_pair_keys(self, statistic: str, input_set: str) -> set[PairKey]:
@@ -396,7 +421,8 @@ class Store:
                     "INSERT INTO candidate_pairs SELECT b.*, $run, $now FROM _candidate_batch b "
                     "ON CONFLICT DO UPDATE SET score = greatest(excluded.score, candidate_pairs.score), "
                     "rank = least(excluded.rank, candidate_pairs.rank), "
-                    "source = CASE WHEN excluded.source = 'retrieval' THEN 'retrieval' ELSE candidate_pairs.source END, "
+                    "source = CASE WHEN excluded.source = 'retrieval' THEN 'retrieval' "
+                    "ELSE candidate_pairs.source END, "
                     "block_map = CASE WHEN excluded.source = 'retrieval' THEN excluded.block_map "
                     "ELSE candidate_pairs.block_map END",
                     {"run": run_id, "now": _now()})

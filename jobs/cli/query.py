@@ -1,9 +1,8 @@
 """`hubtrace query`: the investigators' questions of a scan database (scanner.store.queries), or one read-only SQL
-statement, answered as a table, CSV or JSON, with no `duckdb` CLI needed (the Python package does not install one).
+statement (scanner.store.queries.read_only_query), answered as a table, CSV or JSON, with no `duckdb` CLI needed
+(the Python package does not install one).
 
-The file is opened read-only, so queries run beside other readers but not while a scan holds it. DuckDB's
-read-only mode still lets a statement write files (``COPY ... TO``, ``EXPORT DATABASE``) or change the session, so
-only queries are run at all; everything else is refused before it runs.
+The file is opened read-only, so queries run beside other readers but not while a scan holds it.
 """
 
 from __future__ import annotations
@@ -15,14 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from jobs.cli.refusals import CommandError
+from scanner.errors import one_line
+
 if TYPE_CHECKING:
     import polars as pl
 
     from scanner.store import Store
 
 FORMATS = ("table", "csv", "json")
-READ_STATEMENTS = ("SELECT", "EXPLAIN")
-"""DuckDB statement types that run; DESCRIBE, SHOW, SUMMARIZE, FROM-first queries and VALUES parse as SELECT."""
 TABLE_STR_CHARS = 200
 """Longer text cells end in an ellipsis in a table (whole error reasons and details fit); csv and json are never cut."""
 
@@ -62,12 +62,11 @@ def query_command(
     import duckdb
     import polars as pl
 
-    from scanner.cli import _fail
     from scanner.store import Store, StoreError, queries
 
     threshold = queries.DEFAULT_LOG10_P if log10_p_below is None else log10_p_below
     presets = {  # the question: (asked, how the store answers it)
-        "SQL": (sql is not None, lambda store: _read_only_query(store, sql)),
+        "SQL": (sql is not None, lambda store: queries.read_only_query(store, sql)),
         "--derives-from": (derives_from is not None, lambda store: queries.derives_from(store, derives_from)),
         "--depends-on": (depends_on is not None,
                          lambda store: queries.dependent_on(store, depends_on, log10_p_below=threshold)),
@@ -80,23 +79,24 @@ def query_command(
     }
     asked = [name for name, (given, _) in presets.items() if given]
     if len(asked) != 1:
-        _fail(f"give exactly one of SQL or a preset ({', '.join(list(presets)[1:])}); got "
+        raise CommandError(f"give exactly one of SQL or a preset ({', '.join(list(presets)[1:])}); got "
               f"{' and '.join(asked) or 'none'}")
     if run is not None and asked[0] not in ("--changes", "--errors"):
-        _fail("--run goes with --changes or --errors")
+        raise CommandError("--run goes with --changes or --errors")
     if fmt not in FORMATS:
-        _fail(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise CommandError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     try:
         with Store(db, read_only=True) as store:
             if run is not None and run not in queries.runs(store)["run_id"]:
                 raise StoreError(f"no scan run {run!r} in {db} (--runs lists them)")
             frame = presets[asked[0]][1](store)
     except StoreError as exc:
-        _fail(_one_line(exc))
+        raise CommandError(_without_excerpt(exc)) from exc
     except duckdb.Error as exc:
-        _fail(f"SQL: {_one_line(exc)}")
+        raise CommandError(f"SQL: {_without_excerpt(exc)}") from exc
     except pl.exceptions.PolarsError as exc:
-        _fail(f"cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): {_one_line(exc)}")
+        raise CommandError("cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): "
+                           f"{_without_excerpt(exc)}") from exc
     text = _render(frame, fmt)
     if out is None:
         typer.echo(text)
@@ -104,7 +104,7 @@ def query_command(
     try:
         out.write_text(text + "\n", encoding="utf-8")
     except OSError as exc:
-        _fail(f"cannot write {out}: {exc.strerror or exc}")
+        raise CommandError(f"cannot write {out}: {exc.strerror or exc}") from exc
     typer.echo(f"wrote {out} ({frame.height} rows)")
 
 
@@ -112,20 +112,6 @@ def _similar(store: Store, db: Path, model_id: str) -> pl.DataFrame:
     from scanner.retrieval.scan import similar as similar_models
 
     return similar_models(store, db, model_id)
-
-
-def _read_only_query(store: Store, sql: str) -> pl.DataFrame:
-    """Run ``sql`` if it is exactly one query; a statement that could write (even a file) is refused unrun."""
-    from scanner.store import StoreError
-
-    statements = store.connection.extract_statements(sql)
-    if len(statements) != 1:
-        raise StoreError(f"give exactly one SQL statement; got {len(statements)}")
-    kind = statements[0].type.name
-    if kind not in READ_STATEMENTS:
-        raise StoreError(f"{kind} refused: hubtrace query only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, "
-                         f"EXPLAIN); the database is written by scans alone")
-    return store.query(sql)
 
 
 def _render(frame: pl.DataFrame, fmt: str) -> str:
@@ -150,6 +136,6 @@ def _json_value(value: object) -> str:
     return value.isoformat() if isinstance(value, date | time) else str(value)
 
 
-def _one_line(error: Exception) -> str:
+def _without_excerpt(error: Exception) -> str:
     """The message on one line, without the ``LINE 1: ... ^`` excerpt DuckDB adds (it only reads on several)."""
-    return " ".join(str(error).split("\nLINE ")[0].split())
+    return one_line(str(error).split("\nLINE ")[0], limit=None)

@@ -8,41 +8,42 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from scanner.errors import HubtraceError
 from scanner.inputs import InputSpec
 
 if TYPE_CHECKING:
-    from scanner.fingerprint import Fingerprint
     from scanner.localize import LocalizeResult
 
 
 def localize_command(
-    model_a: Annotated[Path, typer.Argument(help="Model A (the candidate parent): a model directory or a fingerprint file.")],
+    model_a: Annotated[Path, typer.Argument(
+        help="Model A (the candidate parent): a model directory or a fingerprint file.")],
     model_b: Annotated[Path, typer.Argument(help="Model B: a model directory or a fingerprint file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     threshold: Annotated[
-        float, typer.Option("--threshold", help="Map a block pair when its Bonferroni-corrected log10 p is at most this.")
+        float,
+        typer.Option("--threshold", help="Map a block pair when its Bonferroni-corrected log10 p is at most this."),
     ] = -2.0,
     any_order: Annotated[
-        bool, typer.Option("--any-order", help="Map each block of B to its best block of A, without keeping block order.")
+        bool,
+        typer.Option("--any-order", help="Map each block of B to its best block of A, without keeping block order."),
     ] = False,
     plot_dir: Annotated[
-        Path | None, typer.Option("--plot-dir", "--plot", help="Write one unit-map scatter PNG per mapped block pair here.")
+        Path | None,
+        typer.Option("--plot-dir", "--plot", help="Write one unit-map scatter PNG per mapped block pair here."),
     ] = None,
-    sequences: Annotated[int, typer.Option(help="Canonical input sequences, for a side given as a directory.")] = InputSpec.n_sequences,
+    sequences: Annotated[int, typer.Option(
+        help="Canonical input sequences, for a side given as a directory.")] = InputSpec.n_sequences,
     seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
     seed: Annotated[int, typer.Option(help="Seed of the canonical inputs.")] = 0,
     device: Annotated[str, typer.Option(help="torch device for forward passes and similarity products.")] = "cpu",
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
-    from scanner.cli import _fail
+    from scanner.fingerprint import fingerprint_pair
     from scanner.localize import localize, plot_unit_map
 
-    try:
-        fp_a, fp_b = _load_pair(model_a, model_b, InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len), device)
-        result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
-    except (HubtraceError, ValueError) as exc:
-        _fail(str(exc))
+    spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
+    fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device)
+    result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
     plots = []
     if plot_dir is not None:
         for (layer_a, layer_b), unit_map in result.unit_maps.items():
@@ -53,18 +54,6 @@ def localize_command(
         typer.echo(json.dumps({**result.to_json_dict(), "plots": plots}, indent=2))
     else:
         typer.echo(render_localize(result, plots))
-
-
-def _load_pair(path_a: Path, path_b: Path, spec: InputSpec, device: str) -> tuple[Fingerprint, Fingerprint]:
-    """Fingerprints of both sides; a directory side uses the input set of a file side, when there is one."""
-    from scanner.fingerprint import fingerprint_model, read_fingerprint
-
-    read = {p: read_fingerprint(p) for p in (path_a, path_b) if p.is_file()}
-    if read:
-        spec = InputSpec(**next(iter(read.values())).meta.input_spec)
-    a = read.get(path_a) or fingerprint_model(path_a, inputs=spec, device=device)
-    b = read.get(path_b) or fingerprint_model(path_b, inputs=spec, device=device)
-    return a, b
 
 
 def _short(name: str) -> str:
@@ -82,7 +71,8 @@ def render_localize(result: LocalizeResult, plots: list[str]) -> str:
     lines = [
         f"model A : {result.model_a}   ({raw.shape[0]} blocks)",
         f"model B : {result.model_b}   ({raw.shape[1]} blocks)",
-        f"{raw.size} block pairs tested; mapped when Bonferroni-corrected log10 p <= {result.threshold_log10} ({order})",
+        f"{raw.size} block pairs tested; mapped when Bonferroni-corrected log10 p <= {result.threshold_log10} "
+        f"({order})",
         "",
         f"{'block B':>8} {'<- block A':>10} {'log10 p':>10} {'corrected':>10} {'p':>12} {'units mapped':>13}",
     ]

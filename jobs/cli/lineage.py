@@ -4,29 +4,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from jobs.cli.refusals import CommandError
 from scanner.errors import HubtraceError
+
+if TYPE_CHECKING:
+    from scanner.store import Store
 
 Db = Annotated[Path, typer.Option("--db", help="The scan's DuckDB file.")]
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"hubtrace: error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def _open(db: Path, read_only: bool):
+def _open(db: Path, read_only: bool) -> Store:
     from scanner.store import Store
 
     if not db.is_file():
-        _fail(f"no database at {db}")
+        raise CommandError(f"no database at {db}")
     try:
         return Store(db, read_only=read_only)
+    except HubtraceError:
+        raise
     except Exception as exc:  # a locked or foreign file: say so in one line
-        _fail(f"cannot open {db}: {exc}")
+        raise CommandError(f"cannot open {db}: {exc}") from exc
 
 
 def lineage_command(
@@ -35,11 +36,11 @@ def lineage_command(
     method: Annotated[str, typer.Option("--method", help="bh (Benjamini-Hochberg) | by (Benjamini-Yekutieli)")] = "bh",
 ) -> None:
     """Rebuild lineage_edges, families, family_members and discrepancies from the current pair tests."""
-    from lineage_graph.build import rebuild_lineage
     from lineage_graph.multiple_testing import METHODS
+    from lineage_graph.persist import rebuild_lineage
 
     if method not in METHODS or not 0 < q < 1:
-        _fail(f"--method must be one of {', '.join(METHODS)} and --q in (0, 1)")
+        raise CommandError(f"--method must be one of {', '.join(METHODS)} and --q in (0, 1)")
     with _open(db, read_only=False) as store:
         lineage = rebuild_lineage(store, q=q, method=method)
     dependent = sum(e.dependent for e in lineage.edges)
@@ -56,23 +57,23 @@ def graph_command(
     model: Annotated[str | None, typer.Option("--model", help="Only this model and the models it depends on.")] = None,
 ) -> None:
     """Export the lineage graph (families, directions, evidence) for Gephi, Graphviz, a browser or a slide."""
-    from lineage_graph.build import read_lineage
     from lineage_graph.export import FORMATS, lineage_graph, write_graph
+    from lineage_graph.persist import read_lineage
 
     if fmt not in FORMATS:
-        _fail(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise CommandError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if family is not None and model is not None:
-        _fail("--family and --model are alternatives; give one of them")
+        raise CommandError("--family and --model are alternatives; give one of them")
     with _open(db, read_only=True) as store:
         lineage = read_lineage(store)
     try:
         graph = lineage_graph(lineage, family=family, model=model)
-    except KeyError as exc:
-        _fail(str(exc.args[0]))
+    except KeyError as exc:  # an unknown family or model id
+        raise CommandError(str(exc.args[0])) from exc
     try:
         written = write_graph(graph, fmt, out)
     except OSError as exc:
-        _fail(f"cannot write {out}: {exc}")
+        raise CommandError(f"cannot write {out}: {exc}") from exc
     typer.echo(f"wrote {written} ({graph.number_of_nodes()} models, {graph.number_of_edges()} edges)")
 
 
@@ -80,7 +81,7 @@ def discrepancies_command(
     db: Db, as_json: Annotated[bool, typer.Option("--json", help="One JSON array instead of text.")] = False
 ) -> None:
     """Models whose card disagrees with their weights, most confident first."""
-    from lineage_graph.build import read_lineage
+    from lineage_graph.persist import read_lineage
 
     with _open(db, read_only=True) as store:
         found = sorted(read_lineage(store).discrepancies, key=lambda d: (-d.confidence, d.model_id))
@@ -102,14 +103,14 @@ def report_command(
     out: Annotated[Path, typer.Option("--out", help="Directory for report.md, report.html and the images.")],
 ) -> None:
     """An evidence report for one pair: verdict, per-block chart, block and unit maps, metadata, how to reproduce."""
-    from lineage_graph.build import read_lineage
+    from lineage_graph.persist import read_lineage
     from lineage_graph.report import write_report
 
     with _open(db, read_only=True) as store:
         try:
             files = write_report(store, read_lineage(store), model_a, model_b, out, db)
-        except (KeyError, HubtraceError) as exc:
-            _fail(str(exc.args[0]) if exc.args else str(exc))
+        except KeyError as exc:  # an unknown model, or a pair with no current test
+            raise CommandError(str(exc.args[0]) if exc.args else str(exc)) from exc
         except OSError as exc:
-            _fail(f"cannot write the report into {out}: {exc}")
+            raise CommandError(f"cannot write the report into {out}: {exc}") from exc
     typer.echo(f"wrote {files.markdown} and {files.html}")

@@ -1,5 +1,6 @@
-"""Rebuild the lineage tables from the store: read current models and pair tests, compute, write back in one
-transaction (readers see the old lineage or the new one, never half of each)."""
+"""The lineage and the store: read current models and pair tests, compute the lineage, write it back in one
+transaction (readers see the old lineage or the new one, never half of each). The SQL is the store's
+(scanner.store.lineage_tables); the computing is lineage_graph.lineage's."""
 
 from __future__ import annotations
 
@@ -11,43 +12,19 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from lineage_graph.evidence import ModelInfo, PairTest
-from lineage_graph.multiple_testing import Method
 from lineage_graph.lineage import Lineage, compute_lineage
+from lineage_graph.multiple_testing import Method
+from scanner.store import lineage_tables
 
 if TYPE_CHECKING:
     from scanner.store import Store
-
-LINEAGE_DDL: tuple[str, ...] = (
-    """CREATE TABLE IF NOT EXISTS lineage_edges (
-        model_a VARCHAR, model_b VARCHAR, statistic VARCHAR, input_set VARCHAR,
-        log10_p DOUBLE, log10_q DOUBLE, dependent BOOLEAN, joins_family BOOLEAN,
-        parent VARCHAR, child VARCHAR, direction_confidence DOUBLE, direction_reasons VARCHAR[],
-        blocks_matched INTEGER, block_map JSON, family_id VARCHAR, tree_link VARCHAR,
-        q DOUBLE, method VARCHAR, built_at TIMESTAMPTZ,
-        PRIMARY KEY (model_a, model_b))""",
-    """CREATE TABLE IF NOT EXISTS families (
-        family_id VARCHAR PRIMARY KEY, root VARCHAR, n_members INTEGER,
-        first_built_at TIMESTAMPTZ, built_at TIMESTAMPTZ, q DOUBLE, method VARCHAR)""",
-    """CREATE TABLE IF NOT EXISTS family_members (
-        family_id VARCHAR, model_id VARCHAR, revision VARCHAR, is_root BOOLEAN,
-        parents VARCHAR[], merge_parents VARCHAR[],
-        PRIMARY KEY (family_id, model_id))""",
-    """CREATE TABLE IF NOT EXISTS discrepancies (
-        model_id VARCHAR, kind VARCHAR, related_model VARCHAR, confidence DOUBLE,
-        detail VARCHAR, evidence JSON, built_at TIMESTAMPTZ)""",
-)
-"""The lineage tables; scanner/store/schema.py runs these as one migration."""
 
 KURTOSIS_SUMMARY = "mlp_weight_kurtosis"
 """Key of the per-block MLP weight kurtosis in FingerprintMeta.summaries."""
 
 
 def _models(store: Store, kurtosis: Mapping[str, tuple[float, ...]]) -> list[ModelInfo]:
-    rows = store.query(
-        "SELECT model_id, revision, architecture, n_layers, hidden_size, intermediate_size, n_experts, "
-        "declared_base_models, declared_relation, claims_from_scratch, license, created_at "
-        "FROM current_models WHERE status = 'ok' ORDER BY model_id"
-    )
+    rows = lineage_tables.ok_models(store)
     return [
         ModelInfo(
             model_id=r["model_id"], revision=r["revision"] or "", architecture=r["architecture"],
@@ -66,11 +43,8 @@ def _kurtosis(store: Store) -> dict[str, tuple[float, ...]]:
         from scanner.fingerprint import read_fingerprint_meta
     except ImportError:
         return {}
-    rows = store.query(
-        "SELECT f.model_id, f.path FROM fingerprints f JOIN current_models m USING (model_id, revision)"
-    )
     out: dict[str, tuple[float, ...]] = {}
-    for model_id, path in rows.iter_rows():
+    for model_id, path in lineage_tables.current_fingerprint_files(store):
         try:
             values = read_fingerprint_meta(path).summaries.get(KURTOSIS_SUMMARY)
         except Exception:  # a missing or damaged fingerprint only costs this weak signal
@@ -81,25 +55,13 @@ def _kurtosis(store: Store) -> dict[str, tuple[float, ...]]:
 
 
 def _tests(store: Store, statistic: str) -> list[PairTest]:
-    rows = store.query(
-        "SELECT model_a, revision_a, model_b, revision_b, statistic, input_set, log10_p, n_layers, layers, reason "
-        "FROM current_pair_tests WHERE statistic = ? AND log10_p IS NOT NULL "
-        "QUALIFY row_number() OVER (PARTITION BY model_a, model_b ORDER BY tested_at DESC) = 1",
-        [statistic],
-    )
+    rows = lineage_tables.latest_pair_tests(store, statistic)
     return [
         PairTest(r["model_a"], r["model_b"], r["statistic"], float(r["log10_p"]), int(r["n_layers"] or 0),
                  tuple(json.loads(r["layers"]) if isinstance(r["layers"], str) else (r["layers"] or ())),
                  r["input_set"] or "", r["reason"] or "comparable", r["revision_a"] or "", r["revision_b"] or "")
         for r in rows.iter_rows(named=True)
     ]
-
-
-def _previous(store: Store) -> tuple[dict[str, list[str]], dict[str, datetime]]:
-    members = store.query("SELECT family_id, list(model_id) AS members FROM family_members GROUP BY family_id")
-    first = store.query("SELECT family_id, first_built_at FROM families")
-    return ({r["family_id"]: list(r["members"]) for r in members.iter_rows(named=True)},
-            {r["family_id"]: r["first_built_at"] for r in first.iter_rows(named=True)})
 
 
 def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime) -> dict[str, pl.DataFrame]:
@@ -139,7 +101,7 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
 
 
 def _compute(store: Store, q: float, method: Method, statistic: str) -> tuple[Lineage, dict[str, datetime]]:
-    previous, first_built = _previous(store)
+    previous, first_built = lineage_tables.stored_families(store)
     lineage = compute_lineage(_models(store, _kurtosis(store)), _tests(store, statistic), q=q, method=method,
                               statistic=statistic, previous_families=previous)
     return lineage, first_built
@@ -148,8 +110,7 @@ def _compute(store: Store, q: float, method: Method, statistic: str) -> tuple[Li
 def read_lineage(store: Store, *, statistic: str = "match") -> Lineage:
     """The lineage as last rebuilt (same q and method, same family ids), recomputed in memory without writing:
     works on a read-only store."""
-    last = store.query("SELECT q, method FROM families ORDER BY built_at DESC LIMIT 1")
-    q, method = (last["q"][0], last["method"][0]) if last.height else (0.05, "bh")
+    q, method = lineage_tables.last_fdr_setting(store) or (0.05, "bh")
     return _compute(store, q, method, statistic)[0]
 
 
@@ -157,18 +118,5 @@ def rebuild_lineage(store: Store, *, q: float = 0.05, method: Method = "bh", sta
     """Recompute the whole lineage from current_models/current_pair_tests and replace the lineage tables."""
     lineage, first_built = _compute(store, q, method, statistic)
     frames = _frames(lineage, first_built, datetime.now(timezone.utc))
-    con = store.connection
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for table, frame in frames.items():
-            con.execute(f"DELETE FROM {table}")
-            if frame.height:
-                con.register("_lineage_frame", frame.to_arrow())
-                columns = ", ".join(frame.columns)
-                con.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM _lineage_frame")
-                con.unregister("_lineage_frame")
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    lineage_tables.replace_lineage_tables(store, frames)
     return lineage

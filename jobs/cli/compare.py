@@ -1,0 +1,59 @@
+"""`hubtrace test A B`: one pair, any statistic, from model folders or fingerprint files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jobs.cli.refusals import CommandError
+from scanner.inputs import InputSpec
+from scanner.results import PairTestResult
+
+
+def test_command(
+    model_a: Annotated[Path, typer.Argument(
+        help="First model: a Hugging Face-format directory (or a fingerprint file).")],
+    model_b: Annotated[Path, typer.Argument(
+        help="Second model: a Hugging Face-format directory (or a fingerprint file).")],
+    stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd")] = "match",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    sequences: Annotated[int, typer.Option(
+        help="Canonical input sequences (activation statistics).")] = InputSpec.n_sequences,
+    seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
+    seed: Annotated[int, typer.Option(help="Seed of the canonical inputs and of PERMTEST.")] = 0,
+    permutations: Annotated[int, typer.Option(help="PERMTEST samples T for --stat l2.")] = 99,
+    device: Annotated[str, typer.Option(help="torch device for forward passes, e.g. cpu or cuda.")] = "cpu",
+    fingerprint: Annotated[
+        bool, typer.Option("--fingerprint", help="Compare fingerprints (implied when a side is a fingerprint file).")
+    ] = False,
+) -> None:
+    """Test whether MODEL_A and MODEL_B were trained independently."""
+    from scanner.compare import STATISTICS, compare_models
+    from scanner.results import render_table
+
+    if stat not in STATISTICS:
+        raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")
+    spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
+    if fingerprint or model_a.is_file() or model_b.is_file():
+        result = compare_sides(model_a, model_b, stat, spec, device)
+    else:
+        result = compare_models(model_a, model_b, stat, inputs=spec, permutations=permutations, seed=seed,
+                                device=device)
+    typer.echo(json.dumps(result.to_json_dict(), indent=2) if as_json else render_table(result))
+
+
+def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
+    """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints, computing any side given as a folder."""
+    from scanner.errors import IncomparableError
+    from scanner.fingerprint import fingerprint_pair
+    from scanner.fingerprint_compare import FINGERPRINT_STATISTICS, compare_fingerprints
+
+    if statistic not in FINGERPRINT_STATISTICS:
+        raise IncomparableError(
+            f"--stat {statistic} needs the checkpoints; fingerprints carry activations for "
+            f"{', '.join(FINGERPRINT_STATISTICS)}"
+        )
+    return compare_fingerprints(*fingerprint_pair(path_a, path_b, inputs=spec, device=device), statistic, device=device)

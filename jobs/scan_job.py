@@ -1,0 +1,291 @@
+"""The scan job: discover models, fingerprint the new ones on Ray actors, test pairs as Ray tasks, keep it all in
+DuckDB, rebuild the lineage.
+
+    python -m jobs.scan --config configs/demo.yaml [--local DIR] [--db FILE] [--output DIR]   (jobs/scan.py)
+    hubtrace scan --config configs/nightly-hub.yaml
+    ray job submit --working-dir . -- python -m jobs.scan --config configs/nightly-hub.yaml
+
+The driver is the only process that opens the database (DuckDB allows one writer): workers return results as
+values and the driver stores each as it arrives, in its own transaction, keyed so that storing it twice is
+harmless. A killed scan rerun therefore picks up where it stopped: models whose revision is already stored with
+a fingerprint are skipped, pairs already tested at these revisions are not tested again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ray
+from rich.console import Console
+
+from jobs.actors import FingerprintOutcome, PairOutcome, WorkFailure, compare_batch_task
+from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
+from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
+from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
+from jobs.summary import ScanSummary
+from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
+
+if TYPE_CHECKING:
+    from scanner.store import PairKey, Store
+
+#: Error stages worth retrying on the next run even at an unchanged revision (the model may be fine).
+TRANSIENT_STAGES = frozenset({"fetch", "worker"})
+
+
+class ScanObserver:
+    """Hooks into a running scan (progress displays, fault-injection tests); every method is optional."""
+
+    def on_fingerprint_submitted(self, pool: FingerprintPool, record: ModelRecord) -> None: ...
+
+    def on_pairs_stored(self, stored: int, total: int) -> None: ...
+
+
+def input_set_prefix(config: ScanConfig) -> str:
+    """The part of an input set id fixed by the spec (the token range is per model): ``v1-seed0-4x64-``."""
+    s = config.inputs.spec()
+    return f"v{s.version}-seed{s.seed}-{s.n_sequences}x{s.seq_len}-"
+
+
+def discover(config: ScanConfig) -> Iterator[ModelRecord | SourceFailure]:
+    """Records from every configured source in order; a model id seen twice keeps its first source."""
+    seen: set[str] = set()
+    for source in config.sources:
+        if isinstance(source, HubSourceConfig):
+            found = discover_hub(endpoint=source.endpoint, token=os.environ.get(source.token_env),
+                                 author=source.author, search=source.search, filter=source.filter, limit=source.limit)
+        elif isinstance(source, HfCacheSourceConfig):
+            found = discover_hf_cache(source.cache_dir)
+        else:
+            found = discover_local(source.path)
+        for item in found:
+            if isinstance(item, ModelRecord):
+                if item.model_id in seen:
+                    continue
+                seen.add(item.model_id)
+            yield item
+
+
+@dataclass
+class _Known:
+    """What the store already holds for this input spec, loaded once at the start of a run."""
+
+    revisions: dict[str, tuple[str, str]] = field(default_factory=dict)     # model -> (revision, status)
+    fingerprinted: set[tuple[str, str]] = field(default_factory=set)        # (model, revision), file present
+    last_error: dict[tuple[str, str], str] = field(default_factory=dict)    # (model, revision) -> stage
+
+    @classmethod
+    def load(cls, store: Store, prefix: str) -> _Known:
+        fingerprinted = {(model_id, revision) for model_id, revision, path in store.fingerprints_on(prefix)
+                         if path and Path(path).is_file()}
+        return cls(store.current_revisions(), fingerprinted, store.last_error_stages())
+
+    def needs_fingerprint(self, record: ModelRecord, rescan_errors: bool) -> bool:
+        revision, status = self.revisions.get(record.model_id, (None, None))
+        if revision != record.revision:
+            return True
+        if status == "ok":
+            return (record.model_id, revision) not in self.fingerprinted
+        stage = self.last_error.get((record.model_id, revision))
+        return rescan_errors or stage is None or stage in TRANSIENT_STAGES
+
+
+def connect_ray(config: ScanConfig) -> bool:
+    """Join the configured cluster, or the one in RAY_ADDRESS (``ray job submit``), or start a local one.
+    Returns whether this call started Ray (and so should shut it down)."""
+    if ray.is_initialized():
+        return False
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(address="local", num_cpus=config.ray.num_cpus or os.cpu_count(), include_dashboard=False)
+    return True
+
+
+class _Scan:
+    """One run: owns the store connection, the console and the counters that become the summary."""
+
+    def __init__(self, config: ScanConfig, store: Store, observer: ScanObserver, console: Console) -> None:
+        self.config, self.store, self.observer, self.console = config, store, observer, console
+        self.run_id = store.start_run(config.to_json_dict())
+        self.summary = ScanSummary(run_id=self.run_id, db=str(config.db_path))
+        self.prefix = input_set_prefix(config)
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.summary.stage_seconds[stage] = time.perf_counter() - started
+
+    def say(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    # discovery -> fingerprints ---------------------------------------------------------------------------
+    def _to_fingerprint(self, known: _Known) -> Iterator[ModelRecord]:
+        for item in discover(self.config):
+            if isinstance(item, SourceFailure):
+                self.summary.source_errors += 1
+                self.summary.failures["discover"] += 1
+                self.store.record_error(self.run_id, item.model_id, None, item.location, "discover", "SourceFailure",
+                                        item.reason)
+                self.say(f"[discover] {item.model_id}: {item.reason}")
+                continue
+            self.summary.models += 1
+            if known.needs_fingerprint(item, self.config.rescan_errors):
+                yield item
+            else:
+                self.summary.skipped += 1
+
+    def fingerprint_stage(self, pool: FingerprintPool) -> None:
+        known = _Known.load(self.store, self.prefix)
+
+        def submit(record: ModelRecord) -> ray.ObjectRef:
+            ref = pool.submit(record)
+            self.observer.on_fingerprint_submitted(pool, record)
+            return ref
+
+        for record, ref in windowed(self._to_fingerprint(known), submit, pool.shape.max_in_flight):
+            self._store_fingerprint(pool.result(record, ref))
+
+    def _store_fingerprint(self, outcome: FingerprintOutcome) -> None:
+        r = outcome.record
+        if outcome.error is None:
+            self.store.upsert_model(r, outcome.meta, self.run_id, "ok")
+            self.store.put_fingerprint(r.model_id, r.revision, outcome.meta.input_set, outcome.path,
+                                       outcome.file_sha256, outcome.n_tokens, self.run_id)
+            self.summary.fingerprinted += 1
+            self.say(f"[fingerprint] {r.model_id} ok ({outcome.seconds:.1f} s on {outcome.device})")
+        else:
+            self._record_model_error(r, outcome.error)
+
+    def _record_model_error(self, record: ModelRecord, error: WorkFailure) -> None:
+        self.store.upsert_model(record, None, self.run_id, "error")
+        self.store.record_error(self.run_id, record.model_id, record.revision, record.location, error.stage,
+                                error.error_type, error.reason)
+        self.summary.failures[error.stage] += 1
+        self.say(f"[{error.stage}] {record.model_id}: {error.error_type}: {error.reason}")
+
+    # pairs ------------------------------------------------------------------------------------------------
+    def plan(self) -> PairPlan:
+        candidates = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix)
+                      if Path(row[3]).is_file()]
+        tested: set[PairKey] = set()
+        for input_set in {c.input_set for c in candidates}:
+            tested |= self.store.tested_pair_keys(self.config.statistic, input_set)
+        retrieved = self.retrieve(candidates) if self.config.pairs.select == "candidates" else None
+        plan = plan_pairs(candidates, tested, comparable=self.config.pairs.comparable,
+                          declared=self.config.pairs.declared, retrieved=retrieved)
+        self.summary.pairs = plan.to_json_dict()
+        return plan
+
+    def retrieve(self, candidates: list[Candidate]) -> dict[PairKey, tuple[tuple[int, int], ...]]:
+        """Candidate retrieval (scanner.retrieval.scan): the new revisions query the persistent index, the
+        pairs found are stored, and the candidates are every current retrieved pair plus their families."""
+        from scanner.retrieval.scan import retrieve_candidates
+
+        outcome = retrieve_candidates(self.store, self.config.db_path, candidates, self.run_id,
+                                      min_score=self.config.pairs.min_score)
+        self.summary.retrieval = outcome.to_json_dict()
+        for input_set, why in outcome.rebuilt.items():
+            self.say(f"[retrieval] index of {input_set} rebuilt from the fingerprints: {why}")
+        return outcome.block_maps
+
+    def pair_stage(self, plan: PairPlan, shape: PoolShape) -> None:
+        from scanner.store import PairTestRow
+
+        total, stored = len(plan.jobs), 0
+        gpus = self.config.devices.gpus_per_pair_task if shape.num_gpus else 0.0
+        task = compare_batch_task.options(num_cpus=self.config.ray.cpus_per_pair_task, num_gpus=gpus)
+        work = batches(plan.jobs, self.config.pairs.batch_size)
+        sequential = self.config.pairs.sequential
+        design = sequential.design() if sequential is not None else None
+        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design), shape.max_in_flight):
+            outcomes: list[PairOutcome] = ray.get(ref)
+            rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
+                                self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
+                                [asdict(layer) for layer in o.result.layers], list(o.result.notes), o.job.reason,
+                                self.run_id)
+                    for o in outcomes if o.error is None]
+            self.store.put_pair_tests(rows)
+            for o in outcomes:
+                if o.error is not None:
+                    self.summary.pairs_failed += 1
+                    self.store.record_error(self.run_id, f"{o.job.model_a} | {o.job.model_b}", o.job.revision_b,
+                                            o.job.path_b, "compare", o.error.error_type, o.error.reason)
+            stored += len(outcomes)
+            self.summary.pairs_tested += len(rows)
+            self.say(f"[pairs] stored {stored}/{total} pair tests")
+            self.observer.on_pairs_stored(stored, total)
+
+    # lineage and exports ----------------------------------------------------------------------------------
+    def lineage_stage(self) -> None:
+        from lineage_graph.export import lineage_graph, write_graph
+        from lineage_graph.persist import rebuild_lineage
+
+        lineage = rebuild_lineage(self.store, q=self.config.lineage.q, method=self.config.lineage.method,
+                                  statistic=self.config.statistic)
+        self.summary.families = {f.family_id: list(f.members) for f in lineage.families if len(f.members) > 1}
+        self.summary.dependent_pairs = sum(e.dependent for e in lineage.edges)
+        self.summary.discrepancies = len(lineage.discrepancies)
+        graph = lineage_graph(lineage)
+        for fmt in self.config.exports:
+            try:
+                path = write_graph(graph, fmt, self.config.export_dir / f"lineage.{fmt}")
+                self.summary.exports[fmt] = str(path)
+            except Exception as e:  # noqa: BLE001 - an export failing does not undo the scan
+                self.say(f"[export] {fmt} failed: {e}")
+
+
+def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
+             console: Console | None = None) -> ScanSummary:
+    """Run one scan end to end and return its summary (also stored in ``scan_runs.summary``)."""
+    from scanner.store import Store
+
+    console = console or Console()
+    started_ray = connect_ray(config)
+    config.db_path.parent.mkdir(parents=True, exist_ok=True)
+    config.fingerprint_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        with Store(config.db_path) as store:
+            scan = _Scan(config, store, observer or ScanObserver(), console)
+            try:
+                shape = pool_shape(config, ray.cluster_resources())
+                scan.summary.actors, scan.summary.device = shape.actors, shape.device
+                scan.say(f"scan {scan.run_id}: {shape.actors} {shape.device} fingerprint actor(s), "
+                         f"at most {shape.max_in_flight} models in flight; database {config.db_path}")
+                token = next((os.environ.get(s.token_env) for s in config.sources if isinstance(s, HubSourceConfig)),
+                             None)
+                with scan.timed("fingerprint"):
+                    pool = FingerprintPool(shape, config, token)
+                    try:
+                        scan.fingerprint_stage(pool)
+                    finally:
+                        pool.shutdown()  # frees the actors' CPUs/GPUs for the pair tasks
+                with scan.timed("pairs"):
+                    plan = scan.plan()
+                    scan.say(f"pairs: {plan.comparable} comparable, "
+                             + (f"{plan.retrieved} retrieved, " if plan.select == "candidates" else "")
+                             + f"{plan.declared} declared, {sum(plan.incomparable.values())} incomparable, "
+                             f"{plan.already_tested} already tested, {len(plan.jobs)} to test")
+                    scan.pair_stage(plan, shape)
+                with scan.timed("lineage"):
+                    scan.lineage_stage()
+            except BaseException:
+                scan.summary.seconds = time.perf_counter() - started
+                store.finish_run(scan.run_id, "failed", scan.summary.to_json_dict())
+                raise
+            scan.summary.seconds = time.perf_counter() - started
+            store.finish_run(scan.run_id, "succeeded", scan.summary.to_json_dict())
+            return scan.summary
+    finally:
+        if started_ray:
+            ray.shutdown()
