@@ -92,7 +92,8 @@ def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int,
     families = Counter(family_of.values())
     for f in range(max(5, n // family_size - len(families))):
         def part() -> np.ndarray:
-            return (rng.standard_normal((units, 4)) @ shared + rng.standard_normal((units, tokens))).astype(np.float32)
+            return (0.1 * rng.standard_normal((units, 4)) @ shared
+                    + rng.standard_normal((units, tokens))).astype(np.float32)
         blocks = [[MLPActivations(part(), part())] for _ in range(len(template.blocks))]
         name = f"synth/base-{f:04d}"
         members[name] = (Fingerprint(dataclasses.replace(template.meta, model=name), blocks), name, "base")

@@ -92,3 +92,4 @@ def test_family_pairs_close_components() -> None:
     assert family_pairs([(a, b), (b, c)]) == {(a, b), (a, c), (b, c)}
     assert family_pairs([(a, b), (c, d)]) == {(a, b), (c, d)}
     assert len(family_pairs([(x, y) for x, y in combinations([a, b, c, d], 2)])) == 6
+    assert family_pairs([(a, b), (b, c), (c, d)], max_component=3) == set(), "a chained giant adds no closure"

@@ -15,6 +15,8 @@ from scanner.retrieval.candidates import CandidatePair, scored_pairs, select
 from scanner.retrieval.index import ModelKey, RetrievalIndex, load_or_make_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams
 
+MAX_FAMILY = 64
+"""Largest connected component of retrieved pairs whose every pair becomes a candidate."""
 #: Weight tensors whose byte-identity says nothing (a freshly initialised norm is all ones in every model).
 UNINFORMATIVE_TENSOR_WORDS = ("norm", "bias", "rotary", "inv_freq")
 
@@ -92,9 +94,12 @@ def similar_models(folder: str | Path, model: IndexedModel, *, params: Signature
     return sorted(pairs, key=lambda p: (-p.score, p.key))[:limit]
 
 
-def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey]]) -> set[tuple[ModelKey, ModelKey]]:
+def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey]],
+                 max_component: int = MAX_FAMILY) -> set[tuple[ModelKey, ModelKey]]:
     """Every pair inside a connected component of the candidate graph: retrieval finds each derivative's
-    nearest relatives, and its siblings and cousins (dependent too) are tested through the family."""
+    nearest relatives, and its siblings and cousins (dependent too) are tested through the family. A component
+    larger than ``max_component`` (false collisions chaining families together) adds nothing: its direct
+    edges stay candidates, its closure would cost quadratically."""
     parent: dict[ModelKey, ModelKey] = {}
 
     def root(x: ModelKey) -> ModelKey:
@@ -108,7 +113,7 @@ def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey]]) -> set[tuple[ModelK
     components: dict[ModelKey, list[ModelKey]] = {}
     for node in list(parent):
         components.setdefault(root(node), []).append(node)
-    return {(min(x, y), max(x, y)) for members in components.values()
+    return {(min(x, y), max(x, y)) for members in components.values() if len(members) <= max_component
             for i, x in enumerate(members) for y in members[i + 1:]}
 
 
