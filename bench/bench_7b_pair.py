@@ -3,6 +3,7 @@
     python bench/bench_7b_pair.py                          # default tokens, dependent and independent pair
     python bench/bench_7b_pair.py --sequences 32 --pairs dependent
     python bench/bench_7b_pair.py --device cuda            # cosine matrices (and candidate selection) on the GPU
+    python bench/bench_7b_pair.py --workers 1 2            # blocks compared one at a time, then two at once
 
 The fingerprints are real ``Fingerprint`` objects (metadata of a zoo model's fingerprint on the chosen
 input set, so they are comparable) whose blocks are replaced by synthetic gate/up activations: Gaussian
@@ -11,6 +12,9 @@ scale (cosine ~0.7 with the true partner); for the independent B, fresh Gaussian
 timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs once per pair and design under cProfile, which
 reports where the time goes (cosine products vs assignments): every block (``--design all``), and the scan's
 sequential design (``--design sequential``: screening blocks first, stopping when they settle the test).
+With ``--workers`` the same pair is compared again with that many blocks at once on threads (not profiled:
+cProfile sees one thread), in the same process, and the time is printed as a ratio to one worker; the results
+must be identical.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def zoo_template(zoo: Path, sequences: int) -> Fingerprint:
     return fingerprint_model(build_zoo(zoo)["aurora-labs/aurora-base"].path, inputs=InputSpec(n_sequences=sequences))
 
 
-def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None) -> None:
+def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None) -> tuple:
     profiler = cProfile.Profile()
     start = time.perf_counter()
     result = profiler.runcall(compare_fingerprints, a, b, device=device, design=design)
@@ -52,6 +56,18 @@ def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: Sequent
     for (filename, _, name), row in sorted(stats.stats.items(), key=lambda kv: -kv[1][3]):
         if name in wanted:
             print(f"  {name:<26} {row[3]:8.2f} s cumulative over {row[1]} calls  ({Path(filename).name})")
+    return result, total
+
+
+def threaded_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None, workers: int,
+                     single: tuple) -> None:
+    """The same comparison with ``workers`` blocks at once; its time against one worker's, and equal results."""
+    start = time.perf_counter()
+    result = compare_fingerprints(a, b, device=device, design=design, workers=workers)
+    total = time.perf_counter() - start
+    same = result.layers == single[0].layers and result.log10_p == single[0].log10_p
+    print(f"  workers={workers}: {total:.1f} s = {single[1] / total:.2f}x one worker's {single[1]:.1f} s; "
+          f"results {'identical' if same else 'DIFFERENT'}")
 
 
 def main() -> None:
@@ -63,6 +79,7 @@ def main() -> None:
     parser.add_argument("--pairs", choices=("dependent", "independent", "both"), default="both")
     parser.add_argument("--device", default="cpu", help="where the cosine matrices are computed (cpu, cuda)")
     parser.add_argument("--design", choices=("all", "sequential", "both"), default="both")
+    parser.add_argument("--workers", type=int, nargs="*", default=[], help="also time these many blocks at once")
     args = parser.parse_args()
     template = zoo_template(args.zoo, args.sequences)
     print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, device {args.device}; "
@@ -73,7 +90,10 @@ def main() -> None:
         a, b = synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent, noise=1.0, up_scale=2.5)
         print(f"## {'dependent' if dependent else 'independent'} pair")
         for design in {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}[args.design]:
-            profile_compare(a, b, args.device, design)
+            single = profile_compare(a, b, args.device, design)
+            for workers in args.workers:
+                if workers > 1:
+                    threaded_compare(a, b, args.device, design, workers, single)
         del a, b
 
 

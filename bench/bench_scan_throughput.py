@@ -24,6 +24,7 @@ from safetensors.numpy import load_file, save_file
 from jobs.actors import PairJob, compare_batch, fingerprint_record
 from jobs.config import ScanConfig
 from jobs.scan_job import run_scan
+from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.sources import ModelRecord, discover_local
 from scanner.zoo import build_zoo
@@ -57,8 +58,8 @@ def baseline(root: Path, work: Path, n_models: int, n_pairs: int) -> tuple[float
     """Sequential in-process models/min and pairs/min (no Ray)."""
     records = [r for r in discover_local(root) if isinstance(r, ModelRecord)][:n_models]
     started = time.perf_counter()
-    outcomes = [fingerprint_record(r, work / "fingerprints", InputSpec())
-                for r in records]
+    store = FingerprintStore(work / "fingerprints")
+    outcomes = [fingerprint_record(r, store, InputSpec()) for r in records]
     models_per_min = len(records) / (time.perf_counter() - started) * 60
     done = [o for o in outcomes if o.error is None]
     jobs = [PairJob(a.record.model_id, a.record.revision, a.path, b.record.model_id, b.record.revision, b.path,

@@ -2,8 +2,12 @@
 
 Failures come back as values (`WorkFailure`: stage, exception type, one-line reason), never as exceptions into
 the driver, so one broken checkpoint costs one ``scan_errors`` row and nothing else. Only a dying process (OOM,
-SIGKILL) escapes that; Ray restarts the actor and retries its task, which is safe because a fingerprint is
-written atomically to a path fixed by model, revision and input set.
+SIGKILL) escapes that; Ray restarts the actor and retries its task (on another node if its node died), which is
+safe because a fingerprint is written atomically to an address fixed by model, revision and input set.
+
+Fingerprints go to a `FingerprintStore` (a shared path or an object store URL), so a pair task on any node reads
+what an actor on any other node wrote. Hub downloads live in node-local scratch only while their model is
+being fingerprinted (jobs.scratch).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from jobs.scratch import default_scratch, download_folder, remove_orphans
 from scanner.errors import one_line
+from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
 
@@ -42,7 +48,7 @@ class WorkFailure:
 
 @dataclass(frozen=True)
 class FingerprintOutcome:
-    """A model's fingerprint on disk (path, sha256, metadata), or the error that stopped it."""
+    """A model's stored fingerprint (address, sha256, metadata), or the error that stopped it."""
 
     record: ModelRecord
     meta: FingerprintMeta | None = None
@@ -59,6 +65,7 @@ class WorkerStatus:
     """What a worker is doing now; answered from its own thread even mid-fingerprint."""
 
     pid: int
+    node_id: str          # the Ray node it runs on
     device: str
     current: str | None   # model id being fingerprinted, if any
     done: int
@@ -66,7 +73,7 @@ class WorkerStatus:
 
 @dataclass(frozen=True)
 class PairJob:
-    """One pair to test, ``model_a < model_b``, with the fingerprint files of both at their revisions."""
+    """One pair to test, ``model_a < model_b``, with the fingerprint addresses of both at their revisions."""
 
     model_a: str
     revision_a: str
@@ -86,53 +93,57 @@ class PairOutcome:
     error: WorkFailure | None = None
 
 
-def fingerprint_destination(root: Path, model_id: str, revision: str, input_set: str) -> Path:
-    """``<root>/<model_id>/<revision>/<input_set>.safetensors``: one file per model, revision and input set."""
-    return Path(root) / model_id / revision / f"{input_set}.safetensors"
-
-
 def _failed(record: ModelRecord, stage: str, error: BaseException, started: float) -> FingerprintOutcome:
     return FingerprintOutcome(record, seconds=time.perf_counter() - started,
                               error=WorkFailure(stage, type(error).__name__, one_line(error)))
 
 
-def fingerprint_record(record: ModelRecord, fingerprint_root: Path, inputs: InputSpec, *, device: str = "cpu",
-                       download_dir: Path | None = None, token: str | None = None) -> FingerprintOutcome:
-    """Fetch (Hub records), validate, fingerprint and write one model; every failure is returned, not raised."""
-    from scanner.fingerprint import fingerprint_model, write_fingerprint
-    from scanner.retrieval.index import entry_path, write_entry
-    from scanner.retrieval.signatures import retrieval_entry
+def fingerprint_record(record: ModelRecord, store: FingerprintStore, inputs: InputSpec, *, device: str = "cpu",
+                       scratch: Path | None = None, token: str | None = None) -> FingerprintOutcome:
+    """Fetch (Hub records, into a scratch folder deleted afterwards), validate, fingerprint and store one model;
+    every failure is returned, not raised."""
+    scratch = scratch or default_scratch()
+    started = time.perf_counter()
+    if record.source != "hub":  # already a folder on a disk the workers read
+        return _fingerprint(record, store, inputs, device, scratch, token, scratch, started)
+    with download_folder(scratch) as download:
+        return _fingerprint(record, store, inputs, device, scratch, token, download, started)
+
+
+def _fingerprint(record: ModelRecord, store: FingerprintStore, inputs: InputSpec, device: str, scratch: Path,
+                 token: str | None, download: Path, started: float) -> FingerprintOutcome:
+    from scanner.fingerprint import fingerprint_model
     from scanner.sources import materialize
     from scanner.validate import validate_checkpoint
 
-    started = time.perf_counter()
     stage = "fetch"
     try:
-        folder = materialize(record, download_dir or fingerprint_root / "hub-cache", token=token)
+        folder = materialize(record, download, token=token)
         stage = "validate"
         valid = validate_checkpoint(folder)
         valid.checkpoint.close()
         stage = "fingerprint"
         fingerprint = fingerprint_model(folder, inputs=inputs, device=device, tensor_hashes=valid.tensor_hashes)
         stage = "write"
-        target = fingerprint_destination(fingerprint_root, record.model_id, record.revision, fingerprint.meta.input_set)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        sha = write_fingerprint(fingerprint, target)
-        write_entry(retrieval_entry(fingerprint), entry_path(target))   # candidate retrieval's part, kept beside
+        address, sha = store.write(fingerprint, record.model_id, record.revision, scratch=scratch)
     except Exception as e:  # noqa: BLE001 - a model's failure is data for scan_errors, whatever its type
         return _failed(record, stage, e, started)
-    return FingerprintOutcome(record, meta=fingerprint.meta, path=str(target), file_sha256=sha,
+    return FingerprintOutcome(record, meta=fingerprint.meta, path=address, file_sha256=sha,
                               n_tokens=inputs.n_sequences * inputs.seq_len, device=device,
                               seconds=time.perf_counter() - started)
 
 
 def pick_device() -> str:
-    """The GPU Ray assigned to this worker (Ray sets CUDA_VISIBLE_DEVICES, so it is ``cuda``), else the CPU."""
+    """The GPU Ray assigned to this worker (Ray sets CUDA_VISIBLE_DEVICES, so it is ``cuda``), else the CPU.
+
+    Outside Ray (a bench, a single machine) any visible GPU is used; asking Ray for GPU ids there would start a
+    local Ray just to answer.
+    """
     import torch
 
-    if ray.get_gpu_ids() and torch.cuda.is_available():
-        return "cuda"
-    return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "cuda" if not ray.is_initialized() or ray.get_gpu_ids() else "cpu"
 
 
 @ray.remote(concurrency_groups={"control": 1})
@@ -142,7 +153,7 @@ class FingerprintWorker:
     ``status`` runs in its own concurrency group, so it answers while a fingerprint is being computed.
     """
 
-    def __init__(self, fingerprint_root: str, inputs: dict, threads: int, download_dir: str | None,
+    def __init__(self, fingerprint_store: str, inputs: dict, threads: int, scratch: str | None,
                  token: str | None) -> None:
         import torch
         from transformers.utils import logging as transformers_logging
@@ -150,9 +161,10 @@ class FingerprintWorker:
         torch.set_num_threads(max(1, threads))
         transformers_logging.disable_progress_bar()  # one bar per model would flood the job log
         transformers_logging.set_verbosity_error()
-        self._root = Path(fingerprint_root)
+        self._store = FingerprintStore(fingerprint_store)
         self._inputs = InputSpec(**inputs)
-        self._download_dir = Path(download_dir) if download_dir else None
+        self._scratch = Path(scratch) if scratch else default_scratch()
+        remove_orphans(self._scratch)
         self._token = token
         self._device = pick_device()
         self._lock = threading.Lock()
@@ -162,25 +174,28 @@ class FingerprintWorker:
     @ray.method(concurrency_group="control")
     def status(self) -> WorkerStatus:
         with self._lock:
-            return WorkerStatus(os.getpid(), self._device, self._current, self._done)
+            return WorkerStatus(os.getpid(), ray.get_runtime_context().get_node_id(), self._device, self._current,
+                                self._done)
 
     def fingerprint(self, record: ModelRecord) -> FingerprintOutcome:
         with self._lock:
             self._current = record.model_id
         try:
-            return fingerprint_record(record, self._root, self._inputs, device=self._device,
-                                      download_dir=self._download_dir, token=self._token)
+            return fingerprint_record(record, self._store, self._inputs, device=self._device, scratch=self._scratch,
+                                      token=self._token)
         finally:
             with self._lock:
                 self._current = None
                 self._done += 1
 
 
-def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None) -> list[PairOutcome]:
-    """Test each pair from its two fingerprint files (cosine matrices on the task's GPU when Ray gave it one,
-    screening blocks first when a design is given); a failing pair becomes an error value."""
-    from scanner.fingerprint import read_fingerprint
+def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
+                  workers: int = 1) -> list[PairOutcome]:
+    """Test each pair from its two fingerprints, read from the store wherever it is (cosine matrices on the task's
+    GPU when Ray gave it one, screening blocks first when a design is given, ``workers`` blocks at once); a
+    failing pair becomes an error value."""
     from scanner.fingerprint_compare import compare_fingerprints
+    from scanner.fingerprint_store import read_fingerprint_at
 
     cache: OrderedDict[str, Fingerprint] = OrderedDict()
 
@@ -188,7 +203,7 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
         if path in cache:
             cache.move_to_end(path)
         else:
-            cache[path] = read_fingerprint(path)
+            cache[path] = read_fingerprint_at(path)
             if len(cache) > FINGERPRINT_CACHE:
                 cache.popitem(last=False)
         return cache[path]
@@ -198,7 +213,7 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     for job in jobs:
         try:
             result = compare_fingerprints(load(job.path_a), load(job.path_b), statistic, device=device, design=design,
-                                          block_map=job.block_map)
+                                          workers=workers, block_map=job.block_map)
             out.append(PairOutcome(job, result=result))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e))))

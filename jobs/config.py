@@ -57,7 +57,7 @@ class HubSourceConfig(_Strict):
     filter: str | None = None
     limit: int | None = Field(default=None, ge=1)
     token_env: str = "HF_TOKEN"   # name of the environment variable holding the token; never the token itself
-    download_dir: Path | None = None  # Hugging Face cache for fetched files; default <output_dir>/hub-cache
+    download_dir: Path | None = None  # node-local scratch for downloads; default <system temp>/hubtrace-scratch
 
 
 SourceConfig = Annotated[LocalSourceConfig | HfCacheSourceConfig | HubSourceConfig, Field(discriminator="kind")]
@@ -151,6 +151,8 @@ class ScanConfig(_Strict):
     sources: list[SourceConfig] = Field(min_length=1)
     output_dir: Path = Path("hubtrace-out")
     db: Path | None = None            # default <output_dir>/hubtrace.duckdb
+    fingerprint_store: str | None = None  # path or URL (s3://bucket/prefix); default <output_dir>/fingerprints
+    fingerprint_store_shared: bool = False  # a local fingerprint_store that every node of the cluster mounts
     inputs: InputsConfig = InputsConfig()
     statistic: FingerprintStatistic = "match"
     pairs: PairsConfig = PairsConfig()
@@ -165,8 +167,8 @@ class ScanConfig(_Strict):
         return self.db if self.db is not None else self.output_dir / "hubtrace.duckdb"
 
     @property
-    def fingerprint_dir(self) -> Path:
-        return self.output_dir / "fingerprints"
+    def fingerprint_location(self) -> str:
+        return self.fingerprint_store or str(self.output_dir / "fingerprints")
 
     @property
     def export_dir(self) -> Path:

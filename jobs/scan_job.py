@@ -18,17 +18,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
 from rich.console import Console
 
 from jobs.actors import FingerprintOutcome, PairOutcome, WorkFailure, compare_batch_task
+from jobs.cluster import alive_nodes, check_fingerprint_store
 from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
+from scanner.fingerprint_store import FingerprintStore
 from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
 
 if TYPE_CHECKING:
@@ -80,9 +81,10 @@ class _Known:
     last_error: dict[tuple[str, str], str] = field(default_factory=dict)    # (model, revision) -> stage
 
     @classmethod
-    def load(cls, store: Store, prefix: str) -> _Known:
+    def load(cls, store: Store, prefix: str, stored: set[str]) -> _Known:
+        """``stored``: the addresses the fingerprint store holds now (a row without its file is not a fingerprint)."""
         fingerprinted = {(model_id, revision) for model_id, revision, path in store.fingerprints_on(prefix)
-                         if path and Path(path).is_file()}
+                         if path in stored}
         return cls(store.current_revisions(), fingerprinted, store.last_error_stages())
 
     def needs_fingerprint(self, record: ModelRecord, rescan_errors: bool) -> bool:
@@ -111,8 +113,10 @@ def connect_ray(config: ScanConfig) -> bool:
 class _Scan:
     """One run: owns the store connection, the console and the counters that become the summary."""
 
-    def __init__(self, config: ScanConfig, store: Store, observer: ScanObserver, console: Console) -> None:
+    def __init__(self, config: ScanConfig, store: Store, fingerprints: FingerprintStore, observer: ScanObserver,
+                 console: Console) -> None:
         self.config, self.store, self.observer, self.console = config, store, observer, console
+        self.fingerprints = fingerprints
         self.run_id = store.start_run(config.to_json_dict())
         self.summary = ScanSummary(run_id=self.run_id, db=str(config.db_path))
         self.prefix = input_set_prefix(config)
@@ -145,7 +149,7 @@ class _Scan:
                 self.summary.skipped += 1
 
     def fingerprint_stage(self, pool: FingerprintPool) -> None:
-        known = _Known.load(self.store, self.prefix)
+        known = _Known.load(self.store, self.prefix, self.fingerprints.existing())
 
         def submit(record: ModelRecord) -> ray.ObjectRef:
             ref = pool.submit(record)
@@ -175,8 +179,8 @@ class _Scan:
 
     # pairs ------------------------------------------------------------------------------------------------
     def plan(self) -> PairPlan:
-        candidates = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix)
-                      if Path(row[3]).is_file()]
+        stored = self.fingerprints.existing()
+        candidates = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix) if row[3] in stored]
         tested: set[PairKey] = set()
         for input_set in {c.input_set for c in candidates}:
             tested |= self.store.tested_pair_keys(self.config.statistic, input_set)
@@ -207,7 +211,9 @@ class _Scan:
         work = batches(plan.jobs, self.config.pairs.batch_size)
         sequential = self.config.pairs.sequential
         design = sequential.design() if sequential is not None else None
-        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design), shape.max_in_flight):
+        workers = max(1, int(self.config.ray.cpus_per_pair_task))  # blocks compared at once: the task's CPUs
+        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design, workers),
+                                    shape.max_in_flight):
             outcomes: list[PairOutcome] = ray.get(ref)
             rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
                                 self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
@@ -250,22 +256,25 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
     from scanner.store import Store
 
     console = console or Console()
+    fingerprints = FingerprintStore(config.fingerprint_location)
     started_ray = connect_ray(config)
-    config.db_path.parent.mkdir(parents=True, exist_ok=True)
-    config.fingerprint_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
+        check_fingerprint_store(fingerprints, alive_nodes(), config.fingerprint_store_shared)
+        config.db_path.parent.mkdir(parents=True, exist_ok=True)
+        fingerprints.prepare()
         with Store(config.db_path) as store:
-            scan = _Scan(config, store, observer or ScanObserver(), console)
+            scan = _Scan(config, store, fingerprints, observer or ScanObserver(), console)
             try:
                 shape = pool_shape(config, ray.cluster_resources())
                 scan.summary.actors, scan.summary.device = shape.actors, shape.device
                 scan.say(f"scan {scan.run_id}: {shape.actors} {shape.device} fingerprint actor(s), "
-                         f"at most {shape.max_in_flight} models in flight; database {config.db_path}")
+                         f"at most {shape.max_in_flight} models in flight; database {config.db_path}; "
+                         f"fingerprints {fingerprints.location}")
                 token = next((os.environ.get(s.token_env) for s in config.sources if isinstance(s, HubSourceConfig)),
                              None)
                 with scan.timed("fingerprint"):
-                    pool = FingerprintPool(shape, config, token)
+                    pool = FingerprintPool(shape, config, fingerprints.location, token)
                     try:
                         scan.fingerprint_stage(pool)
                     finally:

@@ -40,13 +40,13 @@ def _models(store: Store, kurtosis: Mapping[str, tuple[float, ...]]) -> list[Mod
 def _kurtosis(store: Store) -> dict[str, tuple[float, ...]]:
     """Per-block weight kurtosis from the current models' fingerprint headers (absent ones are skipped)."""
     try:
-        from scanner.fingerprint import read_fingerprint_meta
+        from scanner.fingerprint_store import read_fingerprint_meta_at
     except ImportError:
         return {}
     out: dict[str, tuple[float, ...]] = {}
     for model_id, path in lineage_tables.current_fingerprint_files(store):
         try:
-            values = read_fingerprint_meta(path).summaries.get(KURTOSIS_SUMMARY)
+            values = read_fingerprint_meta_at(path).summaries.get(KURTOSIS_SUMMARY)
         except Exception:  # a missing or damaged fingerprint only costs this weak signal
             continue
         if values:

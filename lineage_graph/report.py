@@ -47,13 +47,13 @@ def _block_chart(layers: list[dict], path: Path, title: str) -> Path:
 def _unit_map(store: Store, a: dict, b: dict, input_set: str, out: Path) -> tuple[list[Path], list[str], dict | None]:
     """Localize from the stored fingerprints: (unit-map PNGs, notes, block map json) or a note why not."""
     paths = [store.recorded_fingerprint_path(m["model_id"], m["revision"], input_set) for m in (a, b)]
-    if not all(p and Path(p).is_file() for p in paths):
+    if not all(paths):
         return [], ["no fingerprint files for this pair in the store: unit map not drawn"], None
     try:
-        from scanner.fingerprint import read_fingerprint
+        from scanner.fingerprint_store import read_fingerprint_at
         from scanner.localize import localize, plot_unit_map
 
-        result = localize(read_fingerprint(paths[0]), read_fingerprint(paths[1]))
+        result = localize(read_fingerprint_at(paths[0]), read_fingerprint_at(paths[1]))
     except Exception as exc:  # the report still stands on the stored test without the unit map
         return [], [f"unit map unavailable: {exc}"], None
     images = []

@@ -26,6 +26,7 @@ from scanner.fingerprint_compare import (
 )
 from scanner.inputs import InputSet, InputSpec, canonical_inputs, shared_token_range
 from scanner.results import LayerResult, PairTestResult
+from scanner.shared_vocab import pair_input_sets
 from scanner.stats.independence import BlockTest, phi_u
 from scanner.stats.jsd import mean_jensen_shannon
 from scanner.stats.l2 import BlockSource, phi_l2
@@ -91,12 +92,16 @@ def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
 
 def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
     """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does
-    (the hashes of the validation pass spare the fingerprints a second read of every tensor)."""
+    (the hashes of the validation pass spare the fingerprints a second read of every tensor); on the token
+    strings both tokenizers share when their vocabularies differ (scanner.shared_vocab)."""
     token_range = shared_token_range(a.token_range, b.token_range)
+    rows = (a.adapter.shape.vocab_size, b.adapter.shape.vocab_size)
+    shared = pair_input_sets(a.checkpoint.path, b.checkpoint.path, *rows, spec)
+    input_sets = shared or (None, None)
     fingerprints = [
         fingerprint_model(m.checkpoint.path, inputs=spec, device=device, token_range=token_range,
-                          tensor_hashes=m.tensor_hashes)
-        for m in (a, b)
+                          tensor_hashes=m.tensor_hashes, input_set=input_set)
+        for m, input_set in zip((a, b), input_sets)
     ]
     return replace(compare_fingerprints(*fingerprints, statistic, device=device), model_a=a.name, model_b=b.name)
 

@@ -35,7 +35,8 @@ from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.errors import FingerprintError
 from scanner.files import file_sha256
-from scanner.inputs import InputSpec, canonical_inputs
+from scanner.inputs import InputSet, InputSpec, canonical_inputs
+from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
 
 FINGERPRINT_FORMAT = 1
@@ -113,20 +114,24 @@ def fingerprint_model(
     token_range: int | None = None,
     storage_dtype: str = "float16",
     tensor_hashes: Mapping[str, str] | None = None,
+    input_set: InputSet | None = None,
 ) -> Fingerprint:
     """Read a checkpoint once, block by block, into its fingerprint.
 
     token_range overrides the model's own id range (a pair test of two vocabularies uses the shared one);
     activations are rounded to storage_dtype here, so a fingerprint compares the same before and after a
     write/read round trip. tensor_hashes, when the caller already read every tensor (`validate_checkpoint`),
-    saves a second pass over the files.
+    saves a second pass over the files. input_set, when given, replaces the canonical ids (and `inputs`): shared-
+    string inputs for two tokenizers (scanner.shared_vocab) give each model its own ids for the same text.
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
     checkpoint = open_checkpoint(path)
     adapter = adapter_for(checkpoint)
     own_range = model_token_range(checkpoint, adapter)
-    input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
+    if input_set is None:
+        input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
+    inputs = input_set.spec
     # Hashing reads the files while the blocks compute. sha256 runs at about 1 GB/s per core, slower than a disk,
     # so with a GPU computing, several idle cores hash at once; on the CPU the forward pass has the cores.
     if tensor_hashes is not None and set(tensor_hashes) != set(checkpoint.tensor_names()):
@@ -173,7 +178,8 @@ def fingerprint_pair(
     """Fingerprints of two sides, each a model directory or a fingerprint file, on one input set if possible.
 
     A file side fixes the input set (its spec and id range) for a directory side; two directories use
-    `inputs` on their shared id range. Whether the result is comparable is `comparable_with`'s call.
+    `inputs` on their shared id range, or on their shared token strings when their vocabularies differ
+    (scanner.shared_vocab). Whether the result is comparable is `comparable_with`'s call.
     """
     files = {p: read_fingerprint(p) for p in (Path(path_a), Path(path_b)) if Path(p).is_file()}
     if files:
@@ -181,7 +187,13 @@ def fingerprint_pair(
         inputs, token_range = InputSpec(**fixed.input_spec), fixed.token_range
     else:
         checkpoints = [open_checkpoint(p) for p in (path_a, path_b)]
-        token_range = min(model_token_range(c, adapter_for(c)) for c in checkpoints)
+        adapters = [adapter_for(c) for c in checkpoints]
+        token_range = min(model_token_range(c, a) for c, a in zip(checkpoints, adapters))
+        shared = pair_input_sets(path_a, path_b, *(a.shape.vocab_size for a in adapters), inputs)
+        if shared is not None:
+            return tuple(  # type: ignore[return-value]
+                fingerprint_model(p, device=device, input_set=s) for p, s in zip((path_a, path_b), shared)
+            )
     return tuple(  # type: ignore[return-value]
         files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range)
         for p in (path_a, path_b)

@@ -7,11 +7,15 @@ fingerprint files gives exactly the numbers of a live test on the same input set
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, TypeVar, get_args
 
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
+from scanner.shared_vocab import is_shared_string_input_set, shared_inputs_note
+from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
 from scanner.stats.logp import log10_fisher
 from scanner.stats.sequential import SequentialDesign
@@ -19,6 +23,9 @@ from scanner.stats.sequential import SequentialDesign
 FingerprintStatistic = Literal["match", "hidden"]
 """The statistics a fingerprint carries activations for (and so the ones a scan can test)."""
 FINGERPRINT_STATISTICS: tuple[str, ...] = get_args(FingerprintStatistic)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def compare_fingerprints(
@@ -28,6 +35,7 @@ def compare_fingerprints(
     *,
     device: str | None = None,
     design: SequentialDesign | None = None,
+    workers: int = 1,
     block_map: tuple[tuple[int, int], ...] | None = None,
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
@@ -35,10 +43,12 @@ def compare_fingerprints(
     ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
     selects assignment candidates there too (same matchings, see scanner.stats.assignment). ``design`` compares
     its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
-    every block. ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when the depths
-    differ: the pair is then tested both by index and on the mapped blocks, and reports twice the smaller p-value
-    (Bonferroni over the two pairings; scanner.retrieval.candidates says why the mapped one is valid).
-    Raises IncomparableError when the fingerprints were taken on different input sets.
+    every block. ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products
+    (BLAS, outside the GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py
+    --workers measures the gain). ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when
+    the depths differ: the pair is then tested both by index and on the mapped blocks, and reports twice the
+    smaller p-value (Bonferroni over the two pairings; scanner.retrieval.candidates says why the mapped one is
+    valid). Raises IncomparableError when the fingerprints were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -48,9 +58,12 @@ def compare_fingerprints(
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
-    notes = input_notes(
-        (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
-    )
+    if is_shared_string_input_set(a.meta.input_set):
+        notes = [shared_inputs_note(a.meta.input_set, a.meta.token_range)]
+    else:
+        notes = input_notes(
+            (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
+        )
     depth = min(len(a.blocks), len(b.blocks))
     mapped = len(a.blocks) != len(b.blocks) and bool(block_map)
     if len(a.blocks) != len(b.blocks) and not mapped:
@@ -58,26 +71,33 @@ def compare_fingerprints(
     if statistic == "hidden":
         notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
 
-    def block(layer_a: int, layer_b: int) -> LayerResult:
-        experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
-        if len(experts_a) != len(experts_b) and expert_note(len(experts_a), len(experts_b)) not in notes:
-            notes.append(expert_note(len(experts_a), len(experts_b)))
-        if statistic == "hidden":
-            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device)
-                     for x, y in zip(experts_a, experts_b)]
-        else:
-            tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in zip(experts_a, experts_b)]
-        return block_result(layer_a, layer_b, tests)
+    expert_maps: dict[int, str] = {}
 
-    def test(pairs: list[tuple[int, int]]) -> tuple[list[LayerResult], float]:
-        screen = [pairs[i] for i in design.screen(len(pairs))] if design is not None else pairs
-        layers = [block(*pair) for pair in screen]
+    def block(layers_ab: tuple[int, int]) -> LayerResult:
+        layer_a, layer_b = layers_ab
+        experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
+        pairing = pair_fingerprint_experts(a, b, layer_a, layer_b)
+        if not pairing.by_index or len(experts_a) != len(experts_b):
+            expert_maps[layer_a] = pairing.describe()
+        pairs = [(experts_a[i], experts_b[j]) for i, j in pairing.pairs]
+        if statistic == "hidden":
+            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device) for x, y in pairs]
+        else:
+            tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
+        return block_result(layer_a, layer_b, tests, pairing)
+
+    def compared(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
+        return parallel_map(block, block_pairs, workers)
+
+    def test(block_pairs: list[tuple[int, int]]) -> tuple[list[LayerResult], float]:
+        screen = [block_pairs[i] for i in design.screen(len(block_pairs))] if design is not None else block_pairs
+        layers = compared(screen)
         log10_p = log10_fisher([layer.log10_p for layer in layers])
-        if design is not None and len(screen) < len(pairs):
+        if design is not None and len(screen) < len(block_pairs):
             if design.stops(log10_p):
-                notes.append(screen_note([la for la, _ in screen], len(pairs), log10_p))
+                notes.append(screen_note([la for la, _ in screen], len(block_pairs), log10_p))
             else:
-                layers = sorted([*layers, *(block(*pair) for pair in pairs if pair not in screen)],
+                layers = sorted([*layers, *compared([p for p in block_pairs if p not in screen])],
                                 key=lambda result: result.layer_a)
                 log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
         return layers, log10_p
@@ -89,6 +109,8 @@ def compare_fingerprints(
         log10_p = min(0.0, min(log10_p, mapped_log10_p) + math.log10(2.0))
         layers = mapped_layers if by_map else layers
         notes.append(mapped_note(len(a.blocks), len(b.blocks), by_map))
+    if expert_maps:
+        notes.append(expert_map_note(expert_maps))
     return PairTestResult(
         model_a=a.meta.model,
         model_b=b.meta.model,
@@ -99,6 +121,14 @@ def compare_fingerprints(
         inputs=a.meta.input_set,
         notes=notes,
     )
+
+
+def parallel_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """``[function(x) for x in items]``, on up to ``workers`` threads when there is more than one item."""
+    if workers <= 1 or len(items) <= 1:
+        return [function(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="hubtrace-block") as pool:
+        return list(pool.map(function, items))
 
 
 def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
@@ -136,12 +166,27 @@ def depth_note(depth_a: int, depth_b: int) -> str:
     )
 
 
-def expert_note(experts_a: int, experts_b: int) -> str:
-    return f"expert counts differ ({experts_a} vs {experts_b}); experts are paired by index up to the smaller count"
+def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
+    """Which expert of A's block goes with which of B's (scanner.stats.experts: matched, not paired by index)."""
+    return pair_block_experts(
+        [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
+        a.meta.n_experts, b.meta.n_experts,
+    )
 
 
-def block_result(layer_a: int, layer_b: int, tests: list[BlockTest]) -> LayerResult:
-    """One block pair's result; an MoE block's experts are combined by FISHER (rho is then undefined)."""
+def expert_map_note(expert_maps: dict[int, str]) -> str:
+    """One note for every block whose experts were not paired by index: B's expert <- A's expert."""
+    blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(expert_maps.items()))
+    return (f"experts matched on unit-order-invariant activation similarity before testing "
+            f"(B's expert <- A's expert; see scanner.stats.experts): {blocks}")
+
+
+def block_result(
+    layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
+) -> LayerResult:
+    """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
+    one dense MLP (rho is then undefined)."""
     if len(tests) == 1:
         return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units)
-    return LayerResult(layer_a, layer_b, fisher(tests), None, sum(t.n_units for t in tests))
+    log10_p = pairing.combine([t.log10_p for t in tests]) if pairing is not None else fisher(tests)
+    return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests))

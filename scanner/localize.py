@@ -13,19 +13,28 @@ far above any threshold); the others are tested in full and report the full p-va
 is valid: for a level a below the stop, P(reported <= a) <= P(full <= a) = a; above it, at most
 P(screen <= stop) + P(stop < screen <= a) = a. So the Bonferroni-corrected map keeps its guarantee, and
 a 32 x 32 localize of 7B models costs about one whole-model test plus 1024 small screens.
+
+`localize_replayed` tests the same block pairs on replayed activations (scanner.replay): every block of B run
+on the residual stream that entered each block of A, so a depth prune's deeper blocks, whose own streams
+have drifted, are still mapped. MoE blocks pair their experts first (scanner.stats.experts) either way.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from scanner.activations import MLPActivations
 from scanner.errors import IncomparableError
-from scanner.stats.block_map import bonferroni_log10, block_map
-from scanner.stats.independence import fisher, phi_match_similarity
+from scanner.inputs import InputSpec
+from scanner.replay import replay
+from scanner.stats.block_map import block_map, bonferroni_log10
+from scanner.stats.experts import ExpertPairing, pair_block_experts
+from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows
 
 if TYPE_CHECKING:
@@ -108,41 +117,97 @@ def localize(
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
-    notes: list[str] = []
-    n_experts = min(len(a.blocks[0]), len(b.blocks[0])) if a.blocks and b.blocks else 0
-    if a.blocks and b.blocks and len(a.blocks[0]) != len(b.blocks[0]):
-        notes.append(f"expert counts differ ({len(a.blocks[0])} vs {len(b.blocks[0])}); experts are paired by index")
-    if n_experts > 1:
-        notes.append("MoE blocks: block p-values combine experts by FISHER; unit maps are the first expert's")
-    units_a = _unit_blocks(a, n_experts, device)
-    units_b = _unit_blocks(b, n_experts, device)
+    units_a, units_b = _unit_blocks(a.blocks, device), _unit_blocks(b.blocks, device)
+    tester = _PairTester(len(units_a) * len(units_b), (a.meta.n_experts, b.meta.n_experts), threshold_log10,
+                         screen_units, screen_stop_log10_p)
+    for j, block_b in enumerate(units_b):
+        for i, block_a in enumerate(units_a):
+            tester.test(i, j, block_a, block_b)
+    return tester.result(a.meta.model, b.meta.model, monotone, [])
 
-    p = np.zeros((len(units_a), len(units_b)))
-    screened = 0
-    for i, block_a in enumerate(units_a):
-        for j, block_b in enumerate(units_b):
-            rows = _screen_rows(block_a, block_b, screen_units)
-            if rows is not None:
-                p[i, j] = _block_log10_p(block_a, block_b, rows)
-                if p[i, j] > screen_stop_log10_p:
-                    screened += 1
-                    continue
-            p[i, j] = _block_log10_p(block_a, block_b)
-    if screened:
-        notes.append(f"{screened} of {p.size} block pairs ended after a screen on {screen_units} units of A "
-                     f"(their p-value is the screen's, above {screen_stop_log10_p:g}; still valid)")
-    chosen = block_map(p, threshold_log10, monotone=monotone) if p.size else []
-    unit_maps = {(i, j): _unit_map(*units_a[i][0], *units_b[j][0]) for i, j in chosen}
-    return LocalizeResult(
-        pairs=[BlockPair(i, j, float(p[i, j])) for i in range(p.shape[0]) for j in range(p.shape[1])],
-        map=chosen,
-        unit_maps=unit_maps,
-        model_a=a.meta.model,
-        model_b=b.meta.model,
-        threshold_log10=threshold_log10,
-        monotone=monotone,
-        notes=notes,
-    )
+
+def localize_replayed(
+    path_a: str | Path,
+    path_b: str | Path,
+    *,
+    inputs: InputSpec = InputSpec(),
+    threshold_log10: float = -2.0,
+    monotone: bool = True,
+    device: str = "cpu",
+    screen_units: int | None = SCREEN_UNITS,
+    screen_stop_log10_p: float = SCREEN_STOP_LOG10_P,
+) -> LocalizeResult:
+    """`localize` of two checkpoints with every block of B run on the residual stream entering each block of A
+    (scanner.replay): deep blocks of a depth-pruned model see their parent block's inputs, not a drifted stream.
+
+    Costs L_A * L_B block forward passes of B on the canonical tokens (each block of B read once) besides the
+    tests; the p-values are phi_MATCH's, valid for the reason scanner.replay gives, so the map keeps its
+    Bonferroni guarantee.
+    """
+    replayed = replay(path_a, path_b, inputs=inputs, device=device)
+    units_a = _unit_blocks(replayed.a, device)
+    tester = _PairTester(len(units_a) * len(replayed.b[0]), (replayed.n_experts_a, replayed.n_experts_b),
+                         threshold_log10, screen_units, screen_stop_log10_p)
+    for j in range(len(replayed.b[0])):
+        for i, block_a in enumerate(units_a):
+            tester.test(i, j, block_a, _unit_blocks([replayed.b[i][j]], device)[0])
+            replayed.b[i][j] = []  # tested: free it
+    note = (f"every block of B was run on the residual stream entering each block of A, mapped into B's basis "
+            f"(scanner.replay; input set {replayed.input_set.id})")
+    return tester.result(str(path_a), str(path_b), monotone, [note])
+
+
+class _PairTester:
+    """The block-pair tests of one localize: p-values, screens, expert pairings, and unit maps of the pairs that
+    could be mapped (Bonferroni-corrected p at most the threshold), so blocks need not be kept until the end."""
+
+    def __init__(self, n_pairs: int, routed: tuple[int, int], threshold_log10: float, screen_units: int | None,
+                 screen_stop_log10_p: float) -> None:
+        self.log10_p: dict[tuple[int, int], float] = {}
+        self.unit_maps: dict[tuple[int, int], np.ndarray] = {}
+        self.n_pairs, self.routed, self.threshold = n_pairs, routed, threshold_log10
+        self.screen_units, self.screen_stop = screen_units, screen_stop_log10_p
+        self.screened, self.moe = 0, False
+
+    def test(self, i: int, j: int, block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]]) -> None:
+        self.moe |= len(block_a) > 1 or len(block_b) > 1
+        pairing = pair_block_experts(_on_cpu(block_a), _on_cpu(block_b), *self.routed)
+        paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
+        rows = _screen_rows(block_a, block_b, self.screen_units)
+        if rows is not None:
+            self.log10_p[(i, j)] = _block_log10_p(paired, pairing, rows)
+            if self.log10_p[(i, j)] > self.screen_stop:
+                self.screened += 1
+                return
+        self.log10_p[(i, j)] = _block_log10_p(paired, pairing)
+        if self.log10_p[(i, j)] + math.log10(max(1, self.n_pairs)) <= self.threshold:
+            (x, y) = pairing.pairs[0]
+            self.unit_maps[(i, j)] = _unit_map(*block_a[x], *block_b[y])
+
+    def result(self, model_a: str, model_b: str, monotone: bool, notes: list[str]) -> LocalizeResult:
+        rows = 1 + max((i for i, _ in self.log10_p), default=-1)
+        cols = 1 + max((j for _, j in self.log10_p), default=-1)
+        p = np.zeros((rows, cols))
+        for (i, j), value in self.log10_p.items():
+            p[i, j] = value
+        if self.moe:
+            notes.append("MoE blocks: experts are matched before testing (scanner.stats.experts), block p-values "
+                         "combine them by FISHER (Bonferroni against a dense MLP); unit maps are those of B's first "
+                         "paired expert")
+        if self.screened:
+            notes.append(f"{self.screened} of {p.size} block pairs ended after a screen on {self.screen_units} units "
+                         f"of A (their p-value is the screen's, above {self.screen_stop:g}; still valid)")
+        chosen = block_map(p, self.threshold, monotone=monotone) if p.size else []
+        return LocalizeResult(
+            pairs=[BlockPair(i, j, float(p[i, j])) for i in range(p.shape[0]) for j in range(p.shape[1])],
+            map=chosen,
+            unit_maps={pair: self.unit_maps[pair] for pair in chosen},
+            model_a=model_a,
+            model_b=model_b,
+            threshold_log10=self.threshold,
+            monotone=monotone,
+            notes=notes,
+        )
 
 
 def corrected_log10_p(result: LocalizeResult) -> np.ndarray:
@@ -158,21 +223,28 @@ def _screen_rows(block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]],
     return np.unique(np.linspace(0, width_a - 1, units).round().astype(np.int64))
 
 
-def _block_log10_p(block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]], rows: Any = None) -> float:
-    """phi_MATCH of one block pair (FISHER over experts), on A's units ``rows`` only when given."""
+def _block_log10_p(paired: list[tuple[Any, Any]], pairing: ExpertPairing, rows: Any = None) -> float:
+    """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
-    tests = [phi_match_similarity(pick(ga) @ gb.T, pick(ua) @ ub.T) for (ga, ua), (gb, ub) in zip(block_a, block_b)]
-    return tests[0].log10_p if len(tests) == 1 else fisher(tests)
+    tests = [phi_match_similarity(pick(ga) @ gb.T, pick(ua) @ ub.T) for (ga, ua), (gb, ub) in paired]
+    return pairing.combine([t.log10_p for t in tests])
 
 
-def _unit_blocks(fp: Fingerprint, n_experts: int, device: str) -> list[list[tuple[Any, Any]]]:
+def _unit_blocks(blocks: list[list[MLPActivations]], device: str) -> list[list[tuple[Any, Any]]]:
     """Per block, per expert: (gate, up) activations with unit-length rows, on ``device``."""
-    blocks = [[(unit_rows(e.gate), unit_rows(e.up)) for e in experts[:n_experts]] for experts in fp.blocks]
+    blocks = [[(unit_rows(e.gate), unit_rows(e.up)) for e in experts] for experts in blocks]
     if device == "cpu":
         return blocks
     import torch
 
     return [[(torch.from_numpy(g).to(device), torch.from_numpy(u).to(device)) for g, u in experts] for experts in blocks]
+
+
+def _on_cpu(block: list[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A block's expert activations as numpy arrays (expert pairing runs on the CPU; single MLPs skip it)."""
+    if len(block) == 1 or isinstance(block[0][0], np.ndarray):
+        return block
+    return [(g.float().cpu().numpy(), u.float().cpu().numpy()) for g, u in block]
 
 
 def _unit_map(gate_a: Any, up_a: Any, gate_b: Any, up_b: Any) -> np.ndarray:

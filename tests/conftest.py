@@ -54,3 +54,13 @@ def zoo() -> Zoo:
 @pytest.fixture(scope="session")
 def independent_zoo() -> Zoo:
     return train_independent_models(CACHE / "independent", n=N_INDEPENDENT)
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """One moto S3 server for the session, its AWS_* variables set in this process (and so inherited by the Ray
+    nodes tests start): one per session because fsspec keeps one S3 client per process."""
+    from tests.s3_support import environment, s3_server
+
+    with s3_server() as variables, environment(variables):
+        yield variables

@@ -27,11 +27,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from jobs.actors import PairJob, fingerprint_record
+from jobs.cli import EXIT_REFUSED, app
 from jobs.scan_job import ScanObserver, _Scan, discover
 from lineage_graph.export import FORMATS
-from jobs.cli import EXIT_REFUSED, app
 from scanner.fingerprint import read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprint_store import FingerprintStore
 from scanner.store import PairTestRow, Store
 from scanner.zoo import Zoo
 from tests.scan_support import SUBSET, copy_models, query, scan_config
@@ -63,9 +64,10 @@ def db(zoo: Zoo, tmp_path_factory) -> Path:
     config = scan_config(copy_models(zoo, SUBSET, root / "hub"), root / "out")
     config.db_path.parent.mkdir(parents=True)
     with Store(config.db_path) as store:
-        scan = _Scan(config, store, ScanObserver(), Console(file=io.StringIO()))
+        fingerprints = FingerprintStore(config.fingerprint_location)
+        scan = _Scan(config, store, fingerprints, ScanObserver(), Console(file=io.StringIO()))
         for record in discover(config):
-            outcome = fingerprint_record(record, config.fingerprint_dir, config.inputs.spec())
+            outcome = fingerprint_record(record, fingerprints, config.inputs.spec())
             assert outcome.error is None, outcome.error
             scan._store_fingerprint(outcome)
         store.put_pair_tests(_pair_rows(scan.plan().jobs, config.statistic, scan.run_id))

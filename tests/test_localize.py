@@ -23,6 +23,7 @@ from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprin
 from scanner.inputs import InputSpec
 from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map
 from scanner.stats.block_map import block_map, bonferroni_log10
+from scanner.stats.experts import pair_experts
 from scanner.zoo import Zoo
 from scanner.testing.synthetic import synthetic_pair
 from tests.synthetic_fingerprints import template_fingerprint
@@ -159,10 +160,11 @@ def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprin
     """400 independent block pairs of 600 units screened on 100: KS against uniform at alpha = 0.001
     (false-failure rate 0.1% for an exactly uniform screen)."""
     a, b = synthetic_pair(template, 400, 600, {}, seed=5)
-    blocks_a, blocks_b = _unit_blocks(a, 1, "cpu"), _unit_blocks(b, 1, "cpu")
+    blocks_a, blocks_b = _unit_blocks(a.blocks, "cpu"), _unit_blocks(b.blocks, "cpu")
     rows = _screen_rows(blocks_a[0], blocks_b[0], 100)
     assert rows is not None and rows.size == 100
-    p = [10 ** _block_log10_p(x, y, rows) for x, y in zip(blocks_a, blocks_b)]
+    single = pair_experts([(np.zeros((1, 1)),) * 2], [(np.zeros((1, 1)),) * 2])
+    p = [10 ** _block_log10_p(list(zip(x, y)), single, rows) for x, y in zip(blocks_a, blocks_b)]
     assert kstest(p, "uniform").pvalue > 0.001
 
 

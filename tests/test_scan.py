@@ -70,7 +70,7 @@ def test_scan_fingerprints_every_good_model_and_records_each_broken_one_once(fir
 
     fingerprints = query(db, "SELECT model_id, path FROM fingerprints")
     assert sorted(fingerprints["model_id"]) == sorted(SUBSET)
-    assert all(Path(p).is_file() and Path(p).is_relative_to(config.fingerprint_dir.resolve())
+    assert all(Path(p).is_file() and Path(p).is_relative_to(Path(config.fingerprint_location).resolve())
                for p in fingerprints["path"])
     ok = query(db, "SELECT model_id FROM current_models WHERE status = 'ok'")
     assert sorted(ok["model_id"]) == sorted(SUBSET)

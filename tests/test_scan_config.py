@@ -46,7 +46,7 @@ def test_overrides_replace_sources_db_and_output():
     config = load_config(REPO / "configs" / "nightly-hub.yaml").with_overrides(
         local=Path("/models"), db=Path("/tmp/x.duckdb"), output_dir=Path("/tmp/out"))
     assert [(s.kind, s.path) for s in config.sources] == [("local", Path("/models"))]
-    assert config.db_path == Path("/tmp/x.duckdb") and config.fingerprint_dir == Path("/tmp/out/fingerprints")
+    assert config.db_path == Path("/tmp/x.duckdb") and config.fingerprint_location == "/tmp/out/fingerprints"
     assert ScanConfig.model_validate({"sources": [{"kind": "hf_cache"}], "output_dir": "o"}).db_path == Path("o/hubtrace.duckdb")
 
 

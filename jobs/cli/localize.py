@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from scanner.errors import HubtraceError
 from scanner.inputs import InputSpec
 
 if TYPE_CHECKING:
@@ -36,14 +37,27 @@ def localize_command(
     seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
     seed: Annotated[int, typer.Option(help="Seed of the canonical inputs.")] = 0,
     device: Annotated[str, typer.Option(help="torch device for forward passes and similarity products.")] = "cpu",
+    replay: Annotated[
+        bool | None,
+        typer.Option("--replay/--no-replay", help="Run every block of B on the residual stream entering each block of "
+                     "A (both sides directories). Default: when both are directories of different depths."),
+    ] = None,
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
     from scanner.fingerprint import fingerprint_pair
-    from scanner.localize import localize, plot_unit_map
+    from scanner.localize import localize, localize_replayed, plot_unit_map
 
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
-    fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device)
-    result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
+    if replay is None:
+        replay = _depths_differ(model_a, model_b)
+    if replay:
+        if model_a.is_file() or model_b.is_file():
+            raise HubtraceError("--replay runs the blocks themselves: give both models as directories")
+        result = localize_replayed(model_a, model_b, inputs=spec, threshold_log10=threshold, monotone=not any_order,
+                                   device=device)
+    else:
+        fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device)
+        result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
     plots = []
     if plot_dir is not None:
         for (layer_a, layer_b), unit_map in result.unit_maps.items():
@@ -54,6 +68,17 @@ def localize_command(
         typer.echo(json.dumps({**result.to_json_dict(), "plots": plots}, indent=2))
     else:
         typer.echo(render_localize(result, plots))
+
+
+def _depths_differ(path_a: Path, path_b: Path) -> bool:
+    """Both sides are model directories with different block counts (a depth prune: the case replay is for)."""
+    from scanner.adapters import adapter_for
+    from scanner.checkpoint import open_checkpoint
+
+    if not (path_a.is_dir() and path_b.is_dir()):
+        return False
+    depth_a, depth_b = (adapter_for(open_checkpoint(p)).shape.n_layers for p in (path_a, path_b))
+    return depth_a != depth_b
 
 
 def _short(name: str) -> str:

@@ -1,0 +1,136 @@
+"""Where fingerprint files live: a location, not a folder.
+
+A location is a local path (one node, or a filesystem every node mounts) or a URL that fsspec understands
+(``s3://bucket/prefix`` through s3fs, and any other protocol an installed fsspec implementation adds). Object
+stores take their endpoint and credentials from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``), which botocore reads itself: nothing secret passes through
+hubtrace's configuration or database.
+
+Each fingerprint has one address, ``<location>/<model_id>/<revision>/<input_set>.safetensors``, recorded in
+the database as written (an absolute path for local stores, a URL otherwise), so any node reads it back with
+`read_fingerprint_at` whatever node wrote it. Writes are atomic on both kinds: local files are renamed into
+place, and an object store shows an object only once its upload is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from scanner.errors import FingerprintError
+from scanner.fingerprint import Fingerprint, FingerprintMeta, read_fingerprint, read_fingerprint_meta, write_fingerprint
+
+FINGERPRINT_SUFFIX = ".safetensors"
+
+
+def is_url(location: str | Path) -> bool:
+    """``scheme://…`` (any scheme but ``file``) rather than a path on this node's disk."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+class FingerprintStore:
+    """Reads and writes fingerprint files at one location through fsspec."""
+
+    def __init__(self, location: str | Path) -> None:
+        text = str(location)
+        if not is_url(text):
+            text = str(Path(text.removeprefix("file://")).expanduser().resolve())
+        self.location = text.rstrip("/") or "/"
+        self.fs, self._root = fsspec.core.url_to_fs(self.location)
+
+    @property
+    def is_local(self) -> bool:
+        """A path on the disk of the node that opened it (shared only if every node mounts it there)."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    def address(self, model_id: str, revision: str, input_set: str) -> str:
+        """The fingerprint's address: an absolute path for a local store, a URL for a remote one."""
+        return self._address(self._key(model_id, revision, input_set))
+
+    def write(self, fingerprint: Fingerprint, model_id: str, revision: str, *, scratch: Path | None = None
+              ) -> tuple[str, str]:
+        """Store one fingerprint atomically; returns its address and the file's sha256.
+
+        A remote store gets a file written to node-local ``scratch`` first (safetensors writes files), then
+        uploaded in one put and deleted.
+        """
+        key = self._key(model_id, revision, fingerprint.meta.input_set)
+        if self.is_local:
+            return key, write_fingerprint(fingerprint, key)
+        with _scratch_file(scratch) as tmp:
+            digest = write_fingerprint(fingerprint, tmp)
+            self.fs.put_file(str(tmp), key)
+        return self._address(key), digest
+
+    def existing(self) -> set[str]:
+        """Addresses of every fingerprint file in the store, from one listing (not one request per model)."""
+        self.fs.invalidate_cache()
+        if not self.fs.exists(self._root):
+            return set()
+        return {self._address(p) for p in self.fs.find(self._root) if p.endswith(FINGERPRINT_SUFFIX)}
+
+    def prepare(self) -> None:
+        """Create the location if it can be (a local folder; an object store's bucket must already exist)."""
+        if self.is_local:
+            Path(self._root).mkdir(parents=True, exist_ok=True)
+
+    def _key(self, model_id: str, revision: str, input_set: str) -> str:
+        return f"{self._root.rstrip('/')}/{model_id}/{revision}/{input_set}{FINGERPRINT_SUFFIX}"
+
+    def _address(self, key: str) -> str:
+        return key if self.is_local else self.fs.unstrip_protocol(key)
+
+
+@contextmanager
+def local_copy(address: str | Path, *, scratch: Path | None = None) -> Iterator[Path]:
+    """A path on this node holding the fingerprint at ``address``: the file itself when it is local, else a
+    downloaded copy in ``scratch`` that is deleted on exit."""
+    if not is_url(address):
+        yield Path(str(address).removeprefix("file://"))
+        return
+    with _scratch_file(scratch) as tmp:
+        try:
+            fs, key = fsspec.core.url_to_fs(str(address))
+            fs.get_file(key, str(tmp))
+        except FileNotFoundError as e:
+            raise FingerprintError(f"fingerprint {address} does not exist") from e
+        except OSError as e:
+            raise FingerprintError(f"cannot read fingerprint {address}: {' '.join(str(e).split())}") from e
+        yield tmp
+
+
+def read_fingerprint_at(address: str | Path, *, scratch: Path | None = None) -> Fingerprint:
+    """`read_fingerprint` for any address a `FingerprintStore` gave (local path or URL), checked the same way."""
+    with local_copy(address, scratch=scratch) as path:
+        try:
+            return read_fingerprint(path)
+        except FingerprintError as e:
+            raise FingerprintError(str(e).replace(str(path), str(address))) from e
+
+
+def read_fingerprint_meta_at(address: str | Path, *, scratch: Path | None = None) -> FingerprintMeta:
+    """Only the header of the fingerprint at ``address``."""
+    with local_copy(address, scratch=scratch) as path:
+        try:
+            return read_fingerprint_meta(path)
+        except FingerprintError as e:
+            raise FingerprintError(str(e).replace(str(path), str(address))) from e
+
+
+@contextmanager
+def _scratch_file(scratch: Path | None) -> Iterator[Path]:
+    folder = Path(scratch) if scratch is not None else Path(tempfile.gettempdir())
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix="hubtrace-fp-", suffix=FINGERPRINT_SUFFIX, dir=folder)
+    os.close(handle)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)

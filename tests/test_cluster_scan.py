@@ -1,0 +1,107 @@
+"""A scan on a real multi-node Ray cluster on this machine (a head and three worker raylets with distinct
+resources, `ray.cluster_utils.Cluster`), fingerprints in a real S3-compatible server (moto) that every node
+reaches through the AWS_* environment, and worker nodes killed mid-scan: one while it fingerprints, one while
+pairs are tested. Nothing is lost or duplicated: the killed nodes' models and pairs finish on the others.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import fsspec
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from jobs.config import ConfigError
+from jobs.pool import FingerprintPool
+from jobs.scan_job import ScanObserver, run_scan
+from scanner.sources import ModelRecord
+from tests.s3_support import make_bucket
+from tests.scan_support import SUBSET, copy_models, query, scan_config
+
+BUCKET = "hubtrace-cluster"
+#: A base, its fine-tune, a camouflaged copy of the fine-tune and a depth prune: 6 pairs, all dependent.
+MODELS = SUBSET[:4]
+#: Node deaths are noticed within ~2 s instead of Ray's default ~30 s.
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
+
+
+@pytest.fixture(scope="module")
+def cluster(s3_env):
+    """Head without CPUs (the driver only), three one-CPU worker nodes, each with its own resource label."""
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "resources": {"head": 1}, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS})
+    workers = [cluster.add_node(num_cpus=1, resources={f"worker{i}": 1}) for i in range(3)]
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    yield cluster, workers
+    ray.shutdown()
+    cluster.shutdown()
+
+
+class _KillNodes(ScanObserver):
+    """Removes (kills) the worker node of a busy fingerprinting actor, then, after the first stored pair batch,
+    another worker node while pair tasks run on it."""
+
+    def __init__(self, cluster: Cluster, workers: list) -> None:
+        self.cluster, self.alive = cluster, list(workers)
+        self.killed_fingerprinting: tuple[str, str] | None = None   # (node id, model id)
+        self.killed_in_pairs: str | None = None
+
+    def _kill(self, node_id: str) -> None:
+        node = next(n for n in self.alive if n.node_id == node_id)
+        self.alive.remove(node)
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def on_fingerprint_submitted(self, pool: FingerprintPool, record: ModelRecord) -> None:
+        if self.killed_fingerprinting:
+            return
+        for status in ray.get([a.status.remote() for a in pool.actors]):
+            if status.current is not None:
+                self._kill(status.node_id)
+                self.killed_fingerprinting = (status.node_id, status.current)
+                return
+
+    def on_pairs_stored(self, stored: int, total: int) -> None:
+        if self.killed_in_pairs is None and stored < total and len(self.alive) > 1:
+            self.killed_in_pairs = self.alive[0].node_id
+            self._kill(self.killed_in_pairs)
+
+
+def test_a_local_store_is_refused_at_start_on_a_multi_node_cluster(cluster, zoo, tmp_path):
+    config = scan_config(copy_models(zoo, SUBSET[:2], tmp_path / "hub"), tmp_path / "out")
+    with pytest.raises(ConfigError, match="fingerprint_store .* is a local path, but the Ray cluster has 4 nodes"):
+        run_scan(config)
+    assert not (tmp_path / "out").exists()  # refused before any work or any file
+
+
+def test_nodes_killed_mid_scan_lose_and_duplicate_nothing(cluster, zoo, tmp_path):
+    ray_cluster, workers = cluster
+    make_bucket(BUCKET)
+    location = f"s3://{BUCKET}/scans/test"
+    root = copy_models(zoo, MODELS, tmp_path / "hub")
+    config = scan_config(root, tmp_path / "out", fingerprint_store=location, pairs={"batch_size": 1},
+                         ray={"actors": 2, "max_in_flight": 2})
+    killer = _KillNodes(ray_cluster, workers)
+    summary = run_scan(config, observer=killer)
+
+    assert killer.killed_fingerprinting is not None, "no actor was caught mid-fingerprint"
+    assert killer.killed_in_pairs is not None
+    assert (summary.fingerprinted, summary.failed, summary.pairs_failed) == (len(MODELS), 0, 0)
+    db = config.db_path
+    fingerprints = query(db, "SELECT model_id, path FROM fingerprints")
+    assert sorted(fingerprints["model_id"]) == sorted(MODELS)
+    fs, _ = fsspec.core.url_to_fs(location)
+    fs.invalidate_cache()
+    in_bucket = {fs.unstrip_protocol(p) for p in fs.find(f"{BUCKET}/scans/test")}
+    assert set(fingerprints["path"]) == in_bucket  # one object per model, every address in the DB is in S3
+    assert all(p.startswith(f"{location}/") for p in in_bucket)
+    assert query(db, "SELECT count(*) AS n FROM scan_errors")["n"][0] == 0
+
+    tests = query(db, "SELECT model_a, model_b, log10_p FROM pair_tests")
+    assert tests.height == len(MODELS) * (len(MODELS) - 1) // 2
+    assert {(a, b) for a, b, _ in tests.iter_rows()} == {tuple(sorted(p)) for p in combinations(MODELS, 2)}
+    by_pair = {(a, b): p for a, b, p in tests.iter_rows()}
+    assert by_pair[("aurora-labs/aurora-base", "finch-nlp/aurora-chat")] <= -20  # a real result, not a placeholder
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 2  # the head and one surviving worker did the rest
