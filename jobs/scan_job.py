@@ -218,7 +218,7 @@ class _Scan:
             rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
                                 self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
                                 [asdict(layer) for layer in o.result.layers], list(o.result.notes), o.job.reason,
-                                self.run_id)
+                                self.run_id, o.result.closeness)
                     for o in outcomes if o.error is None]
             self.store.put_pair_tests(rows)
             for o in outcomes:

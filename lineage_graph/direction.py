@@ -21,13 +21,14 @@ RELIABILITY: dict[str, float] = {
     "declared_ancestry": 0.9,
     "structure": 0.85,
     "dates": 0.75,
+    "activation_rank": 0.7,
     "scratch_claim": 0.65,
-    "kurtosis": 0.6,
 }
 """Assumed probability that each signal points the right way when it votes."""
 
-KURTOSIS_MARGIN = 0.02
-"""Mean excess-kurtosis differences below this are noise between healthy checkpoints: no vote."""
+RANK_MARGIN = 0.005
+"""Relative differences in activation effective rank below this (0.5%) give no vote: copies differ by ~1e-6,
+fine-tunes of the zoo by 1.5-6%."""
 
 
 @dataclass(frozen=True)
@@ -100,22 +101,27 @@ def _scratch_votes(a: ModelInfo, b: ModelInfo) -> list[Vote]:
     return []
 
 
-def _kurtosis_votes(a: ModelInfo, b: ModelInfo) -> list[Vote]:
-    if not a.kurtosis or not b.kurtosis:
+def _rank_votes(a: ModelInfo, b: ModelInfo) -> list[Vote]:
+    """The model whose activations spread over more directions is taken as the earlier one: fine-tuning
+    concentrates them. Only between models of one shape (rank depends on the unit count); abstains on mergers'
+    ground too (a merge averages two models and raises the rank), which the family tree handles by closeness."""
+    if not a.activation_rank or not b.activation_rank or len(a.activation_rank) != len(b.activation_rank):
         return []
-    ka, kb = sum(a.kurtosis) / len(a.kurtosis), sum(b.kurtosis) / len(b.kurtosis)
-    if abs(ka - kb) < KURTOSIS_MARGIN:
+    if (a.intermediate_size, a.n_experts) != (b.intermediate_size, b.n_experts):
         return []
-    parent, child, kp, kc = (a, b, ka, kb) if ka < kb else (b, a, kb, ka)
-    return [Vote(parent.model_id, "kurtosis",
-                 f"MLP weight kurtosis rises from {parent.model_id} ({kp:.3f}) to {child.model_id} ({kc:.3f}): "
-                 "the heavier-tailed model is taken as the later one")]
+    ra, rb = sum(a.activation_rank) / len(a.activation_rank), sum(b.activation_rank) / len(b.activation_rank)
+    if abs(ra - rb) < RANK_MARGIN * (ra + rb) / 2:
+        return []
+    parent, child, rp, rc = (a, b, ra, rb) if ra > rb else (b, a, rb, ra)
+    return [Vote(parent.model_id, "activation_rank",
+                 f"activation effective rank falls from {parent.model_id} ({rp:.2f}) to {child.model_id} ({rc:.2f}): "
+                 "fine-tuning concentrates activations, so the lower-rank model is taken as the later one")]
 
 
 def votes(a: ModelInfo, b: ModelInfo, ancestors: Mapping[str, set[str]]) -> list[Vote]:
     """Every signal's vote on the pair (a, b); a signal with nothing to say casts none."""
     return [*_declared_votes(a, b, ancestors), *_structure_votes(a, b), *_date_votes(a, b),
-            *_scratch_votes(a, b), *_kurtosis_votes(a, b)]
+            *_scratch_votes(a, b), *_rank_votes(a, b)]
 
 
 def combine(a: str, b: str, cast: Iterable[Vote]) -> Direction:

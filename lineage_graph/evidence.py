@@ -22,8 +22,8 @@ class ModelInfo:
     claims_from_scratch: bool = False
     license: str | None = None
     created_at: datetime | None = None
-    kurtosis: tuple[float, ...] | None = None
-    """Per-block excess kurtosis of the MLP weights (from fingerprint summaries), when known."""
+    activation_rank: tuple[float, ...] | None = None
+    """Per-block effective rank of the unit-normalised MLP activations (fingerprint summaries), when known."""
 
     @property
     def declares_base(self) -> bool:
@@ -44,6 +44,8 @@ class PairTest:
     reason: str = "comparable"
     revision_a: str = ""
     revision_b: str = ""
+    closeness: float | None = None
+    """Mean cosine of matched activations (phi_MATCH; None for tests stored before it was recorded)."""
 
 
 @dataclass(frozen=True)

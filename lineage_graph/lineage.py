@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from lineage_graph.direction import declared_ancestry, evidence_graph, orient
@@ -13,6 +13,7 @@ from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import Direction, Discrepancy, Edge, ModelInfo, PairTest
 from lineage_graph.families import Family, assign_ids, components, family_tree
 from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
+from lineage_graph.phylogeny import Phylogeny, family_phylogeny
 
 BLOCK_LOG10_P = -2.0
 """A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""
@@ -91,6 +92,57 @@ def compute_lineage(
     for fid, members in sorted(named.items()):
         confirmed = {m: {b for b in by_id[m].declared_base_models if (min(b, m), max(b, m)) in dependent_pairs}
                      for m in members}
-        root, parents = family_tree(members, evidence, confirmed, depth)
+        inside = [e for e in edges if e.dependent and set(e.pair) <= members]
+        tree = _closeness_tree(members, inside, confirmed, by_id)
+        if tree is None:  # pairs tested before closeness was recorded: trees from p-values and votes, as before
+            root, parents = family_tree(members, evidence, confirmed, depth)
+        else:
+            root, parents = tree.root, tree.parents
+            edges = _orient_links(edges, tree, members)
         families.append(Family(fid, tuple(sorted(members)), root, parents))
     return Lineage(q, method, statistic, by_id, edges, families, find_discrepancies(by_id, edges, families))
+
+
+def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapping[str, set[str]],
+                    models: Mapping[str, ModelInfo]) -> Phylogeny | None:
+    """The family's tree from closeness when every dependent pair inside it has one (else None)."""
+    if any(e.test.closeness is None for e in inside):
+        return None
+    closeness = {e.pair: whole_model_closeness(e.test, models) for e in inside}
+    log_odds = {}
+    for e in inside:
+        d = e.direction
+        if d.parent is not None and 0.5 < d.confidence < 1.0:
+            value = math.log(d.confidence / (1.0 - d.confidence))
+            log_odds[e.pair] = value if d.parent == e.pair[0] else -value
+    return family_phylogeny(members, closeness, log_odds, confirmed)
+
+
+def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo]) -> float:
+    """The test's closeness with every block that only one model has counted as 0: a depth-pruned model is then no
+    nearer to a distant relative than its unpruned parent is merely because fewer blocks were compared."""
+    depths = [models[m].n_layers for m in (test.model_a, test.model_b)]
+    deepest = max((d for d in depths if d), default=0)
+    compared = test.n_layers or deepest
+    return float(test.closeness) * (min(compared, deepest) / deepest if deepest else 1.0)
+
+
+def _orient_links(edges: list[Edge], tree: Phylogeny, members: frozenset[str]) -> list[Edge]:
+    """Every tree or merge link of the family points the way the rooted tree does, with the tree's confidence."""
+    links = {(p, c): kind for c, ls in tree.parents.items() for p, kind in ls}
+    out = []
+    for e in edges:
+        a, b = e.pair
+        link = next(((p, c) for p, c in ((a, b), (b, a)) if (p, c) in links), None)
+        if link is None or not set(e.pair) <= members:
+            out.append(e)
+            continue
+        parent, child = link
+        kind = "merge parent" if links[link] == "merge" else "parent"
+        closeness = e.test.closeness if e.test.closeness is not None else float("nan")
+        reason = (f"family tree: {parent} is the {kind} of {child} (closeness {closeness:.4f}); the tree is rooted "
+                  f"at {tree.root}, the placement that agrees best with the direction evidence of the family")
+        out.append(replace(e, direction=Direction(parent, child, tree.confidence[link],
+                                                  (*[r for r in e.direction.reasons if r != "no direction evidence"],
+                                                   reason))))
+    return out

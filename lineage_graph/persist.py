@@ -19,11 +19,11 @@ from scanner.store import lineage_tables
 if TYPE_CHECKING:
     from scanner.store import Store
 
-KURTOSIS_SUMMARY = "mlp_weight_kurtosis"
-"""Key of the per-block MLP weight kurtosis in FingerprintMeta.summaries."""
+RANK_SUMMARY = "activation_effective_rank"
+"""Key of the per-block activation effective rank in FingerprintMeta.summaries (direction evidence)."""
 
 
-def _models(store: Store, kurtosis: Mapping[str, tuple[float, ...]]) -> list[ModelInfo]:
+def _models(store: Store, ranks: Mapping[str, tuple[float, ...]]) -> list[ModelInfo]:
     rows = lineage_tables.ok_models(store)
     return [
         ModelInfo(
@@ -31,14 +31,15 @@ def _models(store: Store, kurtosis: Mapping[str, tuple[float, ...]]) -> list[Mod
             n_layers=r["n_layers"], hidden_size=r["hidden_size"], intermediate_size=r["intermediate_size"],
             n_experts=r["n_experts"], declared_base_models=tuple(r["declared_base_models"] or ()),
             declared_relation=r["declared_relation"], claims_from_scratch=bool(r["claims_from_scratch"]),
-            license=r["license"], created_at=r["created_at"], kurtosis=kurtosis.get(r["model_id"]),
+            license=r["license"], created_at=r["created_at"], activation_rank=ranks.get(r["model_id"]),
         )
         for r in rows.iter_rows(named=True)
     ]
 
 
-def _kurtosis(store: Store) -> dict[str, tuple[float, ...]]:
-    """Per-block weight kurtosis from the current models' fingerprint headers (absent ones are skipped)."""
+def _activation_ranks(store: Store) -> dict[str, tuple[float, ...]]:
+    """Per-block activation effective rank from the current models' fingerprint headers (fingerprints written
+    before it was recorded, missing or damaged ones are skipped: that model's pairs get no such vote)."""
     try:
         from scanner.fingerprint_store import read_fingerprint_meta_at
     except ImportError:
@@ -46,7 +47,7 @@ def _kurtosis(store: Store) -> dict[str, tuple[float, ...]]:
     out: dict[str, tuple[float, ...]] = {}
     for model_id, path in lineage_tables.current_fingerprint_files(store):
         try:
-            values = read_fingerprint_meta_at(path).summaries.get(KURTOSIS_SUMMARY)
+            values = read_fingerprint_meta_at(path).summaries.get(RANK_SUMMARY)
         except Exception:  # a missing or damaged fingerprint only costs this weak signal
             continue
         if values:
@@ -59,7 +60,8 @@ def _tests(store: Store, statistic: str) -> list[PairTest]:
     return [
         PairTest(r["model_a"], r["model_b"], r["statistic"], float(r["log10_p"]), int(r["n_layers"] or 0),
                  tuple(json.loads(r["layers"]) if isinstance(r["layers"], str) else (r["layers"] or ())),
-                 r["input_set"] or "", r["reason"] or "comparable", r["revision_a"] or "", r["revision_b"] or "")
+                 r["input_set"] or "", r["reason"] or "comparable", r["revision_a"] or "", r["revision_b"] or "",
+                 r["closeness"])
         for r in rows.iter_rows(named=True)
     ]
 
@@ -102,7 +104,7 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
 
 def _compute(store: Store, q: float, method: Method, statistic: str) -> tuple[Lineage, dict[str, datetime]]:
     previous, first_built = lineage_tables.stored_families(store)
-    lineage = compute_lineage(_models(store, _kurtosis(store)), _tests(store, statistic), q=q, method=method,
+    lineage = compute_lineage(_models(store, _activation_ranks(store)), _tests(store, statistic), q=q, method=method,
                               statistic=statistic, previous_families=previous)
     return lineage, first_built
 

@@ -21,7 +21,6 @@ from scanner.fingerprint_compare import (
     block_result,
     compare_fingerprints,
     depth_note,
-    expert_note,
     input_notes,
 )
 from scanner.inputs import InputSet, InputSpec, canonical_inputs, shared_token_range
@@ -60,6 +59,10 @@ def _pair_inputs(a: OpenModel, b: OpenModel, spec: InputSpec, notes: list[str]) 
     shared = shared_token_range(a.token_range, b.token_range)
     notes += input_notes((a.checkpoint.tokenizer_hash(), b.checkpoint.tokenizer_hash()), (a.token_range, b.token_range), shared)
     return canonical_inputs(shared, spec)
+
+
+def expert_note(experts_a: int, experts_b: int) -> str:
+    return f"expert counts differ ({experts_a} vs {experts_b}); experts are paired by index up to the smaller count"
 
 
 def _paired_experts(a: OpenModel, b: OpenModel, layer_a: int, layer_b: int, notes: list[str]):

@@ -303,11 +303,31 @@ def _unit_rms(values: np.ndarray) -> np.ndarray:
     return (torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64) / math.sqrt(max(rows.shape[1], 1))).numpy()
 
 
+def activation_effective_rank(values: np.ndarray) -> float:
+    """Effective rank (exp of the entropy of the normalised squared singular values) of a (units, tokens)
+    activation matrix whose rows are scaled to unit length.
+
+    Unchanged by every output-preserving transformation: permuting or rescaling units (rows, any sign) and
+    rotating the residual stream (activations do not change). Fine-tuning concentrates activations on fewer
+    directions, so it falls from a model to its fine-tunes (docs/lineage.md, direction). Computed from the
+    tokens x tokens Gram matrix in float64.
+    """
+    rows = torch.from_numpy(np.asarray(values, dtype=np.float64))
+    rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True).clamp_min(1e-300)
+    gram = rows.T @ rows if rows.shape[0] >= rows.shape[1] else rows @ rows.T
+    energy = torch.linalg.eigvalsh(gram).clamp_min(0.0)
+    p = energy / energy.sum()
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum())) if p.numel() else 0.0
+
+
 def _block_summary(experts: list[GLUWeights], activations: list[MLPActivations]) -> dict[str, Any]:
     rms = {part: np.concatenate([_unit_rms(getattr(a, part)) for a in activations]) for part in ("gate", "up")}
     kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part)) for e in experts])) for part in ("gate", "up", "down")}
     return {
         "kurtosis": kurtosis,
+        "activation_effective_rank": float(np.mean([activation_effective_rank(getattr(a, part))
+                                                    for a in activations for part in ("gate", "up")])),
         "gate_rms_quantiles": np.quantile(rms["gate"], QUANTILES).tolist(),
         "up_rms_quantiles": np.quantile(rms["up"], QUANTILES).tolist(),
     }
@@ -317,6 +337,7 @@ def _summaries(per_block: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-block lists (index = block). Every entry is invariant to permuting hidden units (and experts)."""
     return {
         "mlp_weight_kurtosis": [float(np.mean(list(b["kurtosis"].values()))) for b in per_block],
+        "activation_effective_rank": [b["activation_effective_rank"] for b in per_block],
         "gate_weight_kurtosis": [b["kurtosis"]["gate"] for b in per_block],
         "up_weight_kurtosis": [b["kurtosis"]["up"] for b in per_block],
         "down_weight_kurtosis": [b["kurtosis"]["down"] for b in per_block],

@@ -120,6 +120,7 @@ def compare_fingerprints(
         n_layers=len(layers),
         inputs=a.meta.input_set,
         notes=notes,
+        closeness=mean_closeness(layers),
     )
 
 
@@ -129,6 +130,12 @@ def parallel_map(function: Callable[[T], R], items: Sequence[T], workers: int) -
         return [function(x) for x in items]
     with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="hubtrace-block") as pool:
         return list(pool.map(function, items))
+
+
+def mean_closeness(layers: list[LayerResult]) -> float | None:
+    """The pair's closeness: the mean over compared blocks (None when no block has one, e.g. phi_H)."""
+    values = [layer.closeness for layer in layers if layer.closeness is not None]
+    return sum(values) / len(values) if values else None
 
 
 def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
@@ -185,8 +192,10 @@ def block_result(
     layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
 ) -> LayerResult:
     """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
-    one dense MLP (rho is then undefined)."""
+    one dense MLP (rho is then undefined); closeness is the mean over the experts' matched units."""
+    closeness = [t.closeness for t in tests if t.closeness is not None]
+    mean = sum(closeness) / len(closeness) if closeness else None
     if len(tests) == 1:
-        return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units)
+        return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units, mean)
     log10_p = pairing.combine([t.log10_p for t in tests]) if pairing is not None else fisher(tests)
-    return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests))
+    return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests), mean)

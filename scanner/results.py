@@ -10,13 +10,15 @@ ALPHA = 0.01
 
 @dataclass(frozen=True)
 class LayerResult:
-    """One pair of blocks: which block of each model, its log10 p, and the Spearman rho behind it."""
+    """One pair of blocks: which block of each model, its log10 p, the Spearman rho behind it, and (phi_MATCH)
+    the closeness of the two blocks (mean cosine of matched activations; no p-value)."""
 
     layer_a: int
     layer_b: int
     log10_p: float
     rho: float | None = None
     n_units: int | None = None
+    closeness: float | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class PairTestResult:
     inputs: str | None
     notes: list[str] = field(default_factory=list)
     value: float | None = None
+    closeness: float | None = None
+    """phi_MATCH: mean of the blocks' closeness (1 = a copy). Descriptive, no p-value: it orders relatives already
+    called dependent by nearness (family trees); it never decides dependence."""
 
     def __post_init__(self) -> None:
         for x in [self.log10_p, *(layer.log10_p for layer in self.layers)]:
@@ -77,6 +82,8 @@ def render_table(result: PairTestResult) -> str:
     lines.append("")
     if result.log10_p is not None:
         lines.append(f"aggregate log10 p = {result.log10_p:.2f}")
+    if result.closeness is not None:
+        lines.append(f"closeness = {result.closeness:.4f} (mean cosine of matched activations; no p-value)")
     if result.value is not None:
         lines.append(f"raw value = {result.value:.6g}")
     lines += [f"note: {note}" for note in result.notes]

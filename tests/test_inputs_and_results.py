@@ -59,4 +59,5 @@ def test_results_refuse_non_finite_pvalues_and_render_tiny_ones():
     assert "DEPENDENT" in result.verdict() and "7.94e-5433" in render_table(result)
     assert "no evidence" in _result(-1.0).verdict()
     data = json.loads(json.dumps(result.to_json_dict()))
-    assert data["layers"][0] == {"layer_a": 0, "layer_b": 0, "log10_p": -215.3, "rho": 1.0, "n_units": 128}
+    assert data["layers"][0] == {"layer_a": 0, "layer_b": 0, "log10_p": -215.3, "rho": 1.0, "n_units": 128,
+                                 "closeness": None}

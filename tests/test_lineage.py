@@ -17,7 +17,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from scipy.stats import false_discovery_control, kurtosis
+from scipy.stats import false_discovery_control
 
 from lineage_graph.direction import combine, orient, Vote
 from lineage_graph.discrepancies import find_discrepancies
@@ -26,7 +26,8 @@ from lineage_graph.export import FORMATS, lineage_graph, write_graph
 from lineage_graph.families import assign_ids
 from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.lineage import compute_lineage
-from scanner.zoo import Zoo, read_card
+from scanner.zoo import Zoo
+from tests.lineage_support import ground_truth, zoo_lineage_inputs
 
 # ---------------------------------------------------------------- FDR
 
@@ -130,10 +131,10 @@ def test_direction_combines_signals_and_states_reasons() -> None:
     assert (d.parent, d.child) == ("org/base", "x/pruned")
     assert any(r.startswith("structure:") for r in d.reasons) and d.confidence > 0.85
     # A declaration outweighs one weak opposite vote; a lone weak vote gives a weak confidence.
-    strong = combine("a", "b", [Vote("a", "declared", "b declares a"), Vote("b", "kurtosis", "k")])
-    assert strong.parent == "a" and 0.9 < strong.confidence < 0.95
-    weak = combine("a", "b", [Vote("b", "kurtosis", "k")])
-    assert weak.parent == "b" and weak.confidence == pytest.approx(0.6)
+    strong = combine("a", "b", [Vote("a", "declared", "b declares a"), Vote("b", "activation_rank", "r")])
+    assert strong.parent == "a" and 0.85 < strong.confidence < 0.95
+    weak = combine("a", "b", [Vote("b", "activation_rank", "r")])
+    assert weak.parent == "b" and weak.confidence == pytest.approx(0.7)
     assert combine("a", "b", []).parent is None
 
 
@@ -175,48 +176,24 @@ def test_declared_finetune_that_dropped_blocks_is_flagged() -> None:
 
 
 @pytest.fixture(scope="session")
-def zoo_pairs(zoo: Zoo) -> list[PairTest]:
-    """phi_MATCH of all 120 zoo pairs from scanner.compare (about 90 s on 2 cores)."""
-    from scanner.compare import compare_models
-
-    tests = []
-    for a, b in itertools.combinations(sorted(zoo.ids), 2):
-        r = compare_models(zoo[a].path, zoo[b].path, "match")
-        layers = tuple({"layer_a": l.layer_a, "layer_b": l.layer_b, "log10_p": l.log10_p, "rho": l.rho,
-                        "n_units": l.n_units} for l in r.layers)
-        tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, layers, r.inputs or ""))
-    return tests
-
-
-def _block_kurtosis(path: Path) -> tuple[float, ...]:
-    """Per-block mean excess kurtosis of gate, up and down weights (what fingerprint summaries carry)."""
-    from scanner.adapters import adapter_for
-    from scanner.checkpoint import open_checkpoint
-
-    adapter = adapter_for(open_checkpoint(path))
-    blocks = (adapter.mlp(layer)[0] for layer in range(adapter.shape.n_layers))
-    return tuple(float(np.mean([kurtosis(w.float().numpy().ravel()) for w in (g.gate, g.up, g.down)])) for g in blocks)
+def zoo_inputs(zoo: Zoo) -> tuple[list[PairTest], list[ModelInfo]]:
+    """phi_MATCH (with closeness) of all 120 zoo pairs from one fingerprint per model, and the models as a scan
+    sees them with no dates (local folders carry none): shapes, cards, activation effective ranks."""
+    return zoo_lineage_inputs(zoo)
 
 
 @pytest.fixture(scope="session")
-def zoo_models(zoo: Zoo) -> list[ModelInfo]:
-    """The zoo as a scan sees it with no dates (local folders carry none): shapes, cards, weight kurtosis."""
-    from scanner.adapters import adapter_for
-    from scanner.checkpoint import open_checkpoint
+def zoo_pairs(zoo_inputs) -> list[PairTest]:
+    return zoo_inputs[0]
 
-    models = []
-    for model_id in zoo.ids:
-        path = Path(zoo[model_id].path)
-        shape = adapter_for(open_checkpoint(path)).shape
-        card = read_card(path)
-        models.append(ModelInfo(model_id, "r0", shape.architecture, shape.n_layers, shape.hidden_size,
-                                shape.intermediate_size, shape.n_experts, card.base_model, card.base_model_relation,
-                                card.claims_from_scratch, card.license, None, _block_kurtosis(path)))
-    return models
+
+@pytest.fixture(scope="session")
+def zoo_models(zoo_inputs) -> list[ModelInfo]:
+    return zoo_inputs[1]
 
 
 def _truth(zoo: Zoo) -> dict:
-    return {m["id"]: m for m in json.loads((Path(zoo[zoo.ids[0]].path).parents[1] / "ground_truth.json").read_text())["models"]}
+    return ground_truth(zoo)
 
 
 def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], zoo_models: list[ModelInfo]) -> None:

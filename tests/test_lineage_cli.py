@@ -52,7 +52,7 @@ def _pair_rows(jobs: list[PairJob], statistic: str, run_id: str) -> list[PairTes
         result = compare_fingerprints(read_fingerprint(job.path_a), read_fingerprint(job.path_b), statistic)
         rows.append(PairTestRow(job.model_a, job.revision_a, job.model_b, job.revision_b, statistic, job.input_set,
                                 result.log10_p, result.n_layers, [asdict(layer) for layer in result.layers],
-                                list(result.notes), job.reason, run_id))
+                                list(result.notes), job.reason, run_id, result.closeness))
     return rows
 
 

@@ -20,11 +20,15 @@ Theta = TypeVar("Theta")
 
 @dataclass(frozen=True)
 class BlockTest:
-    """One block's (or one expert's) statistic: Spearman rho, its log10 p-value, and how many units it saw."""
+    """One block's (or one expert's) statistic: Spearman rho, its log10 p-value, and how many units it saw.
+
+    closeness (phi_MATCH only) is the mean cosine of the matched units' activations: how near two related blocks
+    are, a descriptive number with no p-value (see matched_closeness)."""
 
     rho: float
     log10_p: float
     n_units: int
+    closeness: float | None = None
 
 
 def _identity_correlation(matching: Matching) -> BlockTest:
@@ -62,7 +66,27 @@ def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:
     by_gate = match_similarity(gate_similarity)
     by_up = match_similarity(up_similarity)
     rho = spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float))
-    return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size)
+    closeness = (matched_closeness(gate_similarity, by_gate) + matched_closeness(up_similarity, by_up)) / 2.0
+    return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size, closeness=closeness)
+
+
+def matched_closeness(similarity: Any, matching: Matching) -> float:
+    """Mean cosine between the activations of the units MATCH paired: 1 for a copy, lower the further two
+    related blocks have moved apart, near 0 for unrelated ones.
+
+    It orders relatives by nearness where p-values cannot (they saturate at the permutation floor), and it is
+    unchanged by every output-preserving transformation (unit permutation and rescaling, residual rotation)
+    because it is read from matched activations. A descriptive number: it has no null distribution.
+    """
+    if matching.size == 0:
+        return 0.0
+    if isinstance(similarity, np.ndarray):
+        return float(np.mean(similarity[matching.a_index, matching.b_index], dtype=np.float64))
+    import torch
+
+    rows = torch.as_tensor(matching.a_index, device=similarity.device)
+    cols = torch.as_tensor(matching.b_index, device=similarity.device)
+    return float(similarity[rows, cols].double().mean())
 
 
 def fisher(tests: list[BlockTest]) -> float:

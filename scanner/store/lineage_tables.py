@@ -33,7 +33,8 @@ def current_fingerprint_files(store: Store) -> list[tuple[str, str]]:
 def latest_pair_tests(store: Store, statistic: str) -> pl.DataFrame:
     """The newest current test of each pair with this statistic and a p-value."""
     return store.query(
-        "SELECT model_a, revision_a, model_b, revision_b, statistic, input_set, log10_p, n_layers, layers, reason "
+        "SELECT model_a, revision_a, model_b, revision_b, statistic, input_set, log10_p, n_layers, layers, reason, "
+        "closeness "
         "FROM current_pair_tests WHERE statistic = ? AND log10_p IS NOT NULL "
         "QUALIFY row_number() OVER (PARTITION BY model_a, model_b ORDER BY tested_at DESC) = 1",
         [statistic],

@@ -45,6 +45,13 @@ CORE_DDL: tuple[str, ...] = (
     "CREATE OR REPLACE VIEW current_pair_tests AS SELECT * FROM pair_tests WHERE NOT superseded",
 )
 
+CLOSENESS_DDL: tuple[str, ...] = (
+    "ALTER TABLE pair_tests ADD COLUMN IF NOT EXISTS closeness DOUBLE",
+    # The view's column list was fixed when it was created: recreate it so it shows the new column.
+    "CREATE OR REPLACE VIEW current_pair_tests AS SELECT * FROM pair_tests WHERE NOT superseded",
+)
+"""Rows tested before this step keep closeness NULL; the lineage then falls back to p-values for those pairs."""
+
 
 LINEAGE_DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS lineage_edges (
@@ -97,6 +104,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: CORE_DDL),
     Migration(2, "lineage tables: lineage_edges, families, family_members, discrepancies",
               lambda: LINEAGE_DDL),
+    Migration(3, "pair_tests.closeness: how near two related models are (phi_MATCH's matched activations)",
+              lambda: CLOSENESS_DDL),
     Migration(4, "candidate_pairs (pairs candidate retrieval chose for a test) and current_candidate_pairs",
               lambda: CANDIDATE_DDL),
 )

@@ -65,6 +65,7 @@ class PairTestRow:
     notes: list[str] = field(default_factory=list)
     reason: str = "comparable"                          # 'comparable' | 'declared_base'
     run_id: str | None = None
+    closeness: float | None = None                      # phi_MATCH: mean cosine of matched activations (symmetric)
 
     def normalized(self) -> PairTestRow:
         """The same test with the smaller (model, revision) first; per-block layer indices follow their model."""
@@ -73,7 +74,7 @@ class PairTestRow:
         layers = [{**d, "layer_a": d.get("layer_b"), "layer_b": d.get("layer_a")} for d in self.layers]
         return PairTestRow(self.model_b, self.revision_b, self.model_a, self.revision_a, self.statistic,
                            self.input_set, self.log10_p, self.n_layers, layers, list(self.notes), self.reason,
-                           self.run_id)
+                           self.run_id, self.closeness)
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -129,6 +130,7 @@ _PAIR_SCHEMA = pa.schema([
     ("model_a", pa.string()), ("revision_a", pa.string()), ("model_b", pa.string()), ("revision_b", pa.string()),
     ("statistic", pa.string()), ("input_set", pa.string()), ("log10_p", pa.float64()), ("n_layers", pa.int32()),
     ("layers", pa.string()), ("notes", pa.list_(pa.string())), ("reason", pa.string()), ("run_id", pa.string()),
+    ("closeness", pa.float64()),
 ])
 _PAIR_COLUMNS = ", ".join(_PAIR_SCHEMA.names)
 _CANDIDATE_SCHEMA = pa.schema([
@@ -380,6 +382,7 @@ class Store:
             "log10_p": [r.log10_p for r in batch], "n_layers": [r.n_layers for r in batch],
             "layers": [json.dumps(r.layers) for r in batch], "notes": [list(r.notes) for r in batch],
             "reason": [r.reason for r in batch], "run_id": [r.run_id for r in batch],
+            "closeness": [r.closeness for r in batch],
         }, schema=_PAIR_SCHEMA)
         with self.transaction() as con:
             con.register("_pair_batch", table)

@@ -79,6 +79,24 @@ class IndependentSpec:
 
 
 @dataclass(frozen=True)
+class ChainSpec:
+    """Knobs of a fine-tune chain: one base, then each model a further Adam fine-tune of the previous one on a
+    language of its own (what family trees must draw as a path)."""
+
+    length: int = 3
+    seed: int = 0
+    arch: ArchSpec = field(default_factory=ArchSpec)
+    base_steps: int = 150
+    base_lr: float = 5e-3
+    finetune_steps: int = 80
+    finetune_lr: float = 1e-3
+    batch_size: int = 8
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class ZooModel:
     """One model of the zoo and its true lineage next to what its card declares."""
 
@@ -351,6 +369,18 @@ def _independent_recipe(b: _Builder, spec: IndependentSpec) -> None:
         b.base(f"indie-{k:02d}/solo-{k:02d}", lang[k % spec.languages], spec.arch, spec.steps, spec.lr)
 
 
+def _chain_recipe(b: _Builder, spec: ChainSpec) -> None:
+    lang = [MarkovLanguage(derived_seed(spec.seed, f"language/{k}"), vocab_size=spec.arch.vocab_size)
+            for k in range(spec.length + 1)]
+    previous = "chain-labs/chain-base"
+    b.base(previous, lang[0], spec.arch, spec.base_steps, spec.base_lr)
+    for k in range(1, spec.length + 1):
+        model_id = f"chain-labs/chain-ft{k}"
+        b.finetune(model_id, previous, lang[k], spec.finetune_steps, spec.finetune_lr, "adam", policy="honest",
+                   license_id="apache-2.0")
+        previous = model_id
+
+
 def _cached(root: Path, kind: str, digest: str) -> Zoo | None:
     """The zoo under ``root`` if it is complete and was built from the same version, kind and spec."""
     try:
@@ -361,7 +391,7 @@ def _cached(root: Path, kind: str, digest: str) -> Zoo | None:
     return zoo if complete and zoo.kind == kind and zoo.spec_hash == digest else None
 
 
-def _build(root: Path, kind: str, spec: ZooSpec | IndependentSpec, force: bool,
+def _build(root: Path, kind: str, spec: ZooSpec | IndependentSpec | ChainSpec, force: bool,
            recipe: Callable[[_Builder], None]) -> Zoo:
     root = Path(root)
     spec_json = spec.to_json()
@@ -410,3 +440,9 @@ def train_independent_models(
     """Build (or reuse) ``n`` independent bases under ``root`` (a few seconds each), for validity studies."""
     spec = IndependentSpec(n=n, seed=seed, arch=arch or ArchSpec(), steps=steps)
     return _build(root, "independent", spec, force, lambda b: _independent_recipe(b, spec))
+
+
+def build_chain(root: Path, *, spec: ChainSpec | None = None, force: bool = False) -> Zoo:
+    """Build (or reuse) a fine-tune chain base -> ft1 -> ... -> ft<length> under ``root`` (seconds)."""
+    spec = spec or ChainSpec()
+    return _build(root, "chain", spec, force, lambda b: _chain_recipe(b, spec))

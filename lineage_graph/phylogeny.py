@@ -1,0 +1,201 @@
+"""Family trees from closeness: nearest relatives as parents, rooted by the direction evidence.
+
+A p-value says whether two models are related; at the permutation floor it says nothing about which of two
+relatives is nearer. Closeness (mean cosine of matched activations, scanner.stats.independence) does. Its
+distance 1 - closeness is close to additive along lineages: for small drifts 1 - cos(theta) ~ theta^2 / 2, and
+the drifts of two fine-tunes of one base are nearly orthogonal, so d(ft1, ft2) ~ d(base, ft1) + d(base, ft2): a
+base sits between its fine-tunes and a chain base -> ft1 -> ft2 is a path. With every ancestor observed (a hub
+keeps its bases), the tree that links each model to its nearest relatives is then the minimum spanning tree of
+the distances (the minimum-evolution tree when the internal nodes are the members themselves, as in MoTHer's
+model trees); networkx computes it. Exact copies (closeness above CLONE_CLOSENESS, e.g. a camouflaged copy) are
+indistinguishable by weights: they form one node, whose first member (by the direction evidence) carries the
+links and the others hang under it.
+
+Distances make a tree without a root. The root is the member that agrees best with the direction evidence of
+the tree's links: a placement scores the log-odds of each link as it orients it; ties go to the member nearest to
+all others (a base sits between its fine-tunes), then to the larger id. A tree link's confidence compares the
+best placement that keeps it as drawn
+with the best that reverses it: a likelihood ratio (a vote of reliability r weighs log r when the placement agrees
+with it, log(1 - r) when not), so one vote alone gives confidence r; 0.5 when nothing tells them apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+
+CLONE_CLOSENESS = 0.999
+"""Pairs at least this close are copies: their activations agree to the noise of floating point."""
+MERGE_RATIO = 0.8
+"""A member m is a merge of x and y when d(x, m) + d(m, y) <= MERGE_RATIO * d(x, y). Along a lineage distances
+add (a base between two fine-tunes: ratio ~1); an average of x and y sits much closer to both than they are to
+each other (ratio (1 - a)^2 + a^2 for weights a, 1 - a in the small-drift limit; 0.71 measured on the zoo's
+0.6/0.4 soup; about 1.0 for every triple of the zoo not centred on the soup)."""
+MERGE_BONUS = 0.9
+"""Assumed probability that a member found between two others (MERGE_RATIO) is their merge, not their ancestor."""
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+@dataclass(frozen=True)
+class Phylogeny:
+    """One family's tree: root, links child -> ((parent, kind), ...), and each link's confidence."""
+
+    root: str
+    parents: dict[str, tuple[tuple[str, str], ...]]
+    confidence: dict[tuple[str, str], float]
+    """(parent, child) -> probability-like confidence that the link points the right way."""
+    ancestors: dict[str, frozenset[str]]
+    """model -> its ancestors along tree links (merge links not followed)."""
+
+
+def clone_groups(members: frozenset[str], closeness: Mapping[tuple[str, str], float]) -> list[frozenset[str]]:
+    graph = nx.Graph()
+    graph.add_nodes_from(members)
+    graph.add_edges_from(pair for pair, c in closeness.items() if c >= CLONE_CLOSENESS and set(pair) <= members)
+    return [frozenset(g) for g in nx.connected_components(graph)]
+
+
+def _key(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a < b else (b, a)
+
+
+def _lo(log_odds: Mapping[tuple[str, str], float], parent: str, child: str) -> float:
+    """Log-odds that parent -> child (log_odds holds one sign per unordered pair, keyed (a, b) with a < b)."""
+    value = log_odds.get(_key(parent, child), 0.0)
+    return value if parent < child else -value
+
+
+def _first(group: frozenset[str], log_odds: Mapping[tuple[str, str], float], confirmed: Mapping[str, set[str]]) -> str:
+    """The member of a group of copies that the direction evidence puts above the others; on a tie the one whose
+    card names a confirmed base outside the group (it states where the weights came from), then the smallest id
+    (arbitrary: the link then has confidence 0.5)."""
+    def key(m: str) -> tuple[float, bool, str]:
+        votes = sum(_lo(log_odds, m, o) for o in group if o != m)
+        return (-round(votes, 9), not (confirmed.get(m, set()) - group), m)
+
+    return min(group, key=key)
+
+
+def _orient(tree: nx.Graph, root: str) -> dict[str, str]:
+    return {child: parent for parent, child in nx.bfs_edges(tree, root)}
+
+
+def _ancestors(parent_of: Mapping[str, str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+
+    def walk(node: str) -> set[str]:
+        if node not in out:
+            parent = parent_of.get(node)
+            out[node] = set() if parent is None else {parent} | walk(parent)
+        return out[node]
+
+    for node in parent_of:
+        walk(node)
+    return out
+
+
+def _score(tree: nx.Graph, root: str, log_odds: Mapping[tuple[str, str], float]) -> float:
+    """Sum of the log-odds of the tree's links as this root orients them. Only links count: a pair that the root
+    leaves as cousins has no direction to agree with, and counting every ancestor pair would favour roots at
+    leaves, which put the most pairs in ancestor order. (Merge links orient the same way under every root.)"""
+    return sum(_lo(log_odds, parent, child) for child, parent in _orient(tree, root).items())
+
+
+def merges(heads: list[str], distance: Mapping[tuple[str, str], float],
+           declared: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """Merge members -> their two parents: the declared ones, then, greedily by the smallest ratio, members that lie
+    between two others (MERGE_RATIO); each found merge leaves the candidates before the next search."""
+    found = dict(declared)
+    while True:
+        rest = [h for h in heads if h not in found]
+        best: tuple[float, str, str, str] | None = None
+        for m in rest:
+            for i, x in enumerate(rest):
+                for y in rest[i + 1:]:
+                    if m in (x, y):
+                        continue
+                    d_xm, d_my, d_xy = (distance.get(_key(*p)) for p in ((x, m), (m, y), (x, y)))
+                    if d_xm is None or d_my is None or d_xy is None or d_xy <= 0:
+                        continue
+                    ratio = (d_xm + d_my) / d_xy
+                    if ratio <= MERGE_RATIO and (best is None or ratio < best[0]):
+                        best = (ratio, m, x, y)
+        if best is None:
+            return found
+        _, m, x, y = best
+        found[m] = (x, y) if distance[_key(x, m)] <= distance[_key(y, m)] else (y, x)
+
+
+def family_phylogeny(
+    members: frozenset[str],
+    closeness: Mapping[tuple[str, str], float],
+    log_odds: Mapping[tuple[str, str], float],
+    confirmed: Mapping[str, set[str]],
+) -> Phylogeny | None:
+    """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
+
+    closeness: (a, b) with a < b -> closeness, for the dependent pairs of the family; log_odds: (a, b) with a < b
+    -> log-odds that a is b's ancestor (from each pair's direction votes; absent = no evidence); confirmed:
+    child -> declared bases that the weights confirm: a single one is linked before any distance, several (a
+    declared merge) are all kept.
+    """
+    if len(members) == 1:
+        only = next(iter(members))
+        return Phylogeny(only, {}, {}, {only: frozenset()})
+    groups = clone_groups(members, closeness)
+    head = {m: _first(g, log_odds, confirmed) for g in groups for m in g}
+    heads = sorted(set(head.values()))
+    # Distances between groups (the nearest pair of members) and the evidence carried over to the group heads.
+    distance: dict[tuple[str, str], float] = {}
+    for (a, b), c in closeness.items():
+        ha, hb = head[a], head[b]
+        if ha != hb:
+            distance[_key(ha, hb)] = min(distance.get(_key(ha, hb), math.inf), 1.0 - c)
+    head_odds: dict[tuple[str, str], float] = {}
+    for (a, b), value in log_odds.items():
+        ha, hb = head[a], head[b]
+        if ha != hb:
+            head_odds[_key(ha, hb)] = head_odds.get(_key(ha, hb), 0.0) + (value if (a < b) == (ha < hb) else -value)
+    bases = {h: sorted({head[b] for m in members if head[m] == h for b in confirmed.get(m, ()) if b in members}
+                       - {h}) for h in heads}
+    declared_merges = {h: (b[0], b[1]) for h, b in bases.items() if len(b) >= 2}
+    merged = merges(heads, distance, declared_merges)
+    graph = nx.Graph()
+    graph.add_nodes_from(h for h in heads if h not in merged)
+    for pair, d in distance.items():
+        if not set(pair) & set(merged):
+            declared = any(len(bases[c]) == 1 and bases[c][0] == p for c, p in (pair, pair[::-1]))
+            # A confirmed declaration is linked before any distance; otherwise Kruskal takes the nearest first.
+            graph.add_edge(*pair, weight=-1.0 if declared else d, distance=d)
+    if graph.number_of_nodes() == 0 or not nx.is_connected(graph):
+        return None
+    tree = nx.minimum_spanning_tree(graph, weight="weight", algorithm="kruskal")
+    scores = {r: _score(tree, r, head_odds) for r in tree.nodes}
+    spread = {r: sum(nx.single_source_dijkstra_path_length(tree, r, weight="distance").values()) for r in tree.nodes}
+    root = max(tree.nodes, key=lambda r: (round(scores[r], 9), -spread[r], r))
+    parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in _orient(tree, root).items()}
+    confidence: dict[tuple[str, str], float] = {}
+    for child, [(parent, _)] in list(parents.items()):
+        side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
+        keep = max(scores[r] for r in side)
+        flip = max(scores[r] for r in tree.nodes if r not in side)
+        confidence[(parent, child)] = sigmoid((keep - flip) / 2)  # scores count each vote as +lo or -lo
+    for m, (x, y) in merged.items():
+        geometry = 0.0 if m in declared_merges else math.log(MERGE_BONUS / (1 - MERGE_BONUS))
+        parents[m] = [(x, "tree"), (y, "merge")]
+        for p in (x, y):
+            confidence[(p, m)] = sigmoid(geometry + _lo(head_odds, x, m) + _lo(head_odds, y, m))
+    for m in members:
+        if head[m] != m:
+            parents[m] = [(head[m], "tree")]
+            lo = _lo(log_odds, head[m], m)
+            confidence[(head[m], m)] = sigmoid(lo) if lo else 0.5
+    ancestors = _ancestors({c: links[0][0] for c, links in parents.items()})
+    return Phylogeny(root, {c: tuple(links) for c, links in parents.items()}, confidence,
+                     {m: frozenset(ancestors.get(m, ())) for m in members})

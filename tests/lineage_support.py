@@ -1,0 +1,59 @@
+"""A zoo as the lineage sees it: every pair's phi_MATCH test (with closeness) and every model's metadata, from one
+fingerprint per model (what a scan stores), with or without what the cards and dates say."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from lineage_graph.evidence import ModelInfo, PairTest
+from scanner.fingerprint import fingerprint_model
+from scanner.fingerprint_compare import compare_fingerprints
+from scanner.zoo import Zoo, read_card
+
+
+def zoo_lineage_inputs(zoo: Zoo) -> tuple[list[PairTest], list[ModelInfo]]:
+    """phi_MATCH of all pairs (sorted ids, as scans order them) and the models with their cards, no dates."""
+    prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
+    tests = []
+    for a, b in itertools.combinations(sorted(zoo.ids), 2):
+        r = compare_fingerprints(prints[a], prints[b], "match")
+        layers = tuple({"layer_a": b.layer_a, "layer_b": b.layer_b, "log10_p": b.log10_p, "rho": b.rho,
+                        "n_units": b.n_units, "closeness": b.closeness} for b in r.layers)
+        tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, layers, r.inputs or "", closeness=r.closeness))
+    models = []
+    for model_id in zoo.ids:
+        meta, card = prints[model_id].meta, read_card(Path(zoo[model_id].path))
+        models.append(ModelInfo(model_id, "r0", meta.architecture, meta.n_layers, meta.hidden_size,
+                                meta.intermediate_size, meta.n_experts, card.base_model, card.base_model_relation,
+                                card.claims_from_scratch, card.license, None,
+                                tuple(meta.summaries["activation_effective_rank"])))
+    return tests, models
+
+
+def withhold_cards(models: list[ModelInfo]) -> list[ModelInfo]:
+    """The models as a folder of downloads shows them: no declared bases or relations, no claims, no dates."""
+    return [replace(m, declared_base_models=(), declared_relation=None, claims_from_scratch=False, created_at=None)
+            for m in models]
+
+
+def true_parent_links(zoo: Zoo) -> set[tuple[str, str]]:
+    return {(p, m.id) for m in zoo.models.values() for p in m.parents}
+
+
+def ground_truth(zoo: Zoo) -> dict[str, dict]:
+    return {m["id"]: m for m in json.loads((Path(zoo.root) / "ground_truth.json").read_text())["models"]}
+
+
+SMALL_SPEC = dict(base_steps=150, finetune_steps=80, long_finetune_steps=300, heal_steps=40, retrain_steps=300,
+                  retrain_batch_size=64)
+"""A zoo of the default recipe with about a fifth of its training: same relations, built in well under a minute."""
+
+
+def seed_zoo(cache: Path, seed: int) -> Zoo:
+    """The default recipe from another seed, with SMALL_SPEC's training, cached (file-locked) under cache."""
+    from scanner.zoo import ZooSpec, build_zoo
+
+    return build_zoo(cache / f"zoo-small-seed{seed}", spec=ZooSpec(seed=seed, **SMALL_SPEC))

@@ -1,0 +1,188 @@
+"""Family trees from closeness (lineage_graph.phylogeny): pure cases with known distances, the invariance of the
+weight statistic used for direction, a fine-tune chain, and zoos trained from other seeds.
+
+Zoo tests are deterministic given the zoo (fixed seeds, fixed canonical inputs); a zoo trained on another machine
+differs in the last bits, so they assert with margins: every decision they check is measured far from its
+threshold (margins printed with -s), never which of two near-equal numbers wins.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lineage_graph.direction import orient
+from lineage_graph.evidence import ModelInfo, PairTest
+from lineage_graph.lineage import compute_lineage
+from lineage_graph.phylogeny import CLONE_CLOSENESS, MERGE_RATIO, family_phylogeny
+from scanner.fingerprint import fingerprint_model
+from scanner.zoo import ChainSpec, Zoo, build_chain, load_model
+from tests.conftest import CACHE
+from tests.lineage_support import seed_zoo, true_parent_links, withhold_cards, zoo_lineage_inputs
+
+# ---------------------------------------------------------------- pure trees from known distances
+
+
+def _additive(links: dict[str, tuple[str, float]]) -> dict[tuple[str, str], float]:
+    """Closeness of every pair of a tree given as child -> (parent, branch length): 1 - path length."""
+    import networkx as nx
+
+    tree = nx.Graph()
+    for child, (parent, length) in links.items():
+        tree.add_edge(parent, child, weight=length)
+    lengths = dict(nx.all_pairs_dijkstra_path_length(tree))
+    return {(a, b): 1.0 - lengths[a][b] for a, b in itertools.combinations(sorted(tree.nodes), 2)}
+
+
+def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
+    star = _additive({"ft1": ("base", 0.10), "ft2": ("base", 0.12), "ft3": ("base", 0.08), "ft1-v2": ("ft1", 0.05)})
+    tree = family_phylogeny(frozenset({"base", "ft1", "ft2", "ft3", "ft1-v2"}), star, {}, {})
+    undirected = {frozenset((p, c)) for c, links in tree.parents.items() for p, _ in links}
+    assert undirected == {frozenset(x) for x in [("base", "ft1"), ("base", "ft2"), ("base", "ft3"), ("ft1", "ft1-v2")]}
+    # No direction evidence at all: every link is drawn, each with confidence 0.5 (a coin flip, said so).
+    assert set(tree.confidence.values()) == {0.5}
+
+    chain = _additive({"ft1": ("base", 0.1), "ft2": ("ft1", 0.1), "ft3": ("ft2", 0.1)})
+    members = frozenset({"base", "ft1", "ft2", "ft3"})
+    # One declared link (ft3 declares ft2) orients that link only; the rest of the path stays a coin flip.
+    one = family_phylogeny(members, chain, {("ft2", "ft3"): math.log(0.95 / 0.05)}, {})
+    assert one.parents["ft3"] == (("ft2", "tree"),) and one.confidence[("ft2", "ft3")] == pytest.approx(0.95)
+    assert sorted(one.confidence.values()) == pytest.approx([0.5, 0.5, 0.95])
+    # Evidence on every link roots the path at its far end.
+    every = {("base", "ft1"): 1.0, ("ft1", "ft2"): 1.0, ("ft2", "ft3"): 1.0}
+    tree = family_phylogeny(members, chain, every, {})
+    assert tree.root == "base"
+    assert {c: links[0][0] for c, links in tree.parents.items()} == {"ft1": "base", "ft2": "ft1", "ft3": "ft2"}
+
+
+def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> None:
+    closeness = _additive({"a": ("base", 0.2), "b": ("base", 0.2)})
+    # m = 0.6 a + 0.4 b: in the small-drift limit d(m, a) = 0.4^2 d(a, b), d(m, b) = 0.6^2 d(a, b).
+    d_ab = 1.0 - closeness[("a", "b")]
+    closeness |= {("a", "m"): 1 - 0.16 * d_ab, ("b", "m"): 1 - 0.36 * d_ab, ("base", "m"): 1 - 0.6 * 0.2,
+                  ("a", "copy"): 1.0, ("base", "copy"): closeness[("a", "base")], ("b", "copy"): closeness[("a", "b")],
+                  ("copy", "m"): 1 - 0.16 * d_ab}
+    assert (0.16 + 0.36) <= MERGE_RATIO - 0.2  # far from the threshold
+    members = frozenset({"base", "a", "b", "m", "copy"})
+    log_odds = {("b", "base"): -2.0, ("a", "base"): -2.0}  # keys sorted; negative: the second is above
+    tree = family_phylogeny(members, closeness, log_odds, {})
+    assert tree.root == "base"
+    assert tree.parents["m"] == (("a", "tree"), ("b", "merge"))
+    assert tree.parents["copy"] == (("a", "tree"),) and tree.confidence[("a", "copy")] == 0.5
+    assert tree.parents["a"] == (("base", "tree"),) and tree.parents["b"] == (("base", "tree"),)
+    assert 1.0 - 1e-6 > CLONE_CLOSENESS
+
+
+def test_pairs_stored_before_closeness_still_make_trees() -> None:
+    """Rows of an older store have no closeness: the family falls back to the p-value tree, nothing fails."""
+    base = ModelInfo("o/base", n_layers=4, hidden_size=64, intermediate_size=128)
+    tuned = ModelInfo("o/tuned", n_layers=4, hidden_size=64, intermediate_size=128, declared_base_models=("o/base",))
+    lineage = compute_lineage([base, tuned], [PairTest("o/base", "o/tuned", "match", -250.0, 4)])
+    family = lineage.family_of("o/tuned")
+    assert family.parents["o/tuned"] == (("o/base", "tree"),)
+    edge = lineage.edge("o/base", "o/tuned")
+    assert (edge.direction.parent, edge.direction.child) == ("o/base", "o/tuned") and edge.direction.confidence > 0.9
+
+
+def test_every_tree_link_has_a_parent_a_child_and_a_confidence() -> None:
+    models = [ModelInfo(m, n_layers=4, hidden_size=64, intermediate_size=128) for m in ("x/a", "x/b", "x/c")]
+    tests = [PairTest("x/a", "x/b", "match", -200.0, 4, closeness=0.9),
+             PairTest("x/a", "x/c", "match", -200.0, 4, closeness=0.8),
+             PairTest("x/b", "x/c", "match", -200.0, 4, closeness=0.7)]
+    lineage = compute_lineage(models, tests)
+    (family,) = [f for f in lineage.families if len(f.members) == 3]
+    for parent, child, _ in family.tree_edges():
+        d = lineage.edge(parent, child).direction
+        assert (d.parent, d.child) == (parent, child) and 0.5 <= d.confidence <= 1.0
+        assert any(r.startswith("family tree:") for r in d.reasons)
+
+
+# ---------------------------------------------------------------- direction statistics a copier cannot steer
+
+
+def _rescale_units(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Multiply every MLP unit's up row by c and its down column by 1/c, c log-uniform in [1/100, 100]: the
+    output is unchanged, the weights' kurtosis is not."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            mlp = layer.mlp
+            c = torch.exp((2 * torch.rand(mlp.up_proj.out_features, generator=generator) - 1) * math.log(100.0))
+            mlp.up_proj.weight.mul_(c[:, None])
+            mlp.down_proj.weight.div_(c[None, :])
+    return model
+
+
+def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo, tmp_path: Path) -> None:
+    from scanner.zoo.arch import save_model
+
+    base, chat = "aurora-labs/aurora-base", "finch-nlp/aurora-chat"
+    copy_dir = tmp_path / "copy"
+    save_model(_rescale_units(load_model(zoo[chat].path), seed=3), copy_dir)
+    prints = {name: fingerprint_model(path) for name, path in
+              (("base", zoo[base].path), ("chat", zoo[chat].path), ("copy", copy_dir))}
+    summaries = {name: fp.meta.summaries for name, fp in prints.items()}
+    # The attack is real: the weight kurtosis the old rule voted on moves by far more than any fine-tune moved it.
+    kurtosis = {name: np.mean(summaries[name]["mlp_weight_kurtosis"]) for name in ("chat", "copy")}
+    kurtosis_shift = abs(kurtosis["copy"] - kurtosis["chat"])
+    assert kurtosis_shift > 1.0
+    # The activation effective rank does not move (float16 storage of activations: ~1e-3 relative at most).
+    assert np.allclose(summaries["copy"]["activation_effective_rank"], summaries["chat"]["activation_effective_rank"],
+                       rtol=1e-3)
+
+    def info(name: str) -> ModelInfo:
+        meta = prints[name].meta
+        return ModelInfo(name, n_layers=meta.n_layers, hidden_size=meta.hidden_size,
+                         intermediate_size=meta.intermediate_size,
+                         activation_rank=tuple(meta.summaries["activation_effective_rank"]))
+
+    for child in ("chat", "copy"):  # the vote between the base and chat is the vote between the base and the copy
+        d = orient(info("base"), info(child), {})
+        assert (d.parent, d.child) == ("base", child) and d.confidence == pytest.approx(0.7)
+    assert orient(info("chat"), info("copy"), {}).parent is None  # copies: the weights cannot tell, no vote
+
+
+# ---------------------------------------------------------------- a fine-tune chain and zoos from other seeds
+
+
+def test_fine_tune_chain_is_drawn_as_the_chain() -> None:
+    chain = build_chain(CACHE / "chain", spec=ChainSpec(length=3))
+    tests, models = zoo_lineage_inputs(chain)
+    truth = true_parent_links(chain)
+    for label, infos in (("cards", models), ("withheld", withhold_cards(models))):
+        lineage = compute_lineage(infos, tests)
+        (family,) = [f for f in lineage.families if len(f.members) > 1]
+        links = {(p, c) for p, c, _ in family.tree_edges()}
+        print(f"chain, cards {label}: links {sorted(links)}")
+        assert {frozenset(x) for x in links} == {frozenset(x) for x in truth}
+        if label == "cards":
+            assert links == truth and family.root == "chain-labs/chain-base"
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3])
+def other_seed(request) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
+    """The zoo's recipe from another seed with a fifth of the training (built once per machine, cached)."""
+    zoo = seed_zoo(CACHE, request.param)
+    return (zoo, *zoo_lineage_inputs(zoo))
+
+
+@pytest.mark.slow
+def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
+    """With cards: every tree link is a true parent link and the merge has both parents. Cards and dates withheld:
+    every tree link still joins a true parent and child (which way may be wrong: bench_family_trees.py)."""
+    zoo, tests, models = other_seed
+    truth = true_parent_links(zoo)
+    lineage = compute_lineage(models, tests)
+    links = {(p, c) for f in lineage.families for p, c, _ in f.tree_edges()}
+    print(f"seed {zoo.root.name}: {len(links & truth)}/{len(links)} tree links true")
+    assert links == truth
+    merge = next(m for m in zoo.models.values() if m.relation == "merge")
+    assert {p for p, _ in lineage.family_of(merge.id).parents[merge.id]} == set(merge.parents)
+    withheld = compute_lineage(withhold_cards(models), tests)
+    undirected = {frozenset((p, c)) for f in withheld.families for p, c, _ in f.tree_edges()}
+    assert undirected == {frozenset(x) for x in truth}
