@@ -83,6 +83,7 @@ class PairJob:
     path_b: str
     input_set: str
     reason: str       # "comparable" | "declared_base"
+    block_map: tuple[tuple[int, int], ...] = ()   # retrieval's block pairs, used when the depths differ
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     for job in jobs:
         try:
             result = compare_fingerprints(load(job.path_a), load(job.path_b), statistic, device=device, design=design,
-                                          workers=workers)
+                                          workers=workers, block_map=job.block_map)
             out.append(PairOutcome(job, result=result))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e))))

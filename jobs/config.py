@@ -93,8 +93,12 @@ class SequentialConfig(_Strict):
 
 class PairsConfig(_Strict):
     """Which pairs are tested: every comparable pair, and/or each model with the bases its card declares;
-    ``sequential: null`` compares every block of every pair."""
+    ``sequential: null`` compares every block of every pair. ``select: candidates`` (default) tests of the
+    comparable pairs only those candidate retrieval finds (scanner.retrieval: unit collisions of at least
+    ``min_score``, their families, pairs sharing a byte-identical tensor); ``all`` tests every one."""
 
+    select: Literal["candidates", "all"] = "candidates"
+    min_score: int = Field(default=4, ge=1)
     comparable: bool = True
     declared: bool = True
     batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch

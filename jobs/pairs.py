@@ -8,7 +8,7 @@ set, so counting the incomparable pairs of a hub with thousands of models does n
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -38,9 +38,12 @@ class PairPlan:
     declared_base_not_scanned: int = 0   # a declared base that is not among the scanned models
     incomparable: Counter = field(default_factory=Counter)   # reason -> pairs
     already_tested: int = 0
+    select: str = "all"                  # "candidates": only retrieved comparable pairs (plus declared ones)
+    retrieved: int = 0                   # comparable pairs candidate retrieval chose (tested before or not)
 
     def to_json_dict(self) -> dict:
-        return {"to_test": len(self.jobs), "comparable": self.comparable, "declared": self.declared,
+        return {"to_test": len(self.jobs), "select": self.select, "possible": self.comparable,
+                "retrieved": self.retrieved, "comparable": self.comparable, "declared": self.declared,
                 "declared_incomparable": self.declared_incomparable,
                 "declared_base_not_scanned": self.declared_base_not_scanned,
                 "incomparable": dict(self.incomparable), "already_tested": self.already_tested}
@@ -53,11 +56,15 @@ def incomparable_reason(input_set_a: str, input_set_b: str) -> str | None:
 
 
 def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, comparable: bool = True,
-               declared: bool = True) -> PairPlan:
+               declared: bool = True, retrieved: Mapping[PairKey, tuple[tuple[int, int], ...]] | None = None
+               ) -> PairPlan:
     """All comparable pairs (if ``comparable``) plus each model with its declared bases (if ``declared``),
-    minus the pairs ``tested`` already holds at these revisions; sorted so batches share fingerprints."""
+    minus the pairs ``tested`` already holds at these revisions; sorted so batches share fingerprints.
+
+    ``retrieved`` (candidate retrieval's pairs, each with its block map) narrows the comparable pairs to those;
+    declared pairs are tested whether retrieved or not. None tests every comparable pair."""
     by_id = {c.model_id: c for c in candidates}
-    plan = PairPlan()
+    plan = PairPlan(select="all" if retrieved is None else "candidates")
     declared_pairs: set[tuple[str, str]] = set()
     for c in by_id.values():
         for base in c.declared_base_models:
@@ -79,17 +86,31 @@ def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, compara
 
     for members in groups.values():
         plan.comparable += len(members) * (len(members) - 1) // 2
-        for a, b in combinations(members, 2):
+        for a, b in combinations(members, 2) if retrieved is None else _chosen(members, retrieved, declared_pairs):
+            key = (a.model_id, a.revision, b.model_id, b.revision)
             is_declared = (a.model_id, b.model_id) in declared_pairs
-            if not (comparable or (declared and is_declared)):
+            is_retrieved = retrieved is None or key in retrieved
+            plan.retrieved += retrieved is not None and key in retrieved
+            if not ((comparable and is_retrieved) or (declared and is_declared)):
                 continue
-            if (a.model_id, a.revision, b.model_id, b.revision) in tested:
+            if key in tested:
                 plan.already_tested += 1
                 continue
             plan.jobs.append(PairJob(a.model_id, a.revision, a.path, b.model_id, b.revision, b.path, a.input_set,
-                                     "declared_base" if declared and is_declared else "comparable"))
+                                     "declared_base" if declared and is_declared else "comparable",
+                                     (retrieved or {}).get(key, ())))
     plan.jobs.sort(key=lambda j: (j.model_a, j.model_b))
     return plan
+
+
+def _chosen(members: list[Candidate], retrieved: Mapping[PairKey, object],
+            declared_pairs: set[tuple[str, str]]) -> list[tuple[Candidate, Candidate]]:
+    """The retrieved and declared pairs among one input set's members (never all pairs: a hub has millions)."""
+    current = {c.model_id: c for c in members}
+    wanted = {(a, b) for a, ra, b, rb in retrieved
+              if a in current and b in current and current[a].revision == ra and current[b].revision == rb}
+    wanted |= {(a, b) for a, b in declared_pairs if a in current and b in current}
+    return [(current[a], current[b]) for a, b in sorted(wanted)]
 
 
 def batches(jobs: list[PairJob], size: int) -> list[list[PairJob]]:

@@ -184,10 +184,23 @@ class _Scan:
         tested: set[PairKey] = set()
         for input_set in {c.input_set for c in candidates}:
             tested |= self.store.tested_pair_keys(self.config.statistic, input_set)
+        retrieved = self.retrieve(candidates) if self.config.pairs.select == "candidates" else None
         plan = plan_pairs(candidates, tested, comparable=self.config.pairs.comparable,
-                          declared=self.config.pairs.declared)
+                          declared=self.config.pairs.declared, retrieved=retrieved)
         self.summary.pairs = plan.to_json_dict()
         return plan
+
+    def retrieve(self, candidates: list[Candidate]) -> dict[PairKey, tuple[tuple[int, int], ...]]:
+        """Candidate retrieval (scanner.retrieval.scan): the new revisions query the persistent index, the
+        pairs found are stored, and the candidates are every current retrieved pair plus their families."""
+        from scanner.retrieval.scan import retrieve_candidates
+
+        outcome = retrieve_candidates(self.store, self.config.db_path, candidates, self.run_id,
+                                      min_score=self.config.pairs.min_score)
+        self.summary.retrieval = outcome.to_json_dict()
+        for input_set, why in outcome.rebuilt.items():
+            self.say(f"[retrieval] index of {input_set} rebuilt from the fingerprints: {why}")
+        return outcome.block_maps
 
     def pair_stage(self, plan: PairPlan, shape: PoolShape) -> None:
         from scanner.store import PairTestRow
@@ -268,9 +281,10 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
                         pool.shutdown()  # frees the actors' CPUs/GPUs for the pair tasks
                 with scan.timed("pairs"):
                     plan = scan.plan()
-                    scan.say(f"pairs: {plan.comparable} comparable, {plan.declared} declared, "
-                             f"{sum(plan.incomparable.values())} incomparable, {plan.already_tested} already "
-                             f"tested, {len(plan.jobs)} to test")
+                    scan.say(f"pairs: {plan.comparable} comparable, "
+                             + (f"{plan.retrieved} retrieved, " if plan.select == "candidates" else "")
+                             + f"{plan.declared} declared, {sum(plan.incomparable.values())} incomparable, "
+                             f"{plan.already_tested} already tested, {len(plan.jobs)} to test")
                     scan.pair_stage(plan, shape)
                 with scan.timed("lineage"):
                     scan.lineage_stage()

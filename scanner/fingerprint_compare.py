@@ -6,6 +6,7 @@ fingerprint files gives exactly the numbers of a live test on the same input set
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar, get_args
@@ -35,6 +36,7 @@ def compare_fingerprints(
     device: str | None = None,
     design: SequentialDesign | None = None,
     workers: int = 1,
+    block_map: tuple[tuple[int, int], ...] | None = None,
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
@@ -43,8 +45,10 @@ def compare_fingerprints(
     its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
     every block. ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products
     (BLAS, outside the GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py
-    --workers measures the gain). Raises IncomparableError when the fingerprints were taken on different input
-    sets.
+    --workers measures the gain). ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when
+    the depths differ: the pair is then tested both by index and on the mapped blocks, and reports twice the
+    smaller p-value (Bonferroni over the two pairings; scanner.retrieval.candidates says why the mapped one is
+    valid). Raises IncomparableError when the fingerprints were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -61,38 +65,50 @@ def compare_fingerprints(
             (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
         )
     depth = min(len(a.blocks), len(b.blocks))
-    if len(a.blocks) != len(b.blocks):
+    mapped = len(a.blocks) != len(b.blocks) and bool(block_map)
+    if len(a.blocks) != len(b.blocks) and not mapped:
         notes.append(depth_note(len(a.blocks), len(b.blocks)))
     if statistic == "hidden":
         notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
 
     expert_maps: dict[int, str] = {}
 
-    def block(layer: int) -> LayerResult:
-        experts_a, experts_b = a.blocks[layer], b.blocks[layer]
-        pairing = pair_fingerprint_experts(a, b, layer, layer)
+    def block(layers_ab: tuple[int, int]) -> LayerResult:
+        layer_a, layer_b = layers_ab
+        experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
+        pairing = pair_fingerprint_experts(a, b, layer_a, layer_b)
         if not pairing.by_index or len(experts_a) != len(experts_b):
-            expert_maps[layer] = pairing.describe()
+            expert_maps[layer_a] = pairing.describe()
         pairs = [(experts_a[i], experts_b[j]) for i, j in pairing.pairs]
         if statistic == "hidden":
             tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device) for x, y in pairs]
         else:
             tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
-        return block_result(layer, layer, tests, pairing)
+        return block_result(layer_a, layer_b, tests, pairing)
 
-    def compared(layers: list[int]) -> list[LayerResult]:
-        return parallel_map(block, layers, workers)
+    def compared(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
+        return parallel_map(block, block_pairs, workers)
 
-    screen = design.screen(depth) if design is not None else list(range(depth))
-    layers = compared(screen)
-    log10_p = log10_fisher([layer.log10_p for layer in layers])
-    if design is not None and len(screen) < depth:
-        if design.stops(log10_p):
-            notes.append(screen_note(screen, depth, log10_p))
-        else:
-            layers = sorted([*layers, *compared([layer for layer in range(depth) if layer not in screen])],
-                            key=lambda result: result.layer_a)
-            log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
+    def test(block_pairs: list[tuple[int, int]]) -> tuple[list[LayerResult], float]:
+        screen = [block_pairs[i] for i in design.screen(len(block_pairs))] if design is not None else block_pairs
+        layers = compared(screen)
+        log10_p = log10_fisher([layer.log10_p for layer in layers])
+        if design is not None and len(screen) < len(block_pairs):
+            if design.stops(log10_p):
+                notes.append(screen_note([la for la, _ in screen], len(block_pairs), log10_p))
+            else:
+                layers = sorted([*layers, *compared([p for p in block_pairs if p not in screen])],
+                                key=lambda result: result.layer_a)
+                log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
+        return layers, log10_p
+
+    layers, log10_p = test([(layer, layer) for layer in range(depth)])
+    if mapped:
+        mapped_layers, mapped_log10_p = test(sorted({(int(x), int(y)) for x, y in block_map}))
+        by_map = mapped_log10_p < log10_p
+        log10_p = min(0.0, min(log10_p, mapped_log10_p) + math.log10(2.0))
+        layers = mapped_layers if by_map else layers
+        notes.append(mapped_note(len(a.blocks), len(b.blocks), by_map))
     if expert_maps:
         notes.append(expert_map_note(expert_maps))
     return PairTestResult(
@@ -126,6 +142,14 @@ def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
     return (
         f"sequential test: screening blocks {', '.join(map(str, screen))} of {depth} gave log10 p = {log10_p:.1f}, "
         "which settles it; the other blocks were not compared (the p-value stays valid, see scanner.stats.sequential)"
+    )
+
+
+def mapped_note(depth_a: int, depth_b: int, by_map: bool) -> str:
+    return (
+        f"depths differ ({depth_a} vs {depth_b} blocks): tested by index and on the block pairs candidate retrieval "
+        f"maps; the {'mapped blocks' if by_map else 'index pairing'} gave the smaller p-value, reported doubled "
+        "(Bonferroni over the two pairings)"
     )
 
 

@@ -24,9 +24,11 @@ def copy_models(zoo: Zoo, ids: tuple[str, ...], root: Path) -> Path:
 
 
 def scan_config(hub: Path, out: Path, **overrides) -> ScanConfig:
-    """A scan of ``hub`` into ``out`` with the demo settings, small batches so there are several stores."""
+    """A scan of ``hub`` into ``out`` with the demo settings, small batches so there are several stores, every
+    comparable pair tested (``pairs.select: all``; tests/test_retrieval_scan.py scans with candidates)."""
     data = {"sources": [{"kind": "local", "path": str(hub)}], "output_dir": str(out),
-            "pairs": {"batch_size": 2}, "ray": {"actors": 2, "max_in_flight": 4}, "devices": {"mode": "cpu"},
+            "pairs": {"batch_size": 2, "select": "all"}, "ray": {"actors": 2, "max_in_flight": 4},
+            "devices": {"mode": "cpu"},
             "exports": ["json"]}
     data.update(overrides)
     return ScanConfig.model_validate(data)

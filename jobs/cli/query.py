@@ -20,6 +20,8 @@ from scanner.errors import one_line
 if TYPE_CHECKING:
     import polars as pl
 
+    from scanner.store import Store
+
 FORMATS = ("table", "csv", "json")
 TABLE_STR_CHARS = 200
 """Longer text cells end in an ellipsis in a table (whole error reasons and details fit); csv and json are never cut."""
@@ -43,6 +45,10 @@ def query_command(
     errors: Annotated[bool, typer.Option(
         "--errors", help="The errors of a run (--run, default the latest), each marked new or seen before.")] = False,
     runs: Annotated[bool, typer.Option("--runs", help="Every scan run, newest first, with its counts.")] = False,
+    similar: Annotated[str | None, typer.Option(
+        "--similar", metavar="ID",
+        help="ID's nearest models by candidate-retrieval score (the index beside the database); tests nothing.")
+    ] = None,
     run: Annotated[str | None, typer.Option(
         "--run", metavar="RUN_ID", help="The run for --changes or --errors (ids: --runs).")] = None,
     log10_p_below: Annotated[float | None, typer.Option(
@@ -69,6 +75,7 @@ def query_command(
         "--changes": (changes, lambda store: queries.run_changes(store, run, log10_p_below=threshold)),
         "--errors": (errors, lambda store: queries.run_errors(store, run)),
         "--runs": (runs, queries.runs),
+        "--similar": (similar is not None, lambda store: _similar(store, db, similar)),
     }
     asked = [name for name, (given, _) in presets.items() if given]
     if len(asked) != 1:
@@ -99,6 +106,12 @@ def query_command(
     except OSError as exc:
         raise CommandError(f"cannot write {out}: {exc.strerror or exc}") from exc
     typer.echo(f"wrote {out} ({frame.height} rows)")
+
+
+def _similar(store: Store, db: Path, model_id: str) -> pl.DataFrame:
+    from scanner.retrieval.scan import similar as similar_models
+
+    return similar_models(store, db, model_id)
 
 
 def _render(frame: pl.DataFrame, fmt: str) -> str:

@@ -223,3 +223,16 @@ def read_only_query(store: Store, sql: str) -> pl.DataFrame:
         raise StoreError(f"{kind} refused: hubtrace query only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, "
                          f"EXPLAIN); the database is written by scans alone")
     return store.query(sql)
+
+
+CURRENT_FINGERPRINTS_SQL = """
+SELECT m.model_id, m.revision, f.input_set, f.path
+FROM current_models m JOIN fingerprints f USING (model_id, revision)
+WHERE m.status = 'ok' AND m.model_id = $model
+ORDER BY f.created_at DESC
+"""
+"""The fingerprint files of $model's current revision (one per input set)."""
+
+
+def current_fingerprints(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(CURRENT_FINGERPRINTS_SQL, {"model": model_id})

@@ -75,6 +75,20 @@ LINEAGE_DDL: tuple[str, ...] = (
 """The lineage tables (written by lineage_graph through scanner.store.lineage_tables), migration 2."""
 
 
+CANDIDATE_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS candidate_pairs (
+        model_a VARCHAR NOT NULL, revision_a VARCHAR NOT NULL, model_b VARCHAR NOT NULL, revision_b VARCHAR NOT NULL,
+        input_set VARCHAR NOT NULL, score INTEGER, rank INTEGER,
+        source VARCHAR NOT NULL CHECK (source IN ('retrieval', 'family', 'declared_base', 'identical_tensor')),
+        block_map JSON, run_id VARCHAR, found_at TIMESTAMPTZ,
+        PRIMARY KEY (model_a, revision_a, model_b, revision_b),
+        CHECK (model_a < model_b OR (model_a = model_b AND revision_a < revision_b)))""",
+    """CREATE OR REPLACE VIEW current_candidate_pairs AS SELECT c.* FROM candidate_pairs c
+        JOIN current_models ma ON ma.model_id = c.model_a AND ma.revision = c.revision_a
+        JOIN current_models mb ON mb.model_id = c.model_b AND mb.revision = c.revision_b""",
+)
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -92,6 +106,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: LINEAGE_DDL),
     Migration(3, "pair_tests.closeness: how near two related models are (phi_MATCH's matched activations)",
               lambda: CLOSENESS_DDL),
+    Migration(4, "candidate_pairs (pairs candidate retrieval chose for a test) and current_candidate_pairs",
+              lambda: CANDIDATE_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,8 +82,38 @@ class PairTestRow:
         return (n.model_a, n.revision_a, n.model_b, n.revision_b, n.statistic, n.input_set)
 
 
+CANDIDATE_SOURCES = ("retrieval", "family", "declared_base", "identical_tensor")
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    """One pair candidate retrieval chose (scanner.retrieval): its collision score and rank (None where the pair
+    came from elsewhere), why it was chosen, and the block map the collisions give (layer of a, layer of b)."""
+
+    model_a: str
+    revision_a: str
+    model_b: str
+    revision_b: str
+    input_set: str
+    score: int | None
+    rank: int | None
+    source: str                                      # one of CANDIDATE_SOURCES
+    block_map: tuple[tuple[int, int], ...] = ()
+
+    def normalized(self) -> CandidateRow:
+        if (self.model_a, self.revision_a) <= (self.model_b, self.revision_b):
+            return self
+        return CandidateRow(self.model_b, self.revision_b, self.model_a, self.revision_a, self.input_set, self.score,
+                            self.rank, self.source, tuple((b, a) for a, b in self.block_map))
+
+    @property
+    def key(self) -> PairKey:
+        n = self.normalized()
+        return (n.model_a, n.revision_a, n.model_b, n.revision_b)
+
+
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def new_run_id() -> str:
@@ -103,6 +133,11 @@ _PAIR_SCHEMA = pa.schema([
     ("closeness", pa.float64()),
 ])
 _PAIR_COLUMNS = ", ".join(_PAIR_SCHEMA.names)
+_CANDIDATE_SCHEMA = pa.schema([
+    ("model_a", pa.string()), ("revision_a", pa.string()), ("model_b", pa.string()), ("revision_b", pa.string()),
+    ("input_set", pa.string()), ("score", pa.int32()), ("rank", pa.int32()), ("source", pa.string()),
+    ("block_map", pa.string()),
+])
 
 _MODEL_COLUMNS = ("source", "location", "architecture", "model_type", "hidden_size", "intermediate_size",
                   "n_layers", "n_experts", "vocab_size", "tokenizer_hash", "parameter_count",
@@ -363,6 +398,47 @@ class Store:
             finally:
                 with suppress(duckdb.TransactionException):  # aborted: the rollback drops the view
                     con.unregister("_pair_batch")
+
+    # candidate pairs ------------------------------------------------------------------------------------------
+    def put_candidate_pairs(self, rows: Iterable[CandidateRow], run_id: str | None) -> None:
+        """Store retrieved pairs in one transaction; a pair found again keeps its best score and rank, its first
+        source unless a retrieval score now explains it, and its latest block map."""
+        batch = {}
+        for row in rows:
+            _check(row.source, CANDIDATE_SOURCES, "candidate source")
+            batch[row.key] = row.normalized()
+        if not batch:
+            return
+        rows_ = list(batch.values())
+        table = pa.table({
+            "model_a": [r.model_a for r in rows_], "revision_a": [r.revision_a for r in rows_],
+            "model_b": [r.model_b for r in rows_], "revision_b": [r.revision_b for r in rows_],
+            "input_set": [r.input_set for r in rows_], "score": [r.score for r in rows_],
+            "rank": [r.rank for r in rows_], "source": [r.source for r in rows_],
+            "block_map": [json.dumps([list(p) for p in r.block_map]) for r in rows_],
+        }, schema=_CANDIDATE_SCHEMA)
+        with self.transaction() as con:
+            con.register("_candidate_batch", table)
+            try:
+                con.execute(
+                    "INSERT INTO candidate_pairs SELECT b.*, $run, $now FROM _candidate_batch b "
+                    "ON CONFLICT DO UPDATE SET score = greatest(excluded.score, candidate_pairs.score), "
+                    "rank = least(excluded.rank, candidate_pairs.rank), "
+                    "source = CASE WHEN excluded.source = 'retrieval' THEN 'retrieval' "
+                    "ELSE candidate_pairs.source END, "
+                    "block_map = CASE WHEN excluded.source = 'retrieval' THEN excluded.block_map "
+                    "ELSE candidate_pairs.block_map END",
+                    {"run": run_id, "now": _now()})
+            finally:
+                with suppress(duckdb.TransactionException):
+                    con.unregister("_candidate_batch")
+
+    def current_candidate_pairs(self, input_set: str) -> list[CandidateRow]:
+        """Candidate pairs whose two revisions are both current, on one input set."""
+        rows = self._rows("SELECT model_a, revision_a, model_b, revision_b, input_set, score, rank, source, block_map "
+                          "FROM current_candidate_pairs WHERE input_set = ?", [input_set])
+        return [CandidateRow(a, ra, b, rb, s, score, rank, source, tuple(tuple(p) for p in json.loads(bm or "[]")))
+                for a, ra, b, rb, s, score, rank, source, bm in rows]
 
     # errors ---------------------------------------------------------------------------------------------------
     def record_error(self, run_id: str, model_id: str, revision: str | None, location: str | None, stage: str,

@@ -1,0 +1,195 @@
+"""Recall of candidate retrieval: on the zoo against the all-pairs scan, and on a synthetic hub grown from the zoo.
+
+    PYTHONPATH=. python bench/bench_retrieval_recall.py [--hub 1000] [--seed 0]
+
+Zoo: every pair is tested with φ_MATCH (the `pairs.select: all` baseline: the scan's sequential design), the
+dependent ones are those Benjamini-Hochberg keeps at q = 0.05, and the candidates (retrieved pairs and their
+families, as the scan forms them) must contain all of them; families from candidates must equal those from all.
+
+Synthetic hub: ``--hub`` models grown at the fingerprint level from the zoo's 16 models (their families are the
+zoo's): noisy fine-tunes (Gaussian noise on every activation, 0.1 or 0.3 of each unit's RMS: short and long),
+camouflaged copies (units permuted, gate and up of each unit rescaled by factors in [0.3, 3]), width prunes (a
+random quarter of every block's units dropped), depth prunes (one or two blocks dropped), merges (0.6/0.4 average
+of two members of one family), retrained MLPs (half the blocks replaced by the blocks of an unrelated zoo model
+with fresh noise). Children are grown from any earlier member, so chains form. Recall is measured against the
+planted truth (same family = dependent): an all-pairs φ_MATCH run over ~500,000 pairs does not fit this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from collections import Counter
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+from scanner.activations import MLPActivations
+from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
+from scanner.retrieval.hub import family_pairs
+from scanner.retrieval.index import RetrievalIndex
+from scanner.retrieval.signatures import retrieval_entry
+
+KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
+
+
+def candidates(entries: dict) -> tuple[set[tuple[str, str]], float]:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        index = RetrievalIndex(folder, next(iter(entries.values())).input_set)
+        index.sync({key: (lambda e=e: e) for key, e in entries.items()})
+        found = select(scored_pairs(index, entries), MIN_SCORE)
+    closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b))
+                                                     for p in found)}
+    return closed | {(p.model_a, p.model_b) for p in found}, time.perf_counter() - started
+
+
+def zoo_recall(fingerprints: dict[str, Fingerprint]) -> None:
+    from lineage_graph.multiple_testing import fdr_reject, holm_reject
+    from scanner.fingerprint_compare import compare_fingerprints
+    from scanner.stats.sequential import SequentialDesign
+
+    pairs = list(combinations(sorted(fingerprints), 2))
+    log10_p = [compare_fingerprints(fingerprints[a], fingerprints[b], design=SequentialDesign()).log10_p
+               for a, b in pairs]
+    dependent = {pair for pair, keep in zip(pairs, fdr_reject(log10_p, q=0.05)) if keep}
+    joins = {pair for pair, keep in zip(pairs, holm_reject(log10_p, alpha=0.05)) if keep}   # what joins families
+    got, seconds = candidates({(m, "r"): retrieval_entry(fp) for m, fp in fingerprints.items()})
+    missed = dependent - got
+    print(f"zoo: {len(pairs)} pairs, {len(dependent)} dependent after BH (all pairs), {len(got)} candidates, "
+          f"recall {1 - len(missed) / len(dependent):.4f}, {len(got - dependent)} candidates not dependent, "
+          f"families (Holm edges, as the lineage joins them) equal: "
+          f"{_components(joins, fingerprints) == _components(got & joins, fingerprints)}, "
+          f"retrieval {seconds:.2f} s")
+    for pair in sorted(missed):
+        print("  missed", pair)
+
+
+def _components(edges: set[tuple[str, str]], models) -> set[frozenset[str]]:
+    groups = {frozenset({m}) for m in models}
+    for a, b in edges:
+        ga, gb = next(g for g in groups if a in g), next(g for g in groups if b in g)
+        if ga != gb:
+            groups -= {ga, gb}
+            groups.add(ga | gb)
+    return groups
+
+
+def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int, seed: int,
+             family_size: int = 10):  # noqa: ANN201
+    """The zoo plus independent synthetic bases (units iid given the model, a shared low-rank component as
+    training on the same data gives) until there is one family per ``family_size`` models; each new model grows
+    from a random member of a random family that is not yet full."""
+    rng = np.random.default_rng(seed)
+    members = {name: (fp, family_of[name], "zoo") for name, fp in zoo_fps.items()}
+    template = next(iter(zoo_fps.values()))
+    units, tokens = template.blocks[0][0].gate.shape
+    shared = rng.standard_normal((4, tokens)).astype(np.float32)
+    families = Counter(family_of.values())
+    for f in range(max(5, n // family_size - len(families))):
+        def part() -> np.ndarray:
+            return (0.1 * rng.standard_normal((units, 4)) @ shared
+                    + rng.standard_normal((units, tokens))).astype(np.float32)
+        blocks = [[MLPActivations(part(), part())] for _ in range(len(template.blocks))]
+        name = f"synth/base-{f:04d}"
+        members[name] = (Fingerprint(dataclasses.replace(template.meta, model=name), blocks), name, "base")
+        families[name] = 1
+    names = list(members)
+    while len(members) < n:
+        open_families = [f for f, size in families.items() if size < family_size]
+        family = open_families[rng.integers(len(open_families))]
+        in_family = [m for m in names if members[m][1] == family]
+        parent_name = in_family[rng.integers(len(in_family))]
+        parent = members[parent_name][0]
+        families[family] += 1
+        kind = KINDS[len(members) % len(KINDS)]
+        blocks = [[MLPActivations(e.gate.astype(np.float32), e.up.astype(np.float32)) for e in experts]
+                  for experts in parent.blocks]
+        if kind in ("finetune", "long-finetune"):
+            level = 0.1 if kind == "finetune" else 0.3
+            blocks = [[_noisy(e, level, rng) for e in experts] for experts in blocks]
+        elif kind == "camouflage":
+            blocks = [[_camouflaged(e, rng) for e in experts] for experts in blocks]
+        elif kind == "width-prune":
+            blocks = [[_kept(e, rng.permutation(e.gate.shape[0])[: 3 * e.gate.shape[0] // 4]) for e in experts]
+                      for experts in blocks]
+        elif kind == "depth-prune" and len(blocks) > 2:
+            drop = set(rng.permutation(len(blocks))[: 1 + rng.integers(2) if len(blocks) > 3 else 1].tolist())
+            blocks = [b for i, b in enumerate(blocks) if i not in drop]
+        elif kind == "merge":
+            same = [m for m in names if members[m][1] == family and m != parent_name
+                    and len(members[m][0].blocks) == len(blocks)
+                    and members[m][0].blocks[0][0].gate.shape == blocks[0][0].gate.shape]
+            if same:
+                other = members[same[rng.integers(len(same))]][0]
+                blocks = [[MLPActivations(0.6 * e.gate + 0.4 * o.gate.astype(np.float32),
+                                          0.6 * e.up + 0.4 * o.up.astype(np.float32))
+                           for e, o in zip(experts, other_experts)]
+                          for experts, other_experts in zip(blocks, other.blocks)]
+        elif kind == "retrained-mlp":
+            donors = [m for m in names if members[m][1] != family]
+            donor = members[donors[rng.integers(len(donors))]][0]
+            for i in range(1, len(blocks), 2):
+                if i < len(donor.blocks) and donor.blocks[i][0].gate.shape == blocks[i][0].gate.shape:
+                    blocks[i] = [_noisy(e, 0.5, rng, to_float=True) for e in donor.blocks[i]]
+        name = f"synth/{kind}-{len(members):05d}"
+        meta = dataclasses.replace(parent.meta, model=name, n_layers=len(blocks))
+        members[name] = (Fingerprint(meta, blocks), family, kind)
+        names.append(name)
+    return members
+
+
+def _noisy(acts: MLPActivations, level: float, rng: np.random.Generator, to_float: bool = False) -> MLPActivations:
+    def noisy(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float32)
+        rms = np.sqrt((x**2).mean(axis=1, keepdims=True))
+        return x + level * rms * rng.standard_normal(x.shape).astype(np.float32)
+    return MLPActivations(noisy(acts.gate), noisy(acts.up))
+
+
+def _camouflaged(acts: MLPActivations, rng: np.random.Generator) -> MLPActivations:
+    perm = rng.permutation(acts.gate.shape[0])
+    scale = rng.uniform(0.3, 3.0, size=(acts.gate.shape[0], 1)).astype(np.float32)
+    return MLPActivations(acts.gate[perm] * scale, acts.up[perm] / scale)
+
+
+def _kept(acts: MLPActivations, rows: np.ndarray) -> MLPActivations:
+    return MLPActivations(acts.gate[np.sort(rows)], acts.up[np.sort(rows)])
+
+
+def main() -> None:
+    from scanner.zoo import build_zoo
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hub", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-zoo", action="store_true", help="only the synthetic hub")
+    args = parser.parse_args()
+    zoo = build_zoo(Path(".hubtrace-cache/zoo"))
+    fps = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
+    if not args.skip_zoo:
+        zoo_recall(fps)
+
+    hub = grow_hub(fps, {m: zoo[m].family for m in zoo.ids}, args.hub, args.seed)
+    started = time.perf_counter()
+    entries = {(name, "r"): retrieval_entry(fp) for name, (fp, _, _) in hub.items()}
+    entry_seconds = time.perf_counter() - started
+    got, seconds = candidates(entries)
+    family = {name: fam for name, (_, fam, _) in hub.items()}
+    kind = {name: k for name, (_, _, k) in hub.items()}
+    truth = {(a, b) for a, b in combinations(sorted(hub), 2) if family[a] == family[b]}
+    missed = truth - got
+    print(f"synthetic hub: {len(hub)} models, {len(hub) * (len(hub) - 1) // 2} pairs possible, {len(truth)} "
+          f"dependent (planted), {len(got)} candidates ({2 * len(got) / len(hub):.1f} per model; mean family "
+          f"size {np.mean([sum(family[m] == family[x] for x in hub) for m in hub]):.1f}), recall "
+          f"{1 - len(missed) / len(truth):.5f}, {len(got - truth)} candidates across families; entries "
+          f"{entry_seconds:.1f} s, retrieval {seconds:.1f} s")
+    print("  missed by kind:", dict(Counter("/".join(sorted((kind[a], kind[b]))) for a, b in missed)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Candidate retrieval at hub scale: N 7B-shaped models (32 blocks x 11008 units), planted families.
+
+    PYTHONPATH=. python bench/bench_retrieval_scale.py --models 1000 2000 5000 10000 [--family 8]
+
+Each N runs in a fresh process (peak RSS per N). Entries are generated in signature space, not from full
+fingerprints (10,000 of those would be 3.6 TB): a family base draws, per block, the signatures of its
+``2 * query_units_per_block`` units furthest along the selection direction out of 11008 (unit vectors whose
+projection on the direction is an upper order statistic of 11008 draws); a derivative perturbs them (fine-tune
+noise, a unit permutation is a no-op on a set, width prunes drop a quarter, depth prunes drop blocks, merges
+average two siblings, retrained MLPs redraw half the blocks) and keeps the top ones again, as
+scanner.retrieval.signatures does. Prints wall time (index build + every model's query), peak RSS, index size on
+disk, candidate pairs per model against the planted family size, and pair recall; then the growth exponent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BLOCKS, UNITS = 32, 11008
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def synthetic_entries(n_models: int, family: int, seed: int = 0):  # noqa: ANN201
+    from scanner.retrieval.signatures import RetrievalEntry, SignatureParams, projection
+
+    params = SignatureParams()
+    _, direction = projection(256, params)
+    dim, q, s = 2 * params.dim, params.query_units_per_block, params.units_per_block
+    rng = np.random.default_rng(seed)
+    # the top 2q of 11008 projections of a random unit vector in `dim` dimensions lie about this far along it
+    top = np.sort(rng.standard_normal(UNITS))[::-1][:2 * q] / np.sqrt(dim)
+
+    def base_units() -> np.ndarray:   # (blocks, 2q, dim): the units near the top of every block
+        noise = _unit(rng.standard_normal((BLOCKS, 2 * q, dim)).astype(np.float32))
+        noise -= (noise @ direction)[..., None] * direction
+        noise = _unit(noise) * np.sqrt(np.maximum(1 - top**2, 0))[None, :, None]
+        return (noise + top[None, :, None] * direction).astype(np.float32)
+
+    def entry(units: np.ndarray) -> RetrievalEntry:
+        units = _unit(units)
+        order = np.argsort(-(units @ direction), axis=1)[:, :q]
+        kept = np.take_along_axis(units, order[..., None], axis=1)
+        blocks = np.repeat(np.arange(units.shape[0], dtype=np.int32), q)
+        indexed = np.tile(np.arange(q) < s, units.shape[0])
+        return RetrievalEntry(kept.reshape(-1, dim), blocks, indexed, units.shape[0], "bench", params)
+
+    kinds = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
+    entries, families, kinds_of = [], [], []
+    while len(entries) < n_models:
+        fam = len(set(families))
+        base = base_units()
+        members = [base]
+        entries.append(entry(base))
+        families.append(fam)
+        kinds_of.append("base")
+        for k in range(min(family - 1, n_models - len(entries))):
+            kind = kinds[k % len(kinds)]
+            sigma = {"long-finetune": 0.06}.get(kind, 0.03)
+            units = members[0] + sigma * rng.standard_normal(members[0].shape).astype(np.float32)
+            if kind == "width-prune":
+                units = units[:, rng.permutation(2 * q)[: 3 * q // 2]]
+            elif kind == "depth-prune":
+                units = units[np.sort(rng.permutation(BLOCKS)[: BLOCKS * 3 // 4])]
+            elif kind == "merge" and len(members) > 1:
+                units = 0.6 * _unit(members[1]) + 0.4 * _unit(units)
+            elif kind == "retrained-mlp":
+                fresh = base_units()
+                units[1::2] = fresh[1::2]
+            members.append(units)
+            entries.append(entry(units))
+            families.append(fam)
+            kinds_of.append(kind)
+    return entries, families, kinds_of
+
+
+def run_one(n_models: int, family: int) -> dict:
+    from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
+    from scanner.retrieval.hub import family_pairs
+    from scanner.retrieval.index import RetrievalIndex
+
+    entries, families, kinds = synthetic_entries(n_models, family)
+    keys = [(f"m{i:06d}", "r") for i in range(n_models)]
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        index = RetrievalIndex(folder, "bench")
+        index.sync({key: (lambda e=e: e) for key, e in zip(keys, entries)})
+        built = time.perf_counter()
+        found = select(scored_pairs(index, dict(zip(keys, entries))), MIN_SCORE)
+        searched = time.perf_counter()
+        index.save()
+        size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+    number = {key[0]: i for i, key in enumerate(keys)}
+    direct = {(number[p.model_a], number[p.model_b]) for p in found}
+    got = {(number[a[0]], number[b[0]]) for a, b in
+           family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b)) for p in found)}
+    planted = {(i, j) for i in range(n_models) for j in range(i + 1, min(n_models, i + family))
+               if families[i] == families[j]}
+    missed = sorted(planted - got)
+    per_model = 2 * len(got) / n_models
+    return {"models": n_models, "kind": index.kind, "vectors": index.ntotal, "build_s": round(built - started, 1),
+            "query_s": round(searched - built, 1), "total_s": round(searched - started, 1),
+            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+            "index_mib": round(size / 2**20, 1), "candidates_per_model": round(per_model, 2),
+            "family_size": family, "planted_pairs": len(planted), "recall": round(1 - len(missed) / len(planted), 5),
+            "direct_pairs": len(direct), "false_pairs": len(got - planted),
+            "missed_by_kind": _by_kind(missed, kinds)}
+
+
+def _by_kind(missed: list[tuple[int, int]], kinds: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i, j in missed:
+        key = "/".join(sorted((kinds[i], kinds[j])))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", type=int, nargs="+", default=[1000, 2000, 5000, 10000])
+    parser.add_argument("--family", type=int, default=8)
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.models[0], args.family)))
+        return
+    rows = []
+    for n in args.models:
+        out = subprocess.run([sys.executable, __file__, "--one", "--models", str(n), "--family", str(args.family)],
+                             capture_output=True, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    if len(rows) > 1:
+        n = np.log([r["models"] for r in rows])
+        t = np.log([r["total_s"] for r in rows])
+        print(f"growth exponent (total time ~ N^k): k = {np.polyfit(n, t, 1)[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Candidate pairs: which pairs of a hub get a φ_MATCH test, chosen from the fingerprints without testing them.
+
+A scan of N models tests every comparable pair today, N(N-1)/2 tests. Instead, every model's retrieval entry
+(a few unit signatures per block, scanner.retrieval.signatures) goes into a nearest-neighbour index, and a pair
+becomes a candidate when its units collide unusually often: at least ``min_score`` signatures of one model have a
+signature of the other within cosine ``threshold`` (scanner.retrieval.collisions), in any blocks. Each new or
+changed revision queries the index of everything scanned before, so the work grows like N log N. Declared pairs
+(a card's base) and pairs sharing a byte-identical tensor are added by the scan whatever their score.
+
+Why the φ_MATCH p-value of a selected pair stays valid
+-------------------------------------------------------
+The pairs that get a p-value are chosen by looking at the same fingerprints, so the question is whether
+P(p <= a | selected) <= a still holds for independent models. The selection score is a function of the *sets*
+of unit signatures of the two models: relabelling (permuting) either model's hidden units leaves the entries, and
+so the score, the selection and the block map unchanged. Under the null of independence, the labels of a model's
+hidden units carry no information (initialisation is invariant and training equivariant under permutations of
+hidden units, the premise of every test of the paper): given the unordered set of units, each labelling is equally
+likely. φ_MATCH's null distribution is exactly a statement about that labelling: it compares two matchings as
+permutations of one model's unit labels, and its p-value is calibrated against a uniformly random relabelling.
+Conditioning on selection conditions only on the unordered sets, which leaves the labelling uniform; the
+conditional law of the φ_MATCH statistic given selection is therefore the one its p-value is calibrated for, and
+P(p <= a | selected) <= a whenever the unconditional p-value is valid given the unit sets. A selection score that
+looked at labels (say, how often unit i of one model resembles unit i of the other, or a φ statistic of one block)
+would not have this property, and `tests/test_retrieval_validity.py` shows that such a selection does distort
+the selected pairs' p-values while the collision count does not (KS against uniform over >= 200 selected
+independent pairs).
+
+Depth-changed pairs are tested on the block pairs the collisions map (scanner.retrieval.collisions.block_map) as
+well as by index, and report twice the smaller of the two p-values (Bonferroni over the two block pairings; the
+map itself is chosen by the same label-free collision counts, so each pairing's p-value is valid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from scanner.retrieval.collisions import block_map, collisions_by_pair
+from scanner.retrieval.index import ModelKey, RetrievalIndex
+from scanner.retrieval.signatures import RetrievalEntry
+
+MIN_SCORE = 4
+"""Collisions that make a candidate. Independent zoo and synthetic-hub pairs stay at or below 2 (BENCHMARKS.md)."""
+
+
+@dataclass(frozen=True)
+class CandidatePair:
+    """A retrieved pair, (model_a, revision_a) < (model_b, revision_b), with its collision score, its rank (the
+    better of the two models' ranks of each other, 1 = nearest) and the block map the collisions give."""
+
+    model_a: str
+    revision_a: str
+    model_b: str
+    revision_b: str
+    score: int
+    rank: int
+    block_map: tuple[tuple[int, int], ...]
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.model_a, self.revision_a, self.model_b, self.revision_b)
+
+
+def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntry]) -> list[CandidatePair]:
+    """Every pair with at least one collision between a queried model (``entries``, all held by the index) and
+    any held model, scored and ranked."""
+    numbers = index.key_of()
+    found = collisions_by_pair(index.search(entries), index.blocks)
+    pairs = []
+    for (x, y), collisions in found.items():
+        (key_x, key_y), counts = (numbers[x], numbers[y]), collisions.block_counts
+        if key_x > key_y:
+            key_x, key_y = key_y, key_x
+            counts = {(b, a): n for (a, b), n in counts.items()}
+        pairs.append((key_x, key_y, collisions.score, tuple(block_map(counts))))
+    ranks: dict[tuple[ModelKey, ModelKey], int] = {}
+    by_model: dict[ModelKey, list[tuple[int, ModelKey]]] = {}
+    for key_x, key_y, score, _ in pairs:
+        by_model.setdefault(key_x, []).append((score, key_y))
+        by_model.setdefault(key_y, []).append((score, key_x))
+    for model, neighbours in by_model.items():
+        for rank, (_, other) in enumerate(sorted(neighbours, key=lambda n: (-n[0], n[1])), start=1):
+            pair = (min(model, other), max(model, other))
+            ranks[pair] = min(ranks.get(pair, rank), rank)
+    return sorted((CandidatePair(x[0], x[1], y[0], y[1], score, ranks[(x, y)], bmap)
+                   for x, y, score, bmap in pairs), key=lambda c: (-c.score, c.key))
+
+
+def select(pairs: Iterable[CandidatePair], min_score: int = MIN_SCORE) -> list[CandidatePair]:
+    return [p for p in pairs if p.score >= min_score]

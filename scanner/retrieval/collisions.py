@@ -1,0 +1,101 @@
+"""From nearest-neighbour hits to candidate pairs: unit collisions counted per pair of models, and block maps.
+
+Pure: arrays in, pairs out; the index (scanner.retrieval.index) finds the hits.
+
+A collision is a pair of signatures (one of each model) at cosine >= ``threshold``. A pair's score is the larger
+of the two numbers of distinct signatures involved on either side, summed over all blocks: a count that does not
+change when either model's hidden units are relabelled (signatures form a set, see scanner.retrieval.signatures).
+The same hits also say which block of one model collides with which block of the other: the block map that
+depth-changed pairs are tested on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+ROW_BITS = 24
+"""A vector's index id is (model number << ROW_BITS) | row within the model's entry."""
+
+
+@dataclass
+class PairCollisions:
+    """Collisions between two models (numbers ``a`` < ``b``): rows involved on each side, per block pair."""
+
+    rows_a: int = 0      # distinct signatures of a that collide with one of b
+    rows_b: int = 0
+    block_counts: dict[tuple[int, int], int] = field(default_factory=dict)   # (block of a, block of b) -> hits
+
+    @property
+    def score(self) -> int:
+        return max(self.rows_a, self.rows_b)
+
+
+def vector_id(model_number: int, row: int | np.ndarray) -> np.ndarray:
+    return (np.int64(model_number) << ROW_BITS) | np.asarray(row, dtype=np.int64)
+
+
+def split_id(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.asarray(ids, dtype=np.int64)
+    return ids >> ROW_BITS, ids & ((1 << ROW_BITS) - 1)
+
+
+def close_pairs(query_ids: np.ndarray, similarities: np.ndarray, neighbour_ids: np.ndarray,
+                threshold: float) -> np.ndarray:
+    """The (id, id) pairs, smaller id first, of signatures of two different models at cosine >= threshold;
+    each pair once. ``similarities`` and ``neighbour_ids`` are faiss's (queries, k) answers (-1 = none)."""
+    q = np.broadcast_to(np.asarray(query_ids, dtype=np.int64)[:, None], neighbour_ids.shape)
+    keep = (similarities >= threshold) & (neighbour_ids >= 0)
+    q, n = q[keep], neighbour_ids[keep]
+    other = split_id(q)[0] != split_id(n)[0]
+    q, n = q[other], n[other]
+    pairs = np.stack([np.minimum(q, n), np.maximum(q, n)], axis=1)
+    return np.unique(pairs, axis=0) if pairs.size else pairs.reshape(0, 2)
+
+
+def collisions_by_pair(pairs: np.ndarray, blocks: Mapping[int, np.ndarray]) -> dict[tuple[int, int], PairCollisions]:
+    """Group close signature pairs by model pair; ``blocks[model number]`` is that entry's block per row."""
+    out: dict[tuple[int, int], PairCollisions] = {}
+    if not pairs.size:
+        return out
+    models_x, rows_x = split_id(pairs[:, 0])
+    models_y, rows_y = split_id(pairs[:, 1])
+    pair_key = (models_x << 32) | models_y
+    for side, rows in (("rows_a", rows_x), ("rows_b", rows_y)):
+        keys, counts = np.unique(np.unique(np.stack([pair_key, rows], axis=1), axis=0)[:, 0], return_counts=True)
+        for key, count in zip(keys.tolist(), counts.tolist()):
+            setattr(out.setdefault((key >> 32, key & 0xFFFFFFFF), PairCollisions()), side, count)
+    bx, by = _blocks_of(models_x, rows_x, blocks), _blocks_of(models_y, rows_y, blocks)
+    triples, counts = np.unique(np.stack([pair_key, bx, by], axis=1), axis=0, return_counts=True)
+    for (key, a, b), count in zip(triples.tolist(), counts.tolist()):
+        out[(key >> 32, key & 0xFFFFFFFF)].block_counts[(a, b)] = count
+    return out
+
+
+def _blocks_of(models: np.ndarray, rows: np.ndarray, blocks: Mapping[int, np.ndarray]) -> np.ndarray:
+    """The block of each (model, row), gathered one model at a time."""
+    out = np.empty_like(rows)
+    order = np.argsort(models, kind="stable")
+    sorted_models = models[order]
+    starts = np.flatnonzero(np.r_[True, sorted_models[1:] != sorted_models[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], sorted_models.size]):
+        picked = order[start:end]
+        out[picked] = blocks[int(sorted_models[start])][rows[picked]]
+    return out
+
+
+def block_map(block_counts: Mapping[tuple[int, int], int]) -> list[tuple[int, int]]:
+    """One-to-one (block of a, block of b) pairs with the most collisions in total (maximum-weight assignment),
+    ordered by a's block; only block pairs that collide at all."""
+    if not block_counts:
+        return []
+    depth_a = 1 + max(a for a, _ in block_counts)
+    depth_b = 1 + max(b for _, b in block_counts)
+    counts = np.zeros((depth_a, depth_b))
+    for (a, b), n in block_counts.items():
+        counts[a, b] = n
+    rows, cols = linear_sum_assignment(counts, maximize=True)
+    return sorted((int(a), int(b)) for a, b in zip(rows, cols) if counts[a, b] > 0)

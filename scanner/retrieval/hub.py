@@ -1,0 +1,131 @@
+"""Candidate retrieval for a scan: bring the persistent index up to the current revisions, query it with the new
+ones, and turn the answers (plus families and byte-identical tensors) into the pairs worth a test.
+
+I/O and orchestration only; the signatures, collision counts and the validity argument live in the pure modules
+next to this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scanner.retrieval.candidates import CandidatePair, scored_pairs, select
+from scanner.retrieval.index import ModelKey, RetrievalIndex, load_or_make_entry
+from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams
+
+MAX_FAMILY = 64
+"""Largest connected component of retrieved pairs whose every pair becomes a candidate."""
+#: Weight tensors whose byte-identity says nothing (a freshly initialised norm is all ones in every model).
+UNINFORMATIVE_TENSOR_WORDS = ("norm", "bias", "rotary", "inv_freq")
+
+
+@dataclass(frozen=True)
+class IndexedModel:
+    """A current model revision with its fingerprint file on one input set."""
+
+    model_id: str
+    revision: str
+    input_set: str
+    fingerprint_path: str
+
+    @property
+    def key(self) -> ModelKey:
+        return (self.model_id, self.revision)
+
+
+@dataclass
+class RetrievalRun:
+    """What one update of the indexes did: new candidate pairs, and counts for the run summary."""
+
+    pairs: list[tuple[str, CandidatePair]] = field(default_factory=list)   # (input set, pair)
+    queried: int = 0
+    removed: int = 0
+    rebuilt: dict[str, str] = field(default_factory=dict)                  # input set -> why it was rebuilt
+
+
+def index_folder(db_path: str | Path) -> Path:
+    """``<db>.retrieval/``: beside the database, so a copy of both moves together."""
+    path = Path(db_path)
+    return path.with_name(path.name + ".retrieval")
+
+
+def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_score: int,
+                   params: SignatureParams = DEFAULT_PARAMS, before_save=None) -> RetrievalRun:
+    """For each input set: drop superseded or vanished revisions from its index, add and query the new ones,
+    return the pairs scoring at least ``min_score``. ``before_save(run)`` is called before an index is written
+    (the scan stores the pairs there first, so a crash in between only repeats the query next time)."""
+    run = RetrievalRun()
+    by_set: dict[str, dict[ModelKey, IndexedModel]] = {}
+    for model in models:
+        by_set.setdefault(model.input_set, {})[model.key] = model
+    for input_set, members in sorted(by_set.items()):
+        index = RetrievalIndex(folder, input_set, params)
+        if index.rebuilt_because and index.rebuilt_because != "no index yet":
+            run.rebuilt[input_set] = index.rebuilt_because
+        entries = {}
+
+        def loader(model: IndexedModel, loaded: dict = entries):  # noqa: ANN202
+            def load():  # noqa: ANN202
+                loaded[model.key] = load_or_make_entry(model.fingerprint_path, params)
+                return loaded[model.key]
+            return load
+
+        removed, added = index.sync({key: loader(model) for key, model in members.items()})
+        run.removed += len(removed)
+        run.queried += len(added)
+        run.pairs += [(input_set, pair) for pair in select(scored_pairs(index, entries), min_score)]
+        if before_save is not None:
+            before_save(run)
+        index.save()
+    return run
+
+
+def similar_models(folder: str | Path, model: IndexedModel, *, params: SignatureParams = DEFAULT_PARAMS,
+                   limit: int = 20) -> list[CandidatePair]:
+    """The models nearest to ``model`` by collision score (any score above zero), best first; reads the index,
+    never writes it."""
+    index = RetrievalIndex(folder, model.input_set, params)
+    if model.key not in index.models:
+        return []
+    entry = load_or_make_entry(model.fingerprint_path, params)
+    pairs = scored_pairs(index, {model.key: entry})
+    return sorted(pairs, key=lambda p: (-p.score, p.key))[:limit]
+
+
+def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey]],
+                 max_component: int = MAX_FAMILY) -> set[tuple[ModelKey, ModelKey]]:
+    """Every pair inside a connected component of the candidate graph: retrieval finds each derivative's
+    nearest relatives, and its siblings and cousins (dependent too) are tested through the family. A component
+    larger than ``max_component`` (false collisions chaining families together) adds nothing: its direct
+    edges stay candidates, its closure would cost quadratically."""
+    parent: dict[ModelKey, ModelKey] = {}
+
+    def root(x: ModelKey) -> ModelKey:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b in edges:
+        parent[root(a)] = root(b)
+    components: dict[ModelKey, list[ModelKey]] = {}
+    for node in list(parent):
+        components.setdefault(root(node), []).append(node)
+    return {(min(x, y), max(x, y)) for members in components.values() if len(members) <= max_component
+            for i, x in enumerate(members) for y in members[i + 1:]}
+
+
+def identical_tensor_pairs(hashes: Mapping[ModelKey, Mapping[str, str]]) -> set[tuple[ModelKey, ModelKey]]:
+    """Pairs of models that share a byte-identical weight tensor (sha256), norms and biases aside."""
+    holders: dict[str, set[ModelKey]] = {}
+    for key, tensors in hashes.items():
+        for name, digest in tensors.items():
+            if not any(word in name.lower() for word in UNINFORMATIVE_TENSOR_WORDS):
+                holders.setdefault(digest, set()).add(key)
+    pairs = set()
+    for models in holders.values():
+        ordered = sorted(models)
+        pairs |= {(x, y) for i, x in enumerate(ordered) for y in ordered[i + 1:]}
+    return pairs

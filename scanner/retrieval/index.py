@@ -1,0 +1,258 @@
+"""The persistent nearest-neighbour index of every current model's retrieval entry (faiss), and the entry files.
+
+One index per canonical input set under ``<db>.retrieval/<hash of the input set>/``: ``index.faiss`` and
+``manifest.json`` (the models and revisions it holds, the number each one's vector ids start from, the signature
+params and the sha256 of the index file). Both are replaced atomically, index first; a manifest that does not
+describe the index file next to it (a driver killed between the two writes, a file deleted or damaged) makes the
+next open rebuild the index from the entry files, which sit beside the fingerprints (``*.retrieval.safetensors``)
+and are recomputed from a fingerprint when they are missing.
+
+Index kind: an exact inner-product index (faiss ``IndexIDMap2`` over ``IndexFlatIP``) while it holds at most
+``FLAT_LIMIT`` vectors, an inverted-file index (``IVF`` over the same inner product, ``nprobe`` lists searched)
+above; both take ids, so a superseded revision's vectors are removed by id range. BENCHMARKS.md has the
+measurements behind the choice (HNSW was measured too; faiss's HNSW cannot remove vectors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
+
+from scanner.errors import FingerprintError
+from scanner.retrieval.collisions import ROW_BITS, close_pairs, vector_id
+from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
+
+FLAT_LIMIT = 65_536
+"""Above this many vectors the index is an IVF; below, exact search is cheaper than training one."""
+NPROBE = 16
+ENTRY_SUFFIX = ".retrieval.safetensors"
+SEARCH_CHUNK = 65_536
+
+ModelKey = tuple[str, str]   # (model_id, revision)
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """How hits are found: ``neighbours`` per signature, counted when cosine >= ``threshold``."""
+
+    neighbours: int = 32
+    threshold: float = 0.6
+
+
+DEFAULT_SEARCH = SearchParams()
+
+
+def entry_path(fingerprint_path: str | Path) -> Path:
+    path = Path(fingerprint_path)
+    return path.with_name(path.name.removesuffix(".safetensors") + ENTRY_SUFFIX)
+
+
+def write_entry(entry: RetrievalEntry, path: str | Path) -> None:
+    """Atomically write an entry (float16 vectors: the index compares them at far coarser resolution)."""
+    meta = {"params": json.dumps(entry.params.to_json_dict()), "input_set": entry.input_set,
+            "n_layers": str(entry.n_layers)}
+    tensors = {"vectors": entry.vectors.astype(np.float16), "blocks": entry.blocks.astype(np.int32),
+               "indexed": entry.indexed.astype(np.uint8)}
+    _atomic(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def read_entry(path: str | Path) -> RetrievalEntry:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            meta = handle.metadata() or {}
+        tensors = load_file(str(path))
+        params = SignatureParams(**json.loads(meta["params"]))
+        return RetrievalEntry(tensors["vectors"].astype(np.float32), tensors["blocks"],
+                              tensors["indexed"].astype(bool), int(meta["n_layers"]), meta["input_set"], params)
+    except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
+        raise FingerprintError(f"{path}: not a readable retrieval entry: {exc}") from exc
+
+
+def load_or_make_entry(fingerprint_path: str | Path, params: SignatureParams) -> RetrievalEntry:
+    """The entry beside a fingerprint file; computed from the fingerprint (and written) when missing, damaged
+    or made with other params."""
+    from scanner.fingerprint import read_fingerprint
+    from scanner.retrieval.signatures import retrieval_entry
+
+    path = entry_path(fingerprint_path)
+    if path.is_file():
+        try:
+            entry = read_entry(path)
+            if entry.params == params:
+                return entry
+        except FingerprintError:
+            pass
+    entry = retrieval_entry(read_fingerprint(fingerprint_path), params)
+    write_entry(entry, path)
+    return entry
+
+
+class RetrievalIndex:
+    """The index of one input set's current models. ``sync`` brings it to a set of models; ``search`` finds the
+    close signature pairs of some of them against everything held."""
+
+    def __init__(self, folder: str | Path, input_set: str, params: SignatureParams = DEFAULT_PARAMS,
+                 search: SearchParams = DEFAULT_SEARCH) -> None:
+        import faiss
+
+        self.folder = Path(folder) / hashlib.sha256(input_set.encode()).hexdigest()[:16]
+        self.input_set, self.params, self.search_params = input_set, params, search
+        self._faiss = faiss
+        self.models: dict[ModelKey, dict] = {}       # key -> {"number", "rows", "n_layers"}
+        self.blocks: dict[int, np.ndarray] = {}      # model number -> block of each row
+        self.next_number = 0
+        self.index = None
+        self.rebuilt_because: str | None = None
+        self._load()
+
+    # persistence ----------------------------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return 2 * self.params.dim
+
+    def _load(self) -> None:
+        manifest, index_file = self.folder / "manifest.json", self.folder / "index.faiss"
+        if not manifest.is_file() or not index_file.is_file():
+            self.rebuilt_because = "no index yet" if not manifest.exists() else "index file missing"
+            return
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            if data.get("params") != self.params.to_json_dict() or data.get("input_set") != self.input_set:
+                self.rebuilt_because = "signature params or input set changed"
+                return
+            if data.get("index_sha256") != _sha256(index_file):
+                self.rebuilt_because = "index file does not match its manifest"
+                return
+            index = self._faiss.read_index(str(index_file))
+            models = {(m["model_id"], m["revision"]): m for m in data["models"]}
+            if index.ntotal != sum(m["rows"] for m in models.values()):
+                self.rebuilt_because = "index holds another number of vectors than its manifest says"
+                return
+            self.blocks = {int(k): np.asarray(v, dtype=np.int32) for k, v in data["blocks"].items()}
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            self.rebuilt_because = f"unreadable index or manifest ({' '.join(str(exc).split())[:200]})"
+            return
+        self.index, self.models, self.next_number = index, models, int(data["next_number"])
+
+    def save(self) -> None:
+        """Index first, then the manifest naming its sha256: a crash in between leaves a mismatch, never a lie."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        index_file = self.folder / "index.faiss"
+        _atomic(index_file, lambda tmp: self._faiss.write_index(self._index(), tmp))
+        manifest = {
+            "input_set": self.input_set, "params": self.params.to_json_dict(), "kind": self.kind,
+            "next_number": self.next_number, "index_sha256": _sha256(index_file),
+            "models": sorted(self.models.values(), key=lambda m: m["number"]),
+            "blocks": {str(n): b.tolist() for n, b in self.blocks.items()},
+        }
+        _atomic(self.folder / "manifest.json",
+                lambda tmp: Path(tmp).write_text(json.dumps(manifest), encoding="utf-8"))
+
+    # contents -------------------------------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return "flat" if self.index is None or not hasattr(self.index, "nprobe") else f"ivf{self.index.nlist}"
+
+    @property
+    def ntotal(self) -> int:
+        return 0 if self.index is None else int(self.index.ntotal)
+
+    def _index(self):  # noqa: ANN202 - a faiss index
+        if self.index is None:
+            self.index = self._faiss.IndexIDMap2(self._faiss.IndexFlatIP(self.dim))
+        return self.index
+
+    def sync(self, current: Mapping[ModelKey, Callable[[], RetrievalEntry]]) -> tuple[list[ModelKey], list[ModelKey]]:
+        """Hold exactly the ``current`` models: remove the others (superseded revisions, models gone), add the
+        missing ones (each value loads its entry). A rebuild (no valid index on disk) adds everything at once,
+        as an IVF when that is more than FLAT_LIMIT vectors. Returns (removed, added)."""
+        removed = [key for key in self.models if key not in current]
+        for key in removed:
+            number = self.models.pop(key)["number"]
+            self.blocks.pop(number, None)
+            self._index().remove_ids(self._faiss.IDSelectorRange(int(vector_id(number, 0)),
+                                                                 int(vector_id(number + 1, 0))))
+        added = [key for key in sorted(current) if key not in self.models]
+        entries = [current[key]() for key in added]
+        for entry in entries:
+            if entry.input_set != self.input_set or entry.params != self.params:
+                raise ValueError(f"a retrieval entry of {entry.input_set} cannot join the index of {self.input_set}")
+        if self.index is None and sum(e.vectors.shape[0] for e in entries) > FLAT_LIMIT:
+            self.index = self._trained_ivf(np.concatenate([e.vectors[e.indexed] for e in entries]))
+        for key, entry in zip(added, entries):
+            number = self.next_number
+            self.next_number += 1
+            if entry.vectors.shape[0] >= 1 << ROW_BITS:
+                raise ValueError(f"{key[0]}: a retrieval entry holds at most {1 << ROW_BITS} vectors")
+            rows = np.flatnonzero(entry.indexed)
+            self._index().add_with_ids(np.ascontiguousarray(entry.vectors[rows], dtype=np.float32),
+                                       vector_id(number, rows))
+            self.models[key] = {"model_id": key[0], "revision": key[1], "number": number,
+                                "rows": int(rows.size), "n_layers": entry.n_layers}
+            self.blocks[number] = entry.blocks.astype(np.int32)
+        return removed, added
+
+    def _trained_ivf(self, sample_from: np.ndarray):  # noqa: ANN202 - a faiss index
+        nlist = int(2 ** round(np.log2(4 * np.sqrt(sample_from.shape[0]))))
+        index = self._faiss.index_factory(self.dim, f"IVF{nlist},Flat", self._faiss.METRIC_INNER_PRODUCT)
+        rng = np.random.default_rng(0)
+        sample = sample_from[rng.choice(sample_from.shape[0], min(sample_from.shape[0], 64 * nlist), replace=False)]
+        index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        index.nprobe = NPROBE
+        return index
+
+    def number_of(self, key: ModelKey) -> int:
+        return int(self.models[key]["number"])
+
+    def key_of(self) -> dict[int, ModelKey]:
+        return {m["number"]: key for key, m in self.models.items()}
+
+    # search ---------------------------------------------------------------------------------------------------
+    def search(self, entries: Mapping[ModelKey, RetrievalEntry]) -> np.ndarray:
+        """Close signature pairs (id, id) of the given held models' query signatures against everything held."""
+        queries, ids = [], []
+        for key, entry in entries.items():
+            queries.append(entry.vectors)
+            ids.append(vector_id(self.number_of(key), np.arange(entry.vectors.shape[0])))
+        if not queries:
+            return np.zeros((0, 2), dtype=np.int64)
+        queries_all, ids_all = np.concatenate(queries).astype(np.float32), np.concatenate(ids)
+        k = min(self.search_params.neighbours, max(self.ntotal, 1))
+        found = []
+        for start in range(0, queries_all.shape[0], SEARCH_CHUNK):
+            similarities, neighbours = self._index().search(queries_all[start:start + SEARCH_CHUNK], k)
+            found.append(close_pairs(ids_all[start:start + SEARCH_CHUNK], similarities, neighbours,
+                                     self.search_params.threshold))
+        pairs = np.concatenate(found)
+        return np.unique(pairs, axis=0) if pairs.size else pairs
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(8 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _atomic(target: Path, write: Callable[[str], object]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,126 @@
+"""The scan's candidate step: update the indexes beside the database, store what they retrieve in
+``candidate_pairs``, and hand back the pairs to test with their block maps.
+
+A pair is a candidate when retrieval scores it (``retrieval``), when it lies in a connected component of
+retrieved pairs (``family``: siblings and cousins of a retrieved derivative), when it shares a byte-identical weight
+tensor (``identical_tensor``), or when a card declares it (``declared_base``; the planner tests declared pairs
+whether retrieved or not). Every pair is stored before the index that found it is saved, so a driver killed in
+between repeats the query on the next run and loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from scanner.errors import FingerprintError
+from scanner.fingerprint import read_fingerprint_meta
+from scanner.retrieval.hub import (
+    IndexedModel,
+    RetrievalRun,
+    family_pairs,
+    identical_tensor_pairs,
+    index_folder,
+    update_indexes,
+)
+from scanner.store import CandidateRow, Store
+
+PairKey = tuple[str, str, str, str]
+
+
+class ScannedModel(Protocol):
+    model_id: str
+    revision: str
+    input_set: str
+    path: str
+    declared_base_models: tuple[str, ...]
+
+
+@dataclass
+class Retrieved:
+    """The candidates of a scan and what the retrieval did, for the run summary."""
+
+    block_maps: dict[PairKey, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    by_source: dict[str, int] = field(default_factory=dict)
+    queried: int = 0
+    removed: int = 0
+    min_score: int = 0
+    rebuilt: dict[str, str] = field(default_factory=dict)
+
+    def to_json_dict(self) -> dict:
+        return {"candidates": len(self.block_maps), "by_source": self.by_source, "queried": self.queried,
+                "removed": self.removed, "min_score": self.min_score, "rebuilt": self.rebuilt}
+
+
+def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[ScannedModel], run_id: str, *,
+                        min_score: int) -> Retrieved:
+    indexed = [IndexedModel(m.model_id, m.revision, m.input_set, m.path) for m in models]
+
+    def store_retrieved(run: RetrievalRun) -> None:
+        store.put_candidate_pairs([CandidateRow(*pair.key, input_set, pair.score, pair.rank, "retrieval",
+                                                pair.block_map) for input_set, pair in run.pairs], run_id)
+
+    run = update_indexes(index_folder(db_path), indexed, min_score=min_score, before_save=store_retrieved)
+    out = Retrieved(queried=run.queried, removed=run.removed, min_score=min_score, rebuilt=run.rebuilt)
+    by_set: dict[str, list[ScannedModel]] = {}
+    for model in models:
+        by_set.setdefault(model.input_set, []).append(model)
+    for input_set, members in by_set.items():
+        current = {(m.model_id, m.revision) for m in members}
+        stored = [r for r in store.current_candidate_pairs(input_set) if r.source == "retrieval"
+                  and (r.model_a, r.revision_a) in current and (r.model_b, r.revision_b) in current]
+        known = {r.key for r in stored}
+        extra = [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "family")
+                 for a, b in family_pairs(((r.model_a, r.revision_a), (r.model_b, r.revision_b)) for r in stored)
+                 if (*a, *b) not in known]
+        known |= {r.key for r in extra}
+        if run.queried or run.removed or run.rebuilt:
+            extra += [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "identical_tensor")
+                      for a, b in identical_tensor_pairs(_tensor_hashes(members)) if (*a, *b) not in known]
+        store.put_candidate_pairs(extra, run_id)
+        by_id = {m.model_id: m for m in members}
+        declared = [CandidateRow(m.model_id, m.revision, base.model_id, base.revision, input_set, None, None,
+                                 "declared_base")
+                    for m in members for base in (by_id.get(b) for b in m.declared_base_models)
+                    if base is not None and base.model_id != m.model_id]
+        store.put_candidate_pairs([r for r in declared if r.key not in known], run_id)
+        for row in store.current_candidate_pairs(input_set):
+            if (row.model_a, row.revision_a) in current and (row.model_b, row.revision_b) in current:
+                out.block_maps[row.key] = row.block_map
+                out.by_source[row.source] = out.by_source.get(row.source, 0) + 1
+    return out
+
+
+def _tensor_hashes(models: Sequence[ScannedModel]) -> dict[tuple[str, str], dict[str, str]]:
+    hashes = {}
+    for model in models:
+        try:
+            hashes[(model.model_id, model.revision)] = read_fingerprint_meta(model.path).tensor_hashes
+        except FingerprintError:
+            continue   # a damaged file fails its pair tests with a clear error; here it only has no hashes
+    return hashes
+
+
+def similar(store: Store, db_path: str | Path, model_id: str, *, limit: int = 20):  # noqa: ANN201 - polars frame
+    """``hubtrace query --similar``: ``model_id``'s nearest models by collision score, from the index beside the
+    database, without testing anything; each row says whether the pair was tested and its log10 p."""
+    import polars as pl
+
+    from scanner.retrieval.hub import similar_models
+    from scanner.store import StoreError, queries
+
+    fingerprints = queries.current_fingerprints(store, model_id)
+    if fingerprints.is_empty():
+        raise StoreError(f"no current fingerprinted revision of {model_id!r} in {db_path}")
+    rows = []
+    for revision, input_set, path in fingerprints.select("revision", "input_set", "path").iter_rows():
+        for pair in similar_models(index_folder(db_path), IndexedModel(model_id, revision, input_set, path),
+                                   limit=limit):
+            other, other_revision = ((pair.model_b, pair.revision_b) if pair.model_a == model_id
+                                     else (pair.model_a, pair.revision_a))
+            rows.append({"model_id": other, "revision": other_revision, "score": pair.score, "rank": pair.rank,
+                         "blocks": ", ".join(f"{a}-{b}" for a, b in pair.block_map), "input_set": input_set})
+    return pl.DataFrame(rows, schema={"model_id": pl.String, "revision": pl.String, "score": pl.Int64,
+                                      "rank": pl.Int64, "blocks": pl.String, "input_set": pl.String})

@@ -1,0 +1,112 @@
+"""Retrieval entries: a few unit-level signatures per block, small enough to index every model of a hub.
+
+A unit's signature is its gate and up activation vectors over the canonical tokens, each scaled to unit length,
+projected to ``dim`` dimensions by a FIXED Gaussian matrix (same seed for every model, so signatures of any two
+models on the same input set are comparable), concatenated and scaled to unit length again. What the
+transformations of a derivative do to it:
+
+* permuting hidden units permutes the signatures (the entry keeps a set of them, in a canonical order);
+* rescaling a unit's gate/up against its down projection (T6) is removed by the unit-length scaling;
+* rotating or permuting the residual stream (T1, T3) changes weights, not activations on token inputs;
+* a fine-tune, a merge or a width prune moves a kept unit's activations a little, so its signature stays close.
+
+Which units are kept is the set's only choice: the ``units_per_block`` units whose signature points furthest
+along one fixed direction. That is a function of each unit's own activations, so it is invariant to permuting
+units and to rescaling them, and a unit near the top of the parent stays near the top of a derivative; the
+entry is therefore the same set for a model and any relabelling of its units. Every expert of an MoE block
+competes for the block's places (an expert upcycled from a dense MLP brings the dense model's top units).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from scanner.fingerprint import Fingerprint
+
+SIGNATURE_VERSION = 1
+_NORM_FLOOR = 1e-12
+
+
+@dataclass(frozen=True)
+class SignatureParams:
+    """How entries are made; two entries are comparable only when their params (and input sets) are equal."""
+
+    dim: int = 32                 # projected dimensions per part (gate, up); signatures have 2 * dim
+    units_per_block: int = 16     # signatures per block that go into the index
+    query_units_per_block: int = 64   # signatures per block that query it (a superset: the next ones in order)
+    seed: int = 20261123          # of the fixed projection and direction: never change without a new version
+    version: int = SIGNATURE_VERSION
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RetrievalEntry:
+    """A model's retrieval entry: ``vectors`` (n, 2*dim) float32 unit rows, the block each row comes from, and
+    which rows are indexed (the first ``units_per_block`` of each block; all rows query)."""
+
+    vectors: np.ndarray
+    blocks: np.ndarray        # (n,) int32 block index of each row
+    indexed: np.ndarray       # (n,) bool
+    n_layers: int
+    input_set: str
+    params: SignatureParams
+
+    def __post_init__(self) -> None:
+        if self.vectors.ndim != 2 or self.vectors.shape[1] != 2 * self.params.dim:
+            raise ValueError(f"retrieval vectors must be (n, {2 * self.params.dim}), got {self.vectors.shape}")
+        if self.blocks.shape != (self.vectors.shape[0],) or self.indexed.shape != self.blocks.shape:
+            raise ValueError("retrieval entry needs one block index and one indexed flag per vector")
+
+
+def projection(tokens: int, params: SignatureParams) -> tuple[np.ndarray, np.ndarray]:
+    """The fixed (tokens, dim) Gaussian projection and the (2*dim,) unit direction that picks units."""
+    rng = np.random.default_rng([params.seed, params.version, tokens])
+    matrix = rng.standard_normal((tokens, params.dim)).astype(np.float32) / np.sqrt(params.dim, dtype=np.float32)
+    direction = rng.standard_normal(2 * params.dim).astype(np.float32)
+    return matrix, direction / np.linalg.norm(direction)
+
+
+def unit_signatures(gate: np.ndarray, up: np.ndarray, params: SignatureParams) -> np.ndarray:
+    """Signatures of every unit of one MLP: (units, 2*dim) float32 unit rows."""
+    matrix, _ = projection(gate.shape[1], params)
+    parts = [_unit_rows(_unit_rows(np.asarray(x, dtype=np.float32)) @ matrix) for x in (gate, up)]
+    return _unit_rows(np.concatenate(parts, axis=1))
+
+
+def select_units(signatures: np.ndarray, params: SignatureParams, tokens: int, keep: int) -> np.ndarray:
+    """Indices of the ``keep`` units furthest along the fixed direction, ordered by that projection (ties by the
+    signature's sum, so the order never depends on the units' labels)."""
+    _, direction = projection(tokens, params)
+    scores = signatures @ direction
+    keep = min(keep, scores.shape[0])
+    top = np.argpartition(-scores, keep - 1)[:keep] if keep < scores.shape[0] else np.arange(scores.shape[0])
+    return top[np.lexsort((signatures[top].sum(axis=1), -scores[top]))]
+
+
+DEFAULT_PARAMS = SignatureParams()
+
+
+def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_PARAMS) -> RetrievalEntry:
+    """The entry of a fingerprint: ``query_units_per_block`` signatures of every block (all experts competing),
+    the first ``units_per_block`` of them indexed.
+
+    Indexing fewer units than query keeps the index small, and a derivative whose units drifted (a long
+    fine-tune) still finds its parent: a unit in the parent's indexed top needs only to stay in the derivative's
+    wider query top, not in its indexed one."""
+    vectors, blocks, indexed = [], [], []
+    for layer, experts in enumerate(fingerprint.blocks):
+        signatures = np.concatenate([unit_signatures(e.gate, e.up, params) for e in experts])
+        kept = select_units(signatures, params, experts[0].gate.shape[1], params.query_units_per_block)
+        vectors.append(signatures[kept])
+        blocks.append(np.full(kept.shape[0], layer, dtype=np.int32))
+        indexed.append(np.arange(kept.shape[0]) < params.units_per_block)
+    return RetrievalEntry(np.concatenate(vectors), np.concatenate(blocks), np.concatenate(indexed),
+                          len(fingerprint.blocks), fingerprint.meta.input_set, params)
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), _NORM_FLOOR)

@@ -1,0 +1,95 @@
+"""Candidate retrieval: signatures invariant to what a copier does to units, every dependent zoo pair retrieved
+(directly or through its family), depth prunes mapped to their kept blocks, and a persistent index that drops
+superseded revisions and is rebuilt when it does not match its manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import combinations
+
+import numpy as np
+import pytest
+
+from scanner.activations import MLPActivations
+from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.retrieval.candidates import scored_pairs, select
+from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
+from scanner.retrieval.index import RetrievalIndex, entry_path, read_entry, write_entry
+from scanner.retrieval.signatures import retrieval_entry
+from scanner.zoo import Zoo
+
+
+@pytest.fixture(scope="module")
+def zoo_entries(zoo: Zoo) -> dict[tuple[str, str], object]:
+    return {(m, "r1"): retrieval_entry(fingerprint_model(zoo[m].path)) for m in zoo.ids}
+
+
+def _camouflaged(fp: Fingerprint, seed: int) -> Fingerprint:
+    """Every block's units permuted and each unit's gate and up rescaled by its own positive factor."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for experts in fp.blocks:
+        out = []
+        for acts in experts:
+            perm = rng.permutation(acts.gate.shape[0])
+            scale = rng.uniform(0.3, 3.0, size=(acts.gate.shape[0], 1)).astype(np.float32)
+            out.append(MLPActivations(acts.gate[perm] * scale, acts.up[perm] / scale))
+        blocks.append(out)
+    return dataclasses.replace(fp, blocks=blocks)
+
+
+def test_an_entry_does_not_change_when_units_are_permuted_and_rescaled(zoo: Zoo) -> None:
+    fp = fingerprint_model(zoo["aurora-labs/aurora-base"].path)
+    plain, disguised = retrieval_entry(fp), retrieval_entry(_camouflaged(fp, seed=3))
+    np.testing.assert_array_equal(plain.blocks, disguised.blocks)
+    np.testing.assert_allclose(plain.vectors, disguised.vectors, atol=2e-3)   # float16 storage of the activations
+
+
+def test_every_dependent_zoo_pair_is_a_candidate_and_no_independent_family_joins(zoo: Zoo, zoo_entries,
+                                                                                tmp_path) -> None:
+    index = RetrievalIndex(tmp_path, next(iter(zoo_entries.values())).input_set)
+    index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
+    retrieved = select(scored_pairs(index, zoo_entries))
+    direct = {(p.model_a, p.model_b) for p in retrieved}
+    closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, "r1"), (p.model_b, "r1")) for p in retrieved)}
+    dependent = {tuple(sorted(pair)) for pair in zoo.pairs(dependent=True)}
+    assert dependent <= closed | direct, sorted(dependent - closed - direct)
+    assert not (closed | direct) - dependent, "an independent pair was retrieved"
+    # the depth prune keeps blocks [0, 1, 3]: the collisions map its blocks onto exactly those
+    lite = next(p for p in retrieved if {p.model_a, p.model_b} == {"aurora-labs/aurora-base", "kestrel/aurora-lite"})
+    assert [a for a, _ in lite.block_map] == zoo["kestrel/aurora-lite"].details["kept_blocks"]
+    assert [b for _, b in lite.block_map] == [0, 1, 2]
+
+
+def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged(zoo: Zoo, zoo_entries,
+                                                                              tmp_path) -> None:
+    fps, models = tmp_path / "fps", []
+    for (model_id, revision), entry in sorted(zoo_entries.items())[:6]:
+        path = fps / model_id / f"{revision}.safetensors"
+        write_entry(entry, entry_path(path))
+        models.append(IndexedModel(model_id, revision, entry.input_set, str(path)))
+    folder = tmp_path / "db.retrieval"
+    first = update_indexes(folder, models, min_score=4)
+    assert first.queried == 6 and not first.rebuilt
+    again = update_indexes(folder, models, min_score=4)
+    assert (again.queried, again.pairs) == (0, [])
+
+    changed = dataclasses.replace(models[0], revision="r2")
+    write_entry(read_entry(entry_path(models[0].fingerprint_path)), entry_path(changed.fingerprint_path))
+    third = update_indexes(folder, [changed, *models[1:]], min_score=4)
+    assert (third.queried, third.removed) == (1, 1)
+    index = RetrievalIndex(folder, changed.input_set)
+    assert models[0].key not in index.models and changed.key in index.models
+    assert index.ntotal == sum(m["rows"] for m in index.models.values())
+
+    (index.folder / "index.faiss").write_bytes(b"damaged")
+    rebuilt = update_indexes(folder, [changed, *models[1:]], min_score=4)
+    assert rebuilt.queried == 6 and "does not match" in rebuilt.rebuilt[changed.input_set]
+
+
+def test_family_pairs_close_components() -> None:
+    a, b, c, d = (("a", "1"), ("b", "1"), ("c", "1"), ("d", "1"))
+    assert family_pairs([(a, b), (b, c)]) == {(a, b), (a, c), (b, c)}
+    assert family_pairs([(a, b), (c, d)]) == {(a, b), (c, d)}
+    assert len(family_pairs([(x, y) for x, y in combinations([a, b, c, d], 2)])) == 6
+    assert family_pairs([(a, b), (b, c), (c, d)], max_component=3) == set(), "a chained giant adds no closure"
