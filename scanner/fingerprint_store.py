@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from scanner.errors import FingerprintError
 from scanner.fingerprint import Fingerprint, FingerprintMeta, read_fingerprint, read_fingerprint_meta, write_fingerprint
+
+T = TypeVar("T")
 
 FINGERPRINT_SUFFIX = ".safetensors"
 
@@ -108,18 +111,19 @@ def local_copy(address: str | Path, *, scratch: Path | None = None) -> Iterator[
 
 def read_fingerprint_at(address: str | Path, *, scratch: Path | None = None) -> Fingerprint:
     """`read_fingerprint` for any address a `FingerprintStore` gave (local path or URL), checked the same way."""
-    with local_copy(address, scratch=scratch) as path:
-        try:
-            return read_fingerprint(path)
-        except FingerprintError as e:
-            raise FingerprintError(str(e).replace(str(path), str(address))) from e
+    return _read_at(read_fingerprint, address, scratch)
 
 
 def read_fingerprint_meta_at(address: str | Path, *, scratch: Path | None = None) -> FingerprintMeta:
     """Only the header of the fingerprint at ``address``."""
+    return _read_at(read_fingerprint_meta, address, scratch)
+
+
+def _read_at(reader: Callable[[Path], T], address: str | Path, scratch: Path | None) -> T:
+    """``reader`` on a local copy of ``address``; its errors name the address, not the temporary copy."""
     with local_copy(address, scratch=scratch) as path:
         try:
-            return read_fingerprint_meta(path)
+            return reader(path)
         except FingerprintError as e:
             raise FingerprintError(str(e).replace(str(path), str(address))) from e
 
