@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scanner.activations import MLPActivations, check_sequence_length, glu_activations, units_by_tokens
-from scanner.adapters import ArchitectureAdapter, GLUWeights
+from scanner.adapters import ArchitectureAdapter, GLUWeights, transformers_config
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError
 
@@ -133,7 +133,7 @@ def default_dtype(device: str) -> torch.dtype:
 def _meta_model(checkpoint: Checkpoint) -> PreTrainedModel:
     """The architecture's transformers model with every tensor on the meta device (built-in classes only)."""
     try:
-        config = AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False, local_files_only=True)
+        config = transformers_config(checkpoint)  # the validated config, not a second read of the file
         with torch.device("meta"):
             lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
