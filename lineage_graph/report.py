@@ -12,8 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lineage_graph.document import Block, CodeLine, Heading, Image, Items, Paragraph, Table, bold, code, plain, \
-    to_html, to_markdown
+from lineage_graph.document import (
+    Block,
+    CodeLine,
+    Heading,
+    Image,
+    Items,
+    Paragraph,
+    Table,
+    bold,
+    code,
+    plain,
+    to_html,
+    to_markdown,
+)
 from lineage_graph.lineage import Lineage
 from scanner.results import format_p
 from scanner.store import queries
@@ -129,8 +141,8 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
     if layers:
         doc += [Image(images[0], "per-block -log10 p"),
                 Table(("block A", "block B", "rho", "units", "log10 p"), tuple(
-                    (str(l["layer_a"]), str(l["layer_b"]), "-" if l.get("rho") is None else format(l["rho"], ".3f"),
-                     str(l.get("n_units", "-")), f"{l['log10_p']:.2f}") for l in layers))]
+                    (str(b["layer_a"]), str(b["layer_b"]), "-" if b.get("rho") is None else format(b["rho"], ".3f"),
+                     str(b.get("n_units", "-")), f"{b['log10_p']:.2f}") for b in layers))]
     doc.append(Heading(2, (plain("Block map"),)))
     if block_map:
         doc += [Paragraph((plain("All block pairs tested from the stored fingerprints ("), code("hubtrace localize"),

@@ -140,7 +140,8 @@ def _check_entries(folder: Path, follow_links: bool = False) -> None:
                 if exc.kind == "outside":
                     raise UnsafeCheckpointError(
                         f"symlink {path} points outside the model folder (to {exc.target}); hubtrace follows links "
-                        "out of a model folder only when asked (--follow-links, or follow_links: true on a local source)"
+                        "out of a model folder only when asked (--follow-links, or follow_links: true on a local "
+                        "source)"
                     ) from exc
                 continue  # dangling: harmless unless hubtrace needs the file, and then opening it says so
         else:

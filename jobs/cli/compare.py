@@ -10,8 +10,8 @@ import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.inputs import InputSpec
-from scanner.text_safety import json_visible, terminal_lines
 from scanner.results import PairTestResult
+from scanner.text_safety import json_visible, terminal_lines
 
 
 def test_command(
