@@ -28,6 +28,10 @@ from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
 
+REASON_CHARS = 4000
+"""A scan_errors reason is cut (and says so) only beyond this: real messages are a few hundred characters."""
+
+
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint, FingerprintMeta
     from scanner.sources import ModelRecord
@@ -95,7 +99,7 @@ class PairOutcome:
 
 def _failed(record: ModelRecord, stage: str, error: BaseException, started: float) -> FingerprintOutcome:
     return FingerprintOutcome(record, seconds=time.perf_counter() - started,
-                              error=WorkFailure(stage, type(error).__name__, one_line(error)))
+                              error=WorkFailure(stage, type(error).__name__, one_line(error, REASON_CHARS)))
 
 
 def fingerprint_record(record: ModelRecord, store: FingerprintStore, inputs: InputSpec, *, device: str = "cpu",
@@ -120,10 +124,11 @@ def _fingerprint(record: ModelRecord, store: FingerprintStore, inputs: InputSpec
     try:
         folder = materialize(record, download, token=token)
         stage = "validate"
-        valid = validate_checkpoint(folder)
+        valid = validate_checkpoint(folder, follow_links=record.follow_links)
         valid.checkpoint.close()
         stage = "fingerprint"
-        fingerprint = fingerprint_model(folder, inputs=inputs, device=device, tensor_hashes=valid.tensor_hashes)
+        fingerprint = fingerprint_model(folder, inputs=inputs, device=device, tensor_hashes=valid.tensor_hashes,
+                                        follow_links=record.follow_links)
         stage = "write"
         address, sha = store.write(fingerprint, record.model_id, record.revision, scratch=scratch)
     except Exception as e:  # noqa: BLE001 - a model's failure is data for scan_errors, whatever its type
@@ -216,7 +221,7 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
                                           workers=workers, block_map=job.block_map)
             out.append(PairOutcome(job, result=result))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
-            out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e))))
+            out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e, REASON_CHARS))))
     return out
 
 

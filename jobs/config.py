@@ -38,6 +38,7 @@ class LocalSourceConfig(_Strict):
 
     kind: Literal["local"]
     path: Path
+    follow_links: bool = False  # follow links out of path: a person's own tree of linked downloads, never by default
 
 
 class HfCacheSourceConfig(_Strict):
@@ -175,11 +176,15 @@ class ScanConfig(_Strict):
         return self.output_dir / "exports"
 
     def with_overrides(self, *, local: Path | None = None, db: Path | None = None,
-                       output_dir: Path | None = None) -> ScanConfig:
-        """The command line's overrides: ``local`` replaces every source with that one folder."""
+                       output_dir: Path | None = None, follow_links: bool = False) -> ScanConfig:
+        """The command line's overrides: ``local`` replaces every source with that one folder; ``follow_links``
+        turns follow_links on for every local source."""
         update: dict[str, Any] = {}
         if local is not None:
             update["sources"] = [LocalSourceConfig(kind="local", path=local)]
+        if follow_links:
+            update["sources"] = [s.model_copy(update={"follow_links": True}) if isinstance(s, LocalSourceConfig)
+                                 else s for s in update.get("sources", self.sources)]
         if db is not None:
             update["db"] = db
         if output_dir is not None:

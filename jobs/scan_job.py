@@ -31,6 +31,7 @@ from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
 from scanner.fingerprint_store import FingerprintStore
 from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
+from scanner.text_safety import terminal
 
 if TYPE_CHECKING:
     from scanner.store import PairKey, Store
@@ -63,7 +64,7 @@ def discover(config: ScanConfig) -> Iterator[ModelRecord | SourceFailure]:
         elif isinstance(source, HfCacheSourceConfig):
             found = discover_hf_cache(source.cache_dir)
         else:
-            found = discover_local(source.path)
+            found = discover_local(source.path, follow_links=source.follow_links)
         for item in found:
             if isinstance(item, ModelRecord):
                 if item.model_id in seen:
@@ -130,7 +131,8 @@ class _Scan:
             self.summary.stage_seconds[stage] = time.perf_counter() - started
 
     def say(self, message: str) -> None:
-        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        """One progress line; ids and reasons in it are hub text, so no escape sequence reaches the terminal."""
+        self.console.print(terminal(message), markup=False, highlight=False, soft_wrap=True)
 
     # discovery -> fingerprints ---------------------------------------------------------------------------
     def _to_fingerprint(self, known: _Known) -> Iterator[ModelRecord]:
@@ -257,6 +259,8 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
 
     console = console or Console()
     fingerprints = FingerprintStore(config.fingerprint_location)
+    config.db_path.parent.mkdir(parents=True, exist_ok=True)
+    Store(config.db_path).close()  # a database another process holds: one StoreLockedError before Ray starts
     started_ray = connect_ray(config)
     started = time.perf_counter()
     try:

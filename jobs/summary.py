@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
+
+from scanner.text_safety import terminal
 
 
 @dataclass
@@ -77,10 +80,10 @@ def render_summary(summary: ScanSummary) -> Group:
     for reason, n in sorted(pairs.get("incomparable", {}).items()):
         rows.insert(3, ("  not tested", f"{n}: {reason}"))
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, Text(terminal(value)))  # Text: rich markup such as [link=...] in hub text stays text
     families = Table(title="families", title_justify="left")
     families.add_column("family")
     families.add_column("members")
     for family_id, members in sorted(summary.families.items()):
-        families.add_row(family_id, ", ".join(members))
+        families.add_row(Text(terminal(family_id)), Text(terminal(", ".join(members))))
     return Group(table, families) if summary.families else Group(table)

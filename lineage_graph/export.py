@@ -11,6 +11,7 @@ from typing import Literal, get_args
 import networkx as nx
 
 from lineage_graph.lineage import Lineage
+from scanner.text_safety import PLOT_TEXT, dot_string, plot_label, xml_text
 
 ExportFormat = Literal["graphml", "gexf", "json", "dot", "html", "png"]
 FORMATS: tuple[str, ...] = get_args(ExportFormat)
@@ -105,10 +106,6 @@ def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def _dot_quote(value: object) -> str:
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
 def write_dot(graph: nx.DiGraph, path: Path) -> None:
     """Graphviz DOT: families as clusters, tree links bold, merges dashed, other dependences dotted grey."""
     lines = ["digraph lineage {", "  rankdir=TB; node [shape=box, style=rounded];"]
@@ -116,20 +113,20 @@ def write_dot(graph: nx.DiGraph, path: Path) -> None:
     for n, a in graph.nodes(data=True):
         by_family.setdefault(a.get("family", ""), []).append(n)
     for i, (fid, nodes) in enumerate(sorted(by_family.items())):
-        lines.append(f"  subgraph cluster_{i} {{ label={_dot_quote(fid)};")
+        lines.append(f"  subgraph cluster_{i} {{ label={dot_string(fid)};")
         for n in sorted(nodes):
             a = graph.nodes[n]
             attrs = {k: v for k, v in a.items() if k != "label"}
             color = ', color="red"' if a.get("discrepancies") else ""
-            lines.append(f"    {_dot_quote(n)} [label={_dot_quote(n)}{color}, "
-                         + ", ".join(f"{k}={_dot_quote(v)}" for k, v in sorted(attrs.items())) + "];")
+            lines.append(f"    {dot_string(n)} [label={dot_string(n)}{color}, "
+                         + ", ".join(f"{k}={dot_string(v)}" for k, v in sorted(attrs.items())) + "];")
         lines.append("  }")
     for u, v, a in sorted(graph.edges(data=True)):
         style = {"tree": "bold", "merge": "dashed"}.get(a.get("tree_link", ""), "dotted")
         extra = "" if a.get("directed") else ", dir=none"
         label = f"log10 p {a['log10_p']:.0f}, conf {a['confidence']:.2f}"
-        lines.append(f"  {_dot_quote(u)} -> {_dot_quote(v)} [style={style}{extra}, label={_dot_quote(label)}, "
-                     f"penwidth={1 + math.log10(1 + a['strength']):.2f}, reasons={_dot_quote(a.get('reasons', ''))}];")
+        lines.append(f"  {dot_string(u)} -> {dot_string(v)} [style={style}{extra}, label={dot_string(label)}, "
+                     f"penwidth={1 + math.log10(1 + a['strength']):.2f}, reasons={dot_string(a.get('reasons', ''))}];")
     lines.append("}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -160,7 +157,7 @@ def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") ->
     for n, (x, y) in pos.items():
         a = graph.nodes[n]
         flagged = bool(a.get("discrepancies"))
-        ax.text(x, y, n.replace("/", "/\n", 1), ha="center", va="center", fontsize=8.5,
+        ax.text(x, y, plot_label(n).replace("/", "/\n", 1), ha="center", va="center", fontsize=8.5, **PLOT_TEXT,
                 fontweight="bold" if a.get("is_root") else "normal",
                 bbox=dict(boxstyle="round,pad=0.4", fc="#fde2e2" if flagged else "#eef4fb",
                           ec="#c0392b" if flagged else "#24527a", lw=1.5 if flagged else 1.0))
@@ -178,14 +175,26 @@ def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") ->
     plt.close(fig)
 
 
+def xml_safe(graph: nx.DiGraph) -> nx.DiGraph:
+    """A copy whose ids and text attributes XML 1.0 can hold (a control character in a card field would otherwise
+    make a GraphML or GEXF file that no XML parser reads); the XML writers escape markup themselves."""
+    def clean(attrs: dict) -> dict:
+        return {k: xml_text(v) if isinstance(v, str) else v for k, v in attrs.items()}
+
+    safe = nx.DiGraph(**clean(graph.graph))
+    safe.add_nodes_from((xml_text(n), clean(a)) for n, a in graph.nodes(data=True))
+    safe.add_edges_from((xml_text(u), xml_text(v), clean(a)) for u, v, a in graph.edges(data=True))
+    return safe
+
+
 def write_graph(graph: nx.DiGraph, fmt: str, path: str | Path) -> Path:
     """Write graph in one of FORMATS to path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "graphml":
-        nx.write_graphml(graph, path)
+        nx.write_graphml(xml_safe(graph), path)
     elif fmt == "gexf":
-        nx.write_gexf(graph, path)
+        nx.write_gexf(xml_safe(graph), path)
     elif fmt == "json":
         path.write_text(json.dumps(nx.node_link_data(graph, edges="links"), indent=1, default=str), encoding="utf-8")
     elif fmt == "dot":

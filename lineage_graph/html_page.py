@@ -3,10 +3,9 @@ so it opens offline (an investigator can mail it or attach it to a story's evide
 
 from __future__ import annotations
 
-import html
-import json
-
 import networkx as nx
+
+from scanner.text_safety import html_text, script_json, visible
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;display:flex;height:100vh;overflow:hidden}
@@ -83,6 +82,17 @@ draw(); fit(); apply();
 """
 
 
+def _shown(value: object) -> object:
+    """Every string (keys too) with invisible and reordering characters visible: the page shows text as it is."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return {_shown(k): _shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_shown(v) for v in value]
+    return value
+
+
 def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: str = "hubtrace lineage") -> str:
     """The page as one string: graph data as inline JSON, drawing and interaction in inline script."""
     data = {
@@ -91,12 +101,12 @@ def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: s
         "pos": {n: [x, y] for n, (x, y) in pos.items()},
         "maxStrength": max((a["strength"] for *_, a in graph.edges(data=True)), default=1.0),
     }
-    payload = json.dumps(data, default=str).replace("</", "<\\/")
+    payload = script_json(_shown(data))  # card text cannot end or comment out the script element
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_STYLE}</style></head>
-<body><div id="side"><h2>{html.escape(title)}</h2>
+<html lang="en"><head><meta charset="utf-8"><title>{html_text(title)}</title><style>{_STYLE}</style></head>
+<body><div id="side"><h2>{html_text(title)}</h2>
 <p>{graph.number_of_nodes()} models, {graph.number_of_edges()} dependent pairs
-(q = {graph.graph.get('q')}, {html.escape(str(graph.graph.get('method')))}). Click a model for its evidence;
+(q = {graph.graph.get('q')}, {html_text(str(graph.graph.get('method')))}). Click a model for its evidence;
 red boxes: the card disagrees with the weights.</p>
 <input id="search" placeholder="find a model" style="width:95%">
 <label><input type="checkbox" id="all"> show every dependent pair, not just the tree</label>

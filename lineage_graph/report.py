@@ -1,19 +1,35 @@
 """`hubtrace report A B`: one pair's evidence as Markdown and a self-contained HTML page (images inlined),
 for a licence auditor's file or a journalist's editor: verdict, per-block chart, block map, unit map,
-metadata and revisions, and the commands that reproduce it."""
+metadata and revisions, and the commands that reproduce it.
+
+Both files are written from one structured document (`lineage_graph.document`), never by rendering Markdown, so
+card text stays text and the only images are the charts drawn here."""
 
 from __future__ import annotations
 
-import base64
-import html
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lineage_graph.document import (
+    Block,
+    CodeLine,
+    Heading,
+    Image,
+    Items,
+    Paragraph,
+    Table,
+    bold,
+    code,
+    plain,
+    to_html,
+    to_markdown,
+)
 from lineage_graph.lineage import Lineage
 from scanner.results import format_p
 from scanner.store import queries
+from scanner.text_safety import PLOT_TEXT, plot_label, visible
 
 if TYPE_CHECKING:
     from scanner.store import Store
@@ -37,7 +53,7 @@ def _block_chart(layers: list[dict], path: Path, title: str) -> Path:
     ax.axhline(2.0, color="#c0392b", lw=1, ls="--", label="p = 0.01")
     ax.set_xlabel("block of A → block of B")
     ax.set_ylabel("−log10 p (per block)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(plot_label(title), fontsize=10, **PLOT_TEXT)  # model ids are data, not mathtext
     ax.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, format="png")
@@ -100,90 +116,57 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
                f"no evidence of dependence at FDR q = {lineage.q} ({lineage.method.upper()}): p = {format_p(test.log10_p)}")
     family = lineage.family_of(first)
     discrepancies = [x for x in lineage.discrepancies if x.model_id in (first, second)]  # what either card claims
-    command = shlex.join(["hubtrace", "report", model_a, model_b, "--db", str(db), "--out", str(out)])
-    retest = shlex.join(["hubtrace", "test", str(a.get("location")), str(b.get("location")), "--stat", test.statistic])
+    # Model ids and locations come from a hub: a newline or control character in one is shown, never obeyed.
+    command = visible(shlex.join(["hubtrace", "report", model_a, model_b, "--db", str(db), "--out", str(out)]))
+    retest = visible(shlex.join(["hubtrace", "test", str(a.get("location")), str(b.get("location")),
+                                 "--stat", test.statistic]))
 
-    md = [f"# Evidence report: {first} vs {second}", "", f"**Verdict:** {verdict}", ""]
+    doc: list[Block] = [Heading(1, (plain(f"Evidence report: {first} vs {second}"),)),
+                        Paragraph((bold("Verdict:"), plain(f" {verdict}")))]
     if edge.dependent:
-        md += [f"**Direction:** " + (f"{d.parent} → {d.child} (confidence {d.confidence:.2f})" if d.parent
-                                     else "undetermined (no evidence either way)"), ""]
-        md += [f"- {r}" for r in d.reasons] + [""]
+        direction = (f"{d.parent} → {d.child} (confidence {d.confidence:.2f})" if d.parent
+                     else "undetermined (no evidence either way)")
+        doc += [Paragraph((bold("Direction:"), plain(f" {direction}")))]
+        if d.reasons:
+            doc.append(Items(tuple((plain(r),) for r in d.reasons)))
         if family:
-            md += [f"**Family:** `{family.family_id}` (root {family.root}, {len(family.members)} models)", ""]
+            doc.append(Paragraph((bold("Family:"), plain(" "), code(family.family_id),
+                                  plain(f" (root {family.root}, {len(family.members)} models)"))))
     if discrepancies:
-        md += ["## Discrepancies", ""] + [f"- **{x.kind}** ({x.model_id}): {x.detail}" for x in discrepancies] + [""]
-    md += ["## Per-block evidence", "", f"Statistic `{test.statistic}`, input set `{test.input_set}`, "
-           f"{test.n_layers} blocks compared, aggregate log10 p = {test.log10_p:.2f} (FISHER).", ""]
+        doc += [Heading(2, (plain("Discrepancies"),)),
+                Items(tuple((bold(x.kind), plain(f" ({x.model_id}): {x.detail}")) for x in discrepancies))]
+    doc += [Heading(2, (plain("Per-block evidence"),)),
+            Paragraph((plain("Statistic "), code(test.statistic), plain(", input set "), code(test.input_set),
+                       plain(f", {test.n_layers} blocks compared, aggregate log10 p = {test.log10_p:.2f} (FISHER).")))]
     if layers:
-        md += ["![per-block -log10 p](blocks.png)", "", "| block A | block B | rho | units | log10 p |", "|---|---|---|---|---|"]
-        md += [f"| {l['layer_a']} | {l['layer_b']} | {'-' if l.get('rho') is None else format(l['rho'], '.3f')} | "
-               f"{l.get('n_units', '-')} | {l['log10_p']:.2f} |" for l in layers]
-        md.append("")
-    md += ["## Block map", ""]
+        doc += [Image(images[0], "per-block -log10 p"),
+                Table(("block A", "block B", "rho", "units", "log10 p"), tuple(
+                    (str(b["layer_a"]), str(b["layer_b"]), "-" if b.get("rho") is None else format(b["rho"], ".3f"),
+                     str(b.get("n_units", "-")), f"{b['log10_p']:.2f}") for b in layers))]
+    doc.append(Heading(2, (plain("Block map"),)))
     if block_map:
-        md += ["All block pairs tested from the stored fingerprints (`hubtrace localize`); mapped pairs:", ""]
-        md += [", ".join(f"{m['layer_a']}→{m['layer_b']}" for m in block_map["map"]) or "(none)", ""]
+        doc += [Paragraph((plain("All block pairs tested from the stored fingerprints ("), code("hubtrace localize"),
+                           plain("); mapped pairs:"))),
+                Paragraph((plain(", ".join(f"{m['layer_a']}→{m['layer_b']}" for m in block_map["map"]) or "(none)"),))]
     else:
-        md += ["Block pairs significant in the stored test: "
-               + (", ".join(f"{x}→{y}" for x, y in edge.block_map) or "(none)"), ""]
-    if unit_images:
-        md += ["![unit map](unit_map.png)", ""]
-    md += [f"- {n}" for n in notes] + ([""] if notes else [])
-    md += ["## Models and revisions", "", f"| field | {first} | {second} |", "|---|---|---|"]
-    md += [f"| {k} | {va} | {vb} |" for k, va, vb in _meta_table(a, b)] + [""]
-    md += ["| model | revision | status | first seen run | last seen run |", "|---|---|---|---|---|"]
-    md += [f"| {r['model_id']} | {r['revision']} | {r['status']} | {r['first_seen_run']} | {r['last_seen_run']} |"
-           for r in revisions.iter_rows(named=True)] + [""]
+        doc.append(Paragraph((plain("Block pairs significant in the stored test: "
+                                    + (", ".join(f"{x}→{y}" for x, y in edge.block_map) or "(none)")),)))
+    doc += [Image(path, "unit map") for path in unit_images]
+    if notes:
+        doc.append(Items(tuple((plain(n),) for n in notes)))
+    doc += [Heading(2, (plain("Models and revisions"),)),
+            Table(("field", first, second), tuple(_meta_table(a, b))),
+            Table(("model", "revision", "status", "first seen run", "last seen run"),
+                  tuple((str(r["model_id"]), str(r["revision"]), str(r["status"]), str(r["first_seen_run"]),
+                         str(r["last_seen_run"])) for r in revisions.iter_rows(named=True)))]
     if others.height > 1:
-        md += ["Other statistics on record:", ""] + [
-            f"- `{r['statistic']}` on `{r['input_set']}`: log10 p = {r['log10_p']}" for r in others.iter_rows(named=True)] + [""]
-    md += ["## Reproduce", "", "This report:", "", f"    {command}", "", "The test itself, from the weights:", "",
-           f"    {retest}", ""]
-    markdown = "\n".join(md)
+        doc += [Paragraph((plain("Other statistics on record:"),)),
+                Items(tuple((code(r["statistic"]), plain(" on "), code(r["input_set"]),
+                             plain(f": log10 p = {r['log10_p']}")) for r in others.iter_rows(named=True)))]
+    doc += [Heading(2, (plain("Reproduce"),)), Paragraph((plain("This report:"),)), CodeLine(command),
+            Paragraph((plain("The test itself, from the weights:"),)), CodeLine(retest)]
     md_path = out / "report.md"
-    md_path.write_text(markdown, encoding="utf-8")
+    md_path.write_text(to_markdown(doc), encoding="utf-8")
     html_path = out / "report.html"
-    html_path.write_text(_html(markdown, out), encoding="utf-8")
+    html_path.write_text(to_html(doc, f"Evidence report: {first} vs {second}"), encoding="utf-8")
     return ReportFiles(md_path, html_path, images)
-
-
-def _html(markdown: str, out: Path) -> str:
-    """A small Markdown subset to HTML (headings, lists, tables, images inlined as data URIs, code lines)."""
-    body, table = [], False
-    for line in markdown.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if all(set(c) <= {"-"} for c in cells):
-                continue
-            body.append(("<table>" if not table else "") + "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in cells) + "</tr>")
-            table = True
-            continue
-        if table:
-            body.append("</table>")
-            table = False
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
-        elif line.startswith("!["):
-            src = line[line.index("(") + 1 : -1]
-            data = base64.b64encode((out / src).read_bytes()).decode()
-            body.append(f'<p><img alt="{html.escape(src)}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith("    "):
-            body.append(f"<pre>{html.escape(line.strip())}</pre>")
-        elif line.startswith("- "):
-            body.append(f"<li>{_inline(line[2:])}</li>")
-        elif line:
-            body.append(f"<p>{_inline(line)}</p>")
-    if table:
-        body.append("</table>")
-    style = "body{font:15px system-ui,sans-serif;max-width:980px;margin:2em auto}td{border:1px solid #ddd;padding:2px 6px}" \
-            "table{border-collapse:collapse}pre{background:#f4f4f4;padding:6px}img{max-width:100%}"
-    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><style>{style}</style></head><body>{''.join(body)}</body></html>\n"
-
-
-def _inline(text: str) -> str:
-    out = html.escape(text)
-    for mark, tag in (("**", "b"), ("`", "code")):
-        parts = out.split(mark)
-        out = "".join(p if i % 2 == 0 else f"<{tag}>{p}</{tag}>" for i, p in enumerate(parts))
-    return out

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.activations import ACT2FN
 
-from scanner.adapters import ArchitectureAdapter, GLUWeights
+from scanner.adapters import ArchitectureAdapter, GLUWeights, transformers_config
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, IncomparableError
 
@@ -39,7 +39,7 @@ class MLPActivations:
 def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedModel:
     """The transformers model for a validated checkpoint: safetensors only, never remote code, float32."""
     try:
-        config = AutoConfig.from_pretrained(checkpoint.path, trust_remote_code=False, local_files_only=True)
+        config = transformers_config(checkpoint)  # the validated config, not a second read of the file
         model = AutoModelForCausalLM.from_pretrained(
             checkpoint.path,
             config=config,

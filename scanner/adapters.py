@@ -465,6 +465,9 @@ def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
 def transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
     """config.json as transformers' own config class reads it: its defaults, legacy fixes and type checks.
 
+    Built from the config the checkpoint already read (bounded, from a regular file): transformers never opens
+    the folder's config.json a second time.
+
     Only built-in config classes are used: opening the checkpoint refused auto_map for any other model_type and
     removed it from the config otherwise.
     """
@@ -473,7 +476,7 @@ def transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
         return CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(checkpoint.config))
     # The config classes raise assorted errors (strict dataclass validation, ValueError, TypeError) on bad input.
     except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # the whole message: its first line ends in ':'
         raise CheckpointError(
             f"{checkpoint.path / 'config.json'} is not a valid {model_type} config: {reason}"
         ) from exc

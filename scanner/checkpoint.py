@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -37,6 +37,10 @@ TOKENIZER_FILES = (
 )
 # The safetensors library refuses larger headers too; a bigger claim is corruption or an attack.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: Largest JSON file hubtrace (or transformers, for the folder it loads) reads, by file name; checked before reading.
+#: Real files are far below: a config is a few KB, DeepSeek-V3's shard index 9 MB, a 256k-token tokenizer.json 35 MB.
+JSON_LIMITS = {"config.json": 4 << 20, SHARD_INDEX: 64 << 20, "tokenizer.json": 256 << 20}
+DEFAULT_JSON_LIMIT = 16 << 20
 _HASH_CHUNK = 8 << 20
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -198,7 +202,7 @@ class Checkpoint:
         file = self.path / "tokenizer.json"
         if not file.is_file():
             return None
-        data = _read_json(file)
+        data = read_json_file(file)
         model = data.get("model") if isinstance(data, dict) else None
         vocab = model.get("vocab") if isinstance(model, dict) else None
         # BPE/WordPiece/WordLevel store {token: id}; Unigram stores [[token, score], ...].
@@ -250,7 +254,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     config_file = folder / "config.json"
     if not os.path.lexists(config_file):
         raise CheckpointError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
-    config = _read_json(config_file)
+    config = read_json_file(config_file)
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
     notes = _remote_code_policy(config_file, config)
@@ -297,7 +301,7 @@ def _weight_entries(folder: Path) -> dict[str, _TensorEntry]:
 
 
 def _sharded_entries(folder: Path, index: Path) -> dict[str, _TensorEntry]:
-    data = _read_json(index)
+    data = read_json_file(index)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if (
         not isinstance(weight_map, dict)
@@ -324,7 +328,7 @@ def _sharded_entries(folder: Path, index: Path) -> dict[str, _TensorEntry]:
 def _read_header(file: Path) -> dict[str, _TensorEntry]:
     """Parse and check one safetensors header without trusting it: sizes, dtypes, offsets against the file."""
     try:
-        with open(file, "rb") as handle:
+        with open_regular(file) as handle:
             size = os.fstat(handle.fileno()).st_size
             prefix = handle.read(8)
             if len(prefix) < 8:
@@ -392,15 +396,43 @@ def _parse_tensor_info(file: Path, name: str, info: Any) -> tuple[torch.dtype, t
     return dtype, tuple(shape), offsets[0], offsets[1]
 
 
-def _read_json(file: Path) -> Any:
-    try:
-        text = file.read_bytes()
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
+def json_limit(file: Path) -> int:
+    """The size limit for a JSON file of this name (`JSON_LIMITS`, else `DEFAULT_JSON_LIMIT`)."""
+    return JSON_LIMITS.get(file.name, DEFAULT_JSON_LIMIT)
+
+
+def read_json_file(file: Path) -> Any:
+    """A JSON file of the folder, parsed (never executed): a regular file within `json_limit`, checked before any
+    byte is read, so a FIFO, a device or a huge sparse file is a one-line CheckpointError, not a hang or a
+    MemoryError."""
+    limit = json_limit(file)
+    with open_regular(file) as handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            text = handle.read(limit + 1) if size <= limit else b""
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
+    if size > limit or len(text) > limit:
+        raise CheckpointError(f"{file} is {max(size, len(text))} bytes, over the {limit}-byte limit for {file.name}")
     try:
         return json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file} is not valid JSON: {exc}") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: also a 5000-digit integer
+        raise CheckpointError(f"{file} is not valid JSON: {' '.join(str(exc).split())}") from exc
+
+
+def open_regular(file: Path) -> BinaryIO:
+    """file opened for reading if it is a regular file; a FIFO, socket or device is refused without blocking
+    (O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever)."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"cannot read {file}: not a regular file (a folder, FIFO, socket or device), which "
+                              f"hubtrace never opens")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _runs(rows: list[int]) -> list[tuple[int, int]]:

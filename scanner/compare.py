@@ -49,9 +49,9 @@ class OpenModel:
         return model_token_range(self.checkpoint, self.adapter)
 
 
-def open_model(path: str | Path) -> OpenModel:
+def open_model(path: str | Path, *, follow_links: bool = False) -> OpenModel:
     """Every check of `validate_checkpoint` (NaN/Inf weights and folder safety included) before any statistic."""
-    checkpoint, adapter, hashes = validate_checkpoint(path)
+    checkpoint, adapter, hashes = validate_checkpoint(path, follow_links=follow_links)
     return OpenModel(name=str(path), checkpoint=checkpoint, adapter=adapter, tensor_hashes=hashes)
 
 
@@ -125,11 +125,12 @@ def compare_models(
     permutations: int = 99,
     seed: int = 0,
     device: str = "cpu",
+    follow_links: bool = False,
 ) -> PairTestResult:
     """Test the null hypothesis that two checkpoints were trained independently, with one statistic."""
     if statistic not in STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
-    a, b = open_model(path_a), open_model(path_b)
+    a, b = open_model(path_a, follow_links=follow_links), open_model(path_b, follow_links=follow_links)
     notes = [f"{m.name}: {note}" for m in (a, b) for note in m.checkpoint.notes]
     n_layers = min(a.adapter.shape.n_layers, b.adapter.shape.n_layers)
     common = dict(model_a=a.name, model_b=b.name, statistic=statistic, n_layers=n_layers)

@@ -31,4 +31,6 @@ def one_line(error: BaseException | str, limit: int | None = 500) -> str:
     text = " ".join(str(error).split())
     if not text and isinstance(error, BaseException):
         return type(error).__name__
-    return text if limit is None else text[:limit]
+    if limit is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"  # says it was cut, never cut silently

@@ -19,7 +19,6 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -31,15 +30,15 @@ from safetensors.numpy import save_file
 
 from scanner import __version__
 from scanner.activations import MLPActivations
-from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
+from scanner.adapters import ArchitectureAdapter, GLUWeights
 from scanner.checkpoint import Checkpoint
-from scanner.errors import FingerprintError
+from scanner.errors import CheckpointError, FingerprintError
 from scanner.files import file_sha256
-from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf_file import is_gguf_file
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
 from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
+from scanner.validate import validate_checkpoint
 
 FINGERPRINT_FORMAT = 1
 STORAGE_DTYPES = ("float16", "float32")
@@ -50,8 +49,6 @@ _CONTENT_KEY = "content_sha256"
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 #: Entries of a weight tensor its kurtosis summary reads at most (about; a fixed stride).
 KURTOSIS_SAMPLE = 1 << 20
-#: Threads hashing tensors while a GPU computes (hashlib releases the GIL); each has its own file handle.
-HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -117,37 +114,37 @@ def fingerprint_model(
     storage_dtype: str = "float16",
     tensor_hashes: Mapping[str, str] | None = None,
     input_set: InputSet | None = None,
+    follow_links: bool = False,
 ) -> Fingerprint:
-    """Read a checkpoint once, block by block, into its fingerprint.
+    """Read a checkpoint, block by block, into its fingerprint, after every check of `validate_checkpoint`.
 
     token_range overrides the model's own id range (a pair test of two vocabularies uses the shared one);
     activations are rounded to storage_dtype here, so a fingerprint compares the same before and after a
-    write/read round trip. tensor_hashes, when the caller already read every tensor (`validate_checkpoint`),
-    saves a second pass over the files. input_set, when given, replaces the canonical ids (and `inputs`): shared-
-    string inputs for two tokenizers (scanner.shared_vocab) give each model its own ids for the same text.
+    write/read round trip. tensor_hashes, when the caller already ran the value pass (a scan's worker), saves
+    a second one: the folder is still checked, its values are not read again. input_set, when given, replaces the
+    canonical ids (and `inputs`): shared-string inputs for two tokenizers (scanner.shared_vocab) give each model its
+    own ids for the same text.
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
-    checkpoint = open_model_checkpoint(path)
-    adapter = adapter_for(checkpoint)
+    checkpoint, adapter, hashes = validate_checkpoint(path, check_values=tensor_hashes is None,
+                                                      follow_links=follow_links)
+    if tensor_hashes is not None and set(tensor_hashes) != set(checkpoint.tensor_names()):
+        raise ValueError(f"{path}: the given tensor hashes are not those of this checkpoint's tensors")
+    tensor_hashes = dict(tensor_hashes if tensor_hashes is not None else hashes)
     own_range = model_token_range(checkpoint, adapter)
     if input_set is None:
         input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
     inputs = input_set.spec
-    # Hashing reads the files while the blocks compute. sha256 runs at about 1 GB/s per core, slower than a disk,
-    # so with a GPU computing, several idle cores hash at once; on the CPU the forward pass has the cores.
-    if tensor_hashes is not None and set(tensor_hashes) != set(checkpoint.tensor_names()):
-        raise ValueError(f"{path}: the given tensor hashes are not those of this checkpoint's tensors")
-    with ThreadPoolExecutor(max_workers=1 if device == "cpu" else HASH_THREADS) as pool:
-        names = [] if tensor_hashes is not None else checkpoint.tensor_names()
-        hashes = {name: pool.submit(checkpoint.tensor_sha256, name) for name in names}
-        blocks: list[list[MLPActivations]] = []
-        per_block: list[dict[str, Any]] = []
-        for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
-            blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
-            per_block.append(_block_summary(block.experts, blocks[-1]))
-            del block
-        tensor_hashes = dict(tensor_hashes or {name: future.result() for name, future in hashes.items()})
+    blocks: list[list[MLPActivations]] = []
+    per_block: list[dict[str, Any]] = []
+    for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
+        if not all(np.isfinite(a.gate).all() and np.isfinite(a.up).all() for a in block.activations):
+            raise CheckpointError(f"{path}: block {len(blocks)} computes NaN or Inf activations from finite weights "
+                                  f"(values overflow float32); hubtrace cannot fingerprint it")
+        blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
+        per_block.append(_block_summary(block.experts, blocks[-1]))
+        del block
     shape = adapter.shape
     meta = FingerprintMeta(
         model=str(path),
@@ -175,7 +172,8 @@ def fingerprint_model(
 
 
 def fingerprint_pair(
-    path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu"
+    path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu",
+    follow_links: bool = False,
 ) -> tuple[Fingerprint, Fingerprint]:
     """Fingerprints of two sides, each a model directory or a fingerprint file, on one input set if possible.
 
@@ -188,16 +186,18 @@ def fingerprint_pair(
         fixed = next(iter(files.values())).meta
         inputs, token_range = InputSpec(**fixed.input_spec), fixed.token_range
     else:
-        checkpoints = [open_model_checkpoint(p) for p in (path_a, path_b)]
-        adapters = [adapter_for(c) for c in checkpoints]
-        token_range = min(model_token_range(c, a) for c, a in zip(checkpoints, adapters))
+        checked = [validate_checkpoint(p, check_values=False, follow_links=follow_links) for p in (path_a, path_b)]
+        adapters = [c.adapter for c in checked]
+        token_range = min(model_token_range(c.checkpoint, c.adapter) for c in checked)
         shared = pair_input_sets(path_a, path_b, *(a.shape.vocab_size for a in adapters), inputs)
         if shared is not None:
             return tuple(  # type: ignore[return-value]
-                fingerprint_model(p, device=device, input_set=s) for p, s in zip((path_a, path_b), shared)
+                fingerprint_model(p, device=device, input_set=s, follow_links=follow_links)
+                for p, s in zip((path_a, path_b), shared)
             )
     return tuple(  # type: ignore[return-value]
-        files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range)
+        files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range,
+                                                follow_links=follow_links)
         for p in (path_a, path_b)
     )
 
@@ -256,6 +256,8 @@ def read_fingerprint(path: str | Path) -> Fingerprint:
             gate, up = (tensors.pop(_tensor_name(layer, len(experts), p), None) for p in ("gate", "up"))
             if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens:
                 raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
+            if not (np.isfinite(gate).all() and np.isfinite(up).all()):  # NaN would make every statistic NaN
+                raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
             experts.append(MLPActivations(gate=gate, up=up))
         if not experts:
             raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
@@ -392,7 +394,7 @@ def _parse_meta(path: str | Path, metadata: dict[str, str] | None) -> Fingerprin
         raise FingerprintError(f"{path} is a safetensors file but not a hubtrace fingerprint (no {_META_KEY} metadata)")
     try:
         data = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: invalid JSON, or an integer of thousands of digits
         raise FingerprintError(f"{path}: fingerprint metadata is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise FingerprintError(f"{path}: fingerprint metadata is not a JSON object")

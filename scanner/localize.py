@@ -271,13 +271,15 @@ def plot_unit_map(
     """
     from matplotlib.figure import Figure
 
+    from scanner.text_safety import PLOT_TEXT, plot_label
+
     unit_map = np.asarray(unit_map)
     units_b = np.flatnonzero(unit_map >= 0)
     figure = Figure(figsize=(4.5, 4.5), dpi=120)
     axes = figure.add_subplot()
     axes.scatter(unit_map[units_b], units_b, s=max(0.2, min(6.0, 4000.0 / max(1, units_b.size))), linewidths=0)
-    axes.set_xlabel(f"unit of {model_a}, block {layer_a}")
-    axes.set_ylabel(f"matched unit of {model_b}, block {layer_b}")
+    axes.set_xlabel(plot_label(f"unit of {model_a}, block {layer_a}"), **PLOT_TEXT)  # ids are data, not mathtext
+    axes.set_ylabel(plot_label(f"matched unit of {model_b}, block {layer_b}"), **PLOT_TEXT)
     axes.set_title(f"unit map: block {layer_a} -> block {layer_b}", fontsize=10)
     figure.tight_layout()
     path = Path(path)

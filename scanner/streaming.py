@@ -136,8 +136,8 @@ def _meta_model(checkpoint: Checkpoint) -> PreTrainedModel:
     Built from the checkpoint's config (what a GGUF file's metadata or a dequantized checkpoint says), not from
     whatever config.json lies next to the weights.
     """
-    config = transformers_config(checkpoint)
     try:
+        config = transformers_config(checkpoint)  # the validated config, not a second read of the file
         with torch.device("meta"):
             lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:

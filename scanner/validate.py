@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from scanner.adapters import ArchitectureAdapter, adapter_for
-from scanner.checkpoint import Checkpoint
+from scanner.checkpoint import Checkpoint, json_limit
 from scanner.errors import CheckpointError, UnsafeCheckpointError
 from scanner.files import PathRefused, resolve_inside
 from scanner.formats import open_model_checkpoint
@@ -40,17 +40,18 @@ class ValidatedCheckpoint(NamedTuple):
 
 
 def validate_checkpoint(
-    path: str | Path, *, check_values: bool = True, chunk_bytes: int = VALUE_CHUNK_BYTES
+    path: str | Path, *, check_values: bool = True, chunk_bytes: int = VALUE_CHUNK_BYTES, follow_links: bool = False
 ) -> ValidatedCheckpoint:
     """A model folder checked throughout, with its adapter; raises a `HubtraceError` subclass naming the problem.
 
     The value pass (NaN/Inf) is the only check that reads every weight, so it also hashes every tensor on the way
     (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run.
-    `check_values=False` skips it (`tensor_hashes` is then None).
+    `check_values=False` skips it (`tensor_hashes` is then None). `follow_links` accepts links that lead out of
+    the folder (a person's own tree of linked downloads); links into the folder are always fine.
     """
     target = _real_path(Path(path))
     if target.is_dir():
-        _check_entries(target)
+        _check_entries(target, follow_links)
     checkpoint = open_model_checkpoint(target)
     adapter = adapter_for(checkpoint)
     hashes = check_values_and_hash(checkpoint, chunk_bytes) if check_values else None
@@ -112,8 +113,9 @@ def _real_path(folder: Path) -> Path:
     return real
 
 
-def _check_entries(folder: Path) -> None:
-    """Refuse an empty folder, link loops, links leading out of the folder, and special files at its top level.
+def _check_entries(folder: Path, follow_links: bool = False) -> None:
+    """Refuse an empty folder, link loops, links leading out of the folder (unless follow_links), special files at
+    its top level, and JSON files over their size limit (transformers reads some that hubtrace does not).
 
     hubtrace reads only top-level files, so subfolders are not walked (a linked subfolder cannot make this loop).
     In a Hugging Face cache snapshot (``<repo>/snapshots/<rev>/``) every file is a link into ``<repo>/blobs/``,
@@ -133,21 +135,25 @@ def _check_entries(folder: Path) -> None:
         path = Path(entry.path)
         if entry.is_symlink():
             try:
-                target = resolve_inside(path, allowed)
+                target = resolve_inside(path, () if follow_links else allowed)
             except PathRefused as exc:
                 if exc.kind == "loop":
                     raise CheckpointError(f"{path} is a symlink loop") from exc
                 if exc.kind == "outside":
                     raise UnsafeCheckpointError(
-                        f"symlink {path} points outside the model folder (to {exc.target}); hubtrace never follows "
-                        "links out of a model folder"
+                        f"symlink {path} points outside the model folder (to {exc.target}); hubtrace follows links "
+                        "out of a model folder only when asked (--follow-links, or follow_links: true on a local "
+                        "source)"
                     ) from exc
                 continue  # dangling: harmless unless hubtrace needs the file, and then opening it says so
         else:
             target = path
         try:
-            mode = target.stat().st_mode
+            info = target.stat()
         except OSError as exc:
             raise CheckpointError(f"cannot stat {path}: {exc.strerror or exc}") from exc
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
             raise CheckpointError(f"{path} is not a regular file (a FIFO, socket or device); hubtrace will not open it")
+        if entry.name.endswith(".json") and stat.S_ISREG(info.st_mode) and info.st_size > json_limit(path):
+            raise CheckpointError(f"{path} is {info.st_size} bytes, over the {json_limit(path)}-byte limit for "
+                                  f"{entry.name}")

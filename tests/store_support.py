@@ -81,12 +81,14 @@ def scanned_hub(store: Store) -> tuple[str, str]:
 
 HOLD_WRITER = ("import sys; from scanner.store import Store; s = Store(sys.argv[1]); print('ready', flush=True); "
                "sys.stdin.read(); s.close()")
+HOLD_READER = HOLD_WRITER.replace("Store(sys.argv[1])", "Store(sys.argv[1], read_only=True)")
 
 
 @contextmanager
-def writer_holding(db: Path) -> Iterator[subprocess.Popen]:
-    """Another process with ``db`` open read-write (as a running scan has it) until the block ends."""
-    writer = subprocess.Popen([sys.executable, "-c", HOLD_WRITER, str(db)], stdin=subprocess.PIPE,
+def writer_holding(db: Path, script: str = HOLD_WRITER) -> Iterator[subprocess.Popen]:
+    """Another process with ``db`` open read-write (as a running scan has it; or as ``script`` opens it) until the
+    block ends."""
+    writer = subprocess.Popen([sys.executable, "-c", script, str(db)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "ready"

@@ -166,5 +166,5 @@ def test_a_database_held_by_a_running_scan_is_one_clear_line(tmp_path: Path) -> 
     db = tmp_path / "scan.duckdb"
     Store(db).close()
     with writer_holding(db) as writer:
-        assert f"held open for writing by process {writer.pid}" in refusal(db, "--runs")
+        assert f"open for writing by process {writer.pid}" in refusal(db, "--runs")
     assert rows(db, "--runs") == []  # free again once the scan is gone

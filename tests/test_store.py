@@ -197,7 +197,7 @@ def test_a_running_writer_gives_a_clear_error(db: Path) -> None:
     Store(db).close()
     with writer_holding(db) as writer:
         for read_only in (True, False):
-            with pytest.raises(StoreLockedError, match=rf"held open for writing by process {writer.pid}.*scan"):
+            with pytest.raises(StoreLockedError, match=rf"open for writing by process {writer.pid}.*scan"):
                 Store(db, read_only=read_only)
     with Store(db, read_only=True) as store:  # free again once the writer is gone
         assert store.schema_version() == LATEST_VERSION

@@ -11,6 +11,7 @@ import typer
 from jobs.cli.refusals import CommandError
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
+from scanner.text_safety import json_visible, terminal_lines
 
 
 def test_command(
@@ -29,6 +30,9 @@ def test_command(
     fingerprint: Annotated[
         bool, typer.Option("--fingerprint", help="Compare fingerprints (implied when a side is a fingerprint file).")
     ] = False,
+    follow_links: Annotated[bool, typer.Option(
+        "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
+    ] = False,
 ) -> None:
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
@@ -39,14 +43,16 @@ def test_command(
         raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
     if fingerprint or is_fingerprint_file(model_a) or is_fingerprint_file(model_b):
-        result = compare_sides(model_a, model_b, stat, spec, device)
+        result = compare_sides(model_a, model_b, stat, spec, device, follow_links=follow_links)
     else:
         result = compare_models(model_a, model_b, stat, inputs=spec, permutations=permutations, seed=seed,
-                                device=device)
-    typer.echo(json.dumps(result.to_json_dict(), indent=2) if as_json else render_table(result))
+                                device=device, follow_links=follow_links)
+    typer.echo(json_visible(json.dumps(result.to_json_dict(), indent=2)) if as_json
+               else terminal_lines(render_table(result)))
 
 
-def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
+def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, device: str, *,
+                  follow_links: bool = False) -> PairTestResult:
     """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints, computing any side given as a folder."""
     from scanner.errors import IncomparableError
     from scanner.fingerprint import fingerprint_pair
@@ -57,4 +63,5 @@ def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, d
             f"--stat {statistic} needs the checkpoints; fingerprints carry activations for "
             f"{', '.join(FINGERPRINT_STATISTICS)}"
         )
-    return compare_fingerprints(*fingerprint_pair(path_a, path_b, inputs=spec, device=device), statistic, device=device)
+    pair = fingerprint_pair(path_a, path_b, inputs=spec, device=device, follow_links=follow_links)
+    return compare_fingerprints(*pair, statistic, device=device)

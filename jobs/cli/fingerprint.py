@@ -11,6 +11,7 @@ import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.inputs import InputSpec
+from scanner.text_safety import json_visible, terminal
 
 
 def fingerprint_command(
@@ -28,6 +29,9 @@ def fingerprint_command(
         str, typer.Option("--dtype", help="Activation storage: float16 (default) or float32.")
     ] = "float16",
     device: Annotated[str, typer.Option(help="torch device for the forward passes, e.g. cpu or cuda.")] = "cpu",
+    follow_links: Annotated[bool, typer.Option(
+        "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
+    ] = False,
 ) -> None:
     """Read MODEL once, block by block, and write its fingerprint to --out."""
     from scanner.fingerprint import STORAGE_DTYPES, fingerprint_model, write_fingerprint
@@ -43,6 +47,7 @@ def fingerprint_command(
         device=device,
         token_range=token_range,
         storage_dtype=storage_dtype,
+        follow_links=follow_links,
     )
     try:
         sha256 = write_fingerprint(fp, out)
@@ -62,6 +67,6 @@ def fingerprint_command(
         "hubtrace_version": fp.meta.hubtrace_version,
     }
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(json_visible(json.dumps(summary, indent=2)))
     else:
-        typer.echo("\n".join(f"{key:<16}: {value}" for key, value in summary.items()))
+        typer.echo("\n".join(f"{key:<16}: {terminal(value)}" for key, value in summary.items()))

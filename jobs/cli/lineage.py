@@ -10,6 +10,7 @@ import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.errors import HubtraceError
+from scanner.text_safety import json_visible, terminal
 
 if TYPE_CHECKING:
     from scanner.store import Store
@@ -86,12 +87,12 @@ def discrepancies_command(
     with _open(db, read_only=True) as store:
         found = sorted(read_lineage(store).discrepancies, key=lambda d: (-d.confidence, d.model_id))
     if as_json:
-        typer.echo(json.dumps([{"model_id": d.model_id, "kind": d.kind, "related_model": d.related_model,
+        typer.echo(json_visible(json.dumps([{"model_id": d.model_id, "kind": d.kind, "related_model": d.related_model,
                                 "confidence": d.confidence, "detail": d.detail, "evidence": d.evidence}
-                               for d in found], indent=2, default=str))
+                               for d in found], indent=2, default=str)))
         return
     for d in found:
-        typer.echo(f"{d.model_id:40s} {d.kind:26s} conf {d.confidence:.2f}  {d.detail}")
+        typer.echo(terminal(f"{d.model_id:40s} {d.kind:26s} conf {d.confidence:.2f}  {d.detail}"))
     if not found:
         typer.echo("no discrepancies")
 

@@ -10,6 +10,8 @@ import typer
 
 from scanner.errors import HubtraceError
 from scanner.inputs import InputSpec
+from scanner.text_safety import json_visible, terminal_lines
+from scanner.validate import validate_checkpoint
 
 if TYPE_CHECKING:
     from scanner.localize import LocalizeResult
@@ -42,6 +44,9 @@ def localize_command(
         typer.Option("--replay/--no-replay", help="Run every block of B on the residual stream entering each block of "
                      "A (both sides directories). Default: when both are directories of different depths."),
     ] = None,
+    follow_links: Annotated[bool, typer.Option(
+        "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
+    ] = False,
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
     from scanner.fingerprint import fingerprint_pair
@@ -49,14 +54,16 @@ def localize_command(
 
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
     if replay is None:
-        replay = _depths_differ(model_a, model_b)
+        replay = _depths_differ(model_a, model_b, follow_links)
     if replay:
         if model_a.is_file() or model_b.is_file():
             raise HubtraceError("--replay runs the blocks themselves: give both models as directories")
+        for model in (model_a, model_b):  # the same gate as every other command, before any block runs
+            validate_checkpoint(model, follow_links=follow_links).checkpoint.close()
         result = localize_replayed(model_a, model_b, inputs=spec, threshold_log10=threshold, monotone=not any_order,
                                    device=device)
     else:
-        fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device)
+        fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device, follow_links=follow_links)
         result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
     plots = []
     if plot_dir is not None:
@@ -65,19 +72,17 @@ def localize_command(
             names = {"model_a": _short(result.model_a), "model_b": _short(result.model_b)}
             plots.append(str(plot_unit_map(unit_map, path, layer_a=layer_a, layer_b=layer_b, **names)))
     if as_json:
-        typer.echo(json.dumps({**result.to_json_dict(), "plots": plots}, indent=2))
+        typer.echo(json_visible(json.dumps({**result.to_json_dict(), "plots": plots}, indent=2)))
     else:
-        typer.echo(render_localize(result, plots))
+        typer.echo(terminal_lines(render_localize(result, plots)))
 
 
-def _depths_differ(path_a: Path, path_b: Path) -> bool:
+def _depths_differ(path_a: Path, path_b: Path, follow_links: bool) -> bool:
     """Both sides are model directories with different block counts (a depth prune: the case replay is for)."""
-    from scanner.adapters import adapter_for
-    from scanner.checkpoint import open_checkpoint
-
     if not (path_a.is_dir() and path_b.is_dir()):
         return False
-    depth_a, depth_b = (adapter_for(open_checkpoint(p)).shape.n_layers for p in (path_a, path_b))
+    depth_a, depth_b = (validate_checkpoint(p, check_values=False, follow_links=follow_links).adapter.shape.n_layers
+                        for p in (path_a, path_b))
     return depth_a != depth_b
 
 

@@ -2,12 +2,15 @@
 statement (scanner.store.queries.read_only_query), answered as a table, CSV or JSON, with no `duckdb` CLI needed
 (the Python package does not install one).
 
-The file is opened read-only, so queries run beside other readers but not while a scan holds it.
+The file is opened read-only, so queries run beside other readers but not while a scan holds it. DuckDB's
+read-only mode still lets a statement write files (``COPY ... TO``, ``EXPORT DATABASE``, ``EXPLAIN ANALYZE``) or
+read them, so only queries run (scanner.store.read_only_sql) on a connection that reaches no other file.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import date, time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -16,6 +19,7 @@ import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.errors import one_line
+from scanner.text_safety import csv_cell, json_visible, terminal
 
 if TYPE_CHECKING:
     import polars as pl
@@ -57,6 +61,9 @@ def query_command(
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json (an array of row objects)")] = "table",
     out: Annotated[Path | None, typer.Option("--out", help="Write the answer to this file instead.")] = None,
+    allow_local_files: Annotated[bool, typer.Option(
+        "--allow-local-files", help="Let SQL read local files (read_csv, read_parquet, ...); off by default, so a "
+                                    "query reaches nothing but the database.")] = False,
 ) -> None:
     """Answer one question from a scan database: one read-only SQL statement, or exactly one preset."""
     import duckdb
@@ -86,7 +93,7 @@ def query_command(
     if fmt not in FORMATS:
         raise CommandError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     try:
-        with Store(db, read_only=True) as store:
+        with Store(db, read_only=True, allow_local_files=allow_local_files) as store:
             if run is not None and run not in queries.runs(store)["run_id"]:
                 raise StoreError(f"no scan run {run!r} in {db} (--runs lists them)")
             frame = presets[asked[0]][1](store)
@@ -119,16 +126,28 @@ def _render(frame: pl.DataFrame, fmt: str) -> str:
     import polars as pl
 
     if fmt == "json":  # through Python: polars' own writer cannot write every type a query can return
-        return json.dumps(frame.to_dicts(), default=_json_value, ensure_ascii=False)
+        return json_visible(json.dumps(frame.to_dicts(), default=_json_value, ensure_ascii=False))
     if fmt == "csv":
         unwritable = [name for name, dtype in frame.schema.items() if dtype.is_nested() or dtype == pl.Binary]
-        return frame.with_columns(
+        frame = frame.with_columns(
             pl.Series(name, [None if v is None else json.dumps(v, default=_json_value) for v in frame[name].to_list()],
-                      dtype=pl.String) for name in unwritable
-        ).write_csv().removesuffix("\n")
+                      dtype=pl.String) for name in unwritable)
+        return _text_cells(frame, csv_cell).write_csv().removesuffix("\n")  # no cell a spreadsheet runs as a formula
+    frame = _text_cells(frame, terminal)  # hub text cannot move the cursor, recolour or reorder the table
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=TABLE_STR_CHARS,
                    fmt_table_cell_list_len=-1):
         return str(frame)
+
+
+def _text_cells(frame: pl.DataFrame, escape: Callable[[str], str]) -> pl.DataFrame:
+    """The frame with escape applied to every text cell and every text in a list cell (others as they are)."""
+    import polars as pl
+
+    text, lists = pl.String, pl.List(pl.String)
+    return frame.with_columns(
+        [pl.col(n).map_elements(escape, return_dtype=text) for n, t in frame.schema.items() if t == text]
+        + [pl.col(n).list.eval(pl.element().map_elements(escape, return_dtype=text))
+           for n, t in frame.schema.items() if t == lists])
 
 
 def _json_value(value: object) -> str:

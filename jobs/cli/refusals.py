@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperCommand
 
 from scanner.errors import HubtraceError
+from scanner.text_safety import terminal
 
 EXIT_REFUSED = 2
 """Exit status of every refusal (bad input, unreadable model, unusable config)."""
@@ -30,5 +31,5 @@ class RefusingCommand(TyperCommand):
         try:
             return super().invoke(ctx)
         except HubtraceError as error:
-            typer.echo(f"hubtrace: error: {error}", err=True)
+            typer.echo(f"hubtrace: error: {terminal(str(error))}", err=True)  # paths and ids in it are data
             raise typer.Exit(EXIT_REFUSED) from error

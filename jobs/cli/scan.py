@@ -17,6 +17,8 @@ def scan_command(
                                                               "config's sources.")] = None,
     db: Annotated[Path | None, typer.Option("--db", help="DuckDB file (default <output_dir>/hubtrace.duckdb).")] = None,
     output: Annotated[Path | None, typer.Option("--output", help="Output folder for fingerprints and exports.")] = None,
+    follow_links: Annotated[bool, typer.Option("--follow-links", help="Follow links out of local source folders "
+                                               "(your own tree of linked downloads); off by default.")] = False,
 ) -> None:
     """Scan models into a DuckDB database: fingerprints, pair tests, lineage (Ray; local or a cluster).
 
@@ -34,5 +36,5 @@ def scan_command(
         cfg = local_folder_config(local)
     else:
         raise CommandError("give --config FILE, or --local DIR to scan a folder with the defaults")
-    summary = run_scan(cfg.with_overrides(local=local, db=db, output_dir=output))
+    summary = run_scan(cfg.with_overrides(local=local, db=db, output_dir=output, follow_links=follow_links))
     Console().print(render_summary(summary))

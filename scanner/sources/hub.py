@@ -9,7 +9,6 @@ safetensors weights (the single file, or the index and exactly the shards it nam
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatch
 from pathlib import Path
@@ -29,7 +28,7 @@ from huggingface_hub.repocard_data import CardData
 from huggingface_hub.utils import validate_repo_id
 
 from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata
-from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES
+from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES, read_json_file
 from scanner.errors import CheckpointError, UnsafeCheckpointError, one_line
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, SourceFetchError
 from scanner.sources.retry import RetryPolicy, call_with_retries
@@ -158,10 +157,10 @@ def _weight_plan(where: str, files: set[str]) -> list[str]:
 
 def _shards(where: str, index: Path, files: set[str]) -> list[str]:
     """The shard files a downloaded index names, each a top-level safetensors file present in the repo."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
-    except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{where}: {SHARD_INDEX} is not a JSON object: {one_line(e, 300)}") from e
+    data = read_json_file(index)  # bounded, a regular file; a CheckpointError names the file otherwise
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: {SHARD_INDEX} is not a JSON object")
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{where}: {SHARD_INDEX} has no weight_map")
     shards = sorted({str(v) for v in weight_map.values()})

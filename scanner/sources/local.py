@@ -13,6 +13,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,8 +31,11 @@ class _Unsafe(Exception):
     """A path discovery refuses to follow; the message becomes a SourceFailure reason."""
 
 
-def discover_local(root: Path) -> Iterator[ModelRecord | SourceFailure]:
-    """One record (or SourceFailure) per ``org/name`` directory under ``root``, in sorted order."""
+def discover_local(root: Path, *, follow_links: bool = False) -> Iterator[ModelRecord | SourceFailure]:
+    """One record (or SourceFailure) per ``org/name`` directory under ``root``, in sorted order.
+
+    Links that leave ``root`` are refused (right for a tree someone else made) unless ``follow_links``: a person's
+    own tree of linked downloads. Loops and dangling links are refused either way."""
     try:
         real_root = resolve_inside(root)
     except PathRefused as e:
@@ -47,7 +51,7 @@ def discover_local(root: Path) -> Iterator[ModelRecord | SourceFailure]:
         return
     for org in orgs:
         try:
-            org_dir = _inside(real_root, org)
+            org_dir = _inside(real_root, org, follow_links)
             if not org_dir.is_dir():
                 continue  # loose files next to the org folders (e.g. a manifest) are not models
             names = _children(org_dir)
@@ -57,24 +61,24 @@ def discover_local(root: Path) -> Iterator[ModelRecord | SourceFailure]:
         for entry in names:
             model_id = f"{org.name}/{entry.name}"
             try:
-                model_dir = _inside(real_root, entry)
+                model_dir = _inside(real_root, entry, follow_links)
                 if model_dir.is_file() and entry.name.endswith(GGUF_SUFFIX):
                     yield _gguf_file_record(model_id, model_dir)
                     continue
                 if not model_dir.is_dir():
                     continue
-                yield _record(real_root, model_id, model_dir)
+                yield _record(real_root, model_id, model_dir, follow_links)
             except (_Unsafe, OSError) as e:
                 yield SourceFailure(model_id, str(entry), _describe(e))
 
 
-def _record(real_root: Path, model_id: str, model_dir: Path) -> ModelRecord:
-    files = _file_stats(real_root, model_dir)
+def _record(real_root: Path, model_id: str, model_dir: Path, follow_links: bool) -> ModelRecord:
+    files = _file_stats(real_root, model_dir, follow_links)
     digest = hashlib.sha256()
     for rel, size, mtime_ns in files:
         digest.update(f"{rel}\0{size}\0{mtime_ns}\n".encode())
     newest = max((mtime_ns for _, _, mtime_ns in files), default=None)
-    return record_from_card(
+    record = record_from_card(
         model_id,
         digest.hexdigest(),
         "local",
@@ -82,6 +86,7 @@ def _record(real_root: Path, model_id: str, model_dir: Path) -> ModelRecord:
         read_card(model_dir),
         last_modified=datetime.fromtimestamp(newest / 1e9, tz=UTC) if newest is not None else None,
     )
+    return replace(record, follow_links=follow_links)
 
 
 def _gguf_file_record(model_id: str, file: Path) -> ModelRecord:
@@ -94,7 +99,7 @@ def _gguf_file_record(model_id: str, file: Path) -> ModelRecord:
                             last_modified=datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC))
 
 
-def _file_stats(real_root: Path, model_dir: Path) -> list[tuple[str, int, int]]:
+def _file_stats(real_root: Path, model_dir: Path, follow_links: bool) -> list[tuple[str, int, int]]:
     """(relative path, size, mtime_ns) of the folder's files, sorted; links are checked, never followed out."""
     out: list[tuple[str, int, int]] = []
     pending: list[tuple[Path, int]] = [(model_dir, 0)]
@@ -102,7 +107,7 @@ def _file_stats(real_root: Path, model_dir: Path) -> list[tuple[str, int, int]]:
         folder, depth = pending.pop()
         for entry in _children(folder):
             rel = entry.relative_to(model_dir).as_posix()
-            target = _inside(real_root, entry) if entry.is_symlink() else entry
+            target = _inside(real_root, entry, follow_links) if entry.is_symlink() else entry
             st = os.stat(target)
             if stat.S_ISDIR(st.st_mode):
                 if entry.is_symlink():
@@ -123,13 +128,15 @@ def _children(folder: Path) -> list[Path]:
     return sorted(folder / name for name in os.listdir(folder) if not name.startswith("."))
 
 
-def _inside(real_root: Path, path: Path) -> Path:
-    """``path`` with links resolved, refusing loops, dangling links and anything outside the root."""
+def _inside(real_root: Path, path: Path, follow_links: bool = False) -> Path:
+    """``path`` with links resolved, refusing loops, dangling links and (unless follow_links) anything outside
+    the root."""
     try:
-        return resolve_inside(path, [real_root])
+        return resolve_inside(path, () if follow_links else [real_root])
     except PathRefused as e:
         if e.kind == "outside":
-            raise _Unsafe(f"{path.name}: symlink points outside the model root (to {e.target})") from e
+            raise _Unsafe(f"{path.name}: symlink points outside the model root (to {e.target}); set follow_links: "
+                          f"true on the source to follow links out of it") from e
         if e.kind == "loop":
             raise _Unsafe(f"{path.name}: symlink loop") from e
         raise _Unsafe(f"{path.name}: {_describe(e.error or e)}") from e

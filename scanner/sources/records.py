@@ -33,6 +33,7 @@ class ModelRecord:
     created_at: datetime | None
     last_modified: datetime | None
     notes: tuple[str, ...] = ()   # what could not be read (e.g. a card without front matter)
+    follow_links: bool = False    # links out of the model folder are followed (a local source that opted in)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from datetime import datetime
 
 import polars as pl
 
-from scanner.store.store import Store, StoreError
+from scanner.store.read_only_sql import check_read_only
+from scanner.store.store import Store
 
 DEFAULT_LOG10_P = -8.0
 """log10 p at or below which a raw pair test counts as dependence: about a 5% Bonferroni bound over 2 million
@@ -207,21 +208,10 @@ def pair_tests_between(store: Store, model_a: str, model_b: str) -> pl.DataFrame
         "ORDER BY statistic", [model_a, model_b])
 
 
-READ_STATEMENTS = ("SELECT", "EXPLAIN")
-"""DuckDB statement types that `read_only_query` runs; DESCRIBE, SHOW, SUMMARIZE, FROM-first queries and VALUES
-parse as SELECT."""
-
-
 def read_only_query(store: Store, sql: str) -> pl.DataFrame:
-    """Run ``sql`` if it is exactly one query. DuckDB's read-only mode still lets a statement write files
-    (``COPY ... TO``, ``EXPORT DATABASE``) or change the session, so anything but a query is refused unrun."""
-    statements = store.connection.extract_statements(sql)
-    if len(statements) != 1:
-        raise StoreError(f"give exactly one SQL statement; got {len(statements)}")
-    kind = statements[0].type.name
-    if kind not in READ_STATEMENTS:
-        raise StoreError(f"{kind} refused: hubtrace query only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, "
-                         f"EXPLAIN); the database is written by scans alone")
+    """Run ``sql`` if it is exactly one statement that only reads (`read_only_sql.check_read_only`: DuckDB's
+    parser, EXPLAIN ANALYZE and everything that writes or executes refused unrun)."""
+    check_read_only(store.connection, sql)
     return store.query(sql)
 
 

@@ -10,7 +10,6 @@ leaves one row.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -25,6 +24,7 @@ import pyarrow as pa
 
 from scanner import __version__
 from scanner.errors import HubtraceError
+from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
 
 if TYPE_CHECKING:
@@ -38,15 +38,13 @@ PAIR_REASONS = ("comparable", "declared_base")
 PairKey = tuple[str, str, str, str]
 """(model_a, revision_a, model_b, revision_b) with (model_a, revision_a) < (model_b, revision_b)."""
 
-_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.*?) \(PID (?P<pid>\d+)\)")
-
 
 class StoreError(HubtraceError):
     """The database cannot be opened or used as asked (missing file, newer or older schema, bad values)."""
 
 
 class StoreLockedError(StoreError):
-    """Another process (normally a running scan) holds the database file open for writing."""
+    """Another process holds the database file: a running scan (read-write), or readers when a scan starts."""
 
 
 @dataclass(frozen=True)
@@ -149,11 +147,12 @@ _META_COLUMNS = ("architecture", "model_type", "hidden_size", "intermediate_size
 
 class Store:
     """The scan database. Use as a context manager; ``read_only=True`` for investigators (no writes, no
-    migrations, and the file must already exist)."""
+    migrations, and the file must already exist; no other file readable unless ``allow_local_files``)."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False, allow_local_files: bool = False) -> None:
         self.path = Path(path)
         self.read_only = read_only
+        self.allow_local_files = allow_local_files
         if read_only and not self.path.is_file():
             raise StoreError(f"no scan database at {self.path} (run a scan first, or check --db)")
         if not read_only:
@@ -172,18 +171,22 @@ class Store:
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         try:
-            return duckdb.connect(str(self.path), read_only=self.read_only)
+            return duckdb.connect(str(self.path), read_only=self.read_only, config=self._config())
         except duckdb.IOException as exc:
-            held = _LOCK_HOLDER.search(str(exc))
-            if held is None:
+            conflict = lock_conflict(self.path, str(exc))
+            if conflict is None:
                 raise StoreError(f"cannot open the scan database {self.path}: {exc}") from exc
-            raise StoreLockedError(
-                f"the scan database {self.path} is held open for writing by process {held['pid']} "
-                f"(normally a scan that is still running); DuckDB lets no other process open the file, not even "
-                f"read-only, until it finishes. Wait for the scan to end, or query a copy of the file."
-            ) from exc
+            raise StoreLockedError(conflict) from exc
         except duckdb.Error as exc:
             raise StoreError(f"{self.path} is not a readable DuckDB database: {exc}") from exc
+
+    def _config(self) -> dict[str, Any]:
+        """Readers touch nothing but this file: no other local file, no extension installed or loaded on demand
+        (so a query cannot read /etc/passwd or fetch code), unless allow_local_files says otherwise."""
+        config: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        if self.read_only and not self.allow_local_files:
+            config["enable_external_access"] = False
+        return config
 
     # schema ---------------------------------------------------------------------------------------------------
     def schema_version(self) -> int:

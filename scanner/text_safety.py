@@ -1,0 +1,121 @@
+"""Text from a checkpoint or a hub (ids, card fields, tags, tokenizer strings) is data: these are the escapes for
+every format hubtrace writes it into, in one place, so that no writer parses it as markup, math or a command.
+
+Invisible and reordering characters (C0/C1 controls, DEL, bidi overrides and isolates, zero-width characters, line
+and paragraph separators, lone surrogates) are first made *visible* as ``\\xNN``/``\\uNNNN`` escapes: an
+investigator must see that an id holds them, a terminal must not act on them, and XML 1.0 cannot hold most of them.
+Then each format's own escaping applies. Every function returns a string that is safe where its name says and
+equal to the input when the input is plain text.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from typing import Any
+
+# Tab and newline are kept where a format allows them (`keep`); everything else here is escaped.
+_INVISIBLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f"                  # C0 and C1 controls, DEL (ESC starts terminal sequences)
+    "\u061c\u200b-\u200f\u202a-\u202e"     # Arabic letter mark, zero-width, LRM/RLM, bidi embeddings/overrides
+    "\u2028\u2029\u2060-\u2064\u2066-\u2069\ufeff"  # separators, word joiner, bidi isolates, BOM
+    "\ud800-\udfff]"                       # lone surrogates (json.loads lets them in; UTF-8 cannot encode them)
+)
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>!|&~#$])")
+_CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: object, *, keep: str = "") -> str:
+    """str(text) with invisible and reordering characters written as ``\\xNN``/``\\uNNNN`` (those in keep left)."""
+    return _INVISIBLE.sub(lambda m: m.group() if m.group() in keep else _escape_char(m), str(text))
+
+
+def terminal(text: object) -> str:
+    """One terminal line: no escape sequence (colours, OSC 8 hyperlinks, cursor moves), no bidi reordering."""
+    return visible(text)
+
+
+def terminal_lines(text: str) -> str:
+    """Several terminal lines (a table hubtrace laid out): each line as `terminal`, the line breaks kept."""
+    return "\n".join(terminal(line) for line in text.split("\n"))
+
+
+def json_visible(text: str) -> str:
+    """JSON text with every invisible or reordering character inside its strings as a ``\\uXXXX`` escape: the same
+    JSON value, safe to print on a terminal (json.dumps escapes C0 controls but not C1 or bidi overrides)."""
+    # json.dumps escapes C0 inside strings, so a raw newline or tab is indentation and stays; all lie in the BMP
+    return _INVISIBLE.sub(lambda m: m.group() if m.group() in "\t\n\r" else f"\\u{ord(m.group()):04x}", text)
+
+
+def html_text(text: object) -> str:
+    """HTML text or a quoted attribute value: ``& < > " '`` as entities, invisible characters visible."""
+    return html.escape(visible(text), quote=True)
+
+
+def script_json(data: Any) -> str:
+    """JSON for inside ``<script>``: no ``</script>``, ``<!--`` or ``]]>`` can end or change the script element
+    (``<``, ``>``, ``&`` as \\u escapes), and U+2028/U+2029 escaped for old JavaScript parsers."""
+    text = json.dumps(_finite(data), default=str, ensure_ascii=True, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _finite(data: Any) -> Any:
+    """NaN and infinities as null: JSON has no such numbers and JSON.parse refuses the page's data over one."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data
+
+
+def xml_text(text: object) -> str:
+    """Text that XML 1.0 can hold (GraphML, GEXF): characters it forbids written visibly, tab and newline kept.
+    Markup characters are left to the XML writer, which escapes them."""
+    return visible(text, keep="\t\n")
+
+
+def dot_string(text: object) -> str:
+    """A double-quoted Graphviz string: backslashes doubled (so ``\\l``, ``\\N``, ``\\G`` stay text), quotes
+    escaped, invisible characters visible (a newline becomes the two characters ``\\n``, never a line break)."""
+    return '"' + visible(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+PLOT_TEXT = {"parse_math": False, "usetex": False}
+"""Keyword arguments for every matplotlib text that can hold hub text: no mathtext (``$...$``), no LaTeX run."""
+
+
+def plot_label(text: object) -> str:
+    """A matplotlib label, drawn with `PLOT_TEXT`: invisible characters visible (a NUL or an escape has no glyph)."""
+    return visible(text)
+
+
+def markdown_text(text: object) -> str:
+    """Markdown inline text that renders as exactly these characters: every character that could start
+    emphasis, a link or image, raw HTML, an entity, a table cell, code, math or a heading is backslash-escaped,
+    and newlines are visible, so card text cannot open a new block (a heading, a second verdict line)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", visible(text))
+
+
+def markdown_code(text: object) -> str:
+    """A Markdown code span around the text, fenced with more backticks than any run inside it."""
+    body = visible(text)
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if body.startswith("`") or body.endswith("`") or not body.strip() else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def csv_cell(text: str) -> str:
+    """A CSV text cell that a spreadsheet will not run as a formula (``=cmd|...``): a leading ``'`` where the
+    text starts with ``= + - @``, a tab or a carriage return (the OWASP rule); invisible characters visible."""
+    text = visible(text, keep="\t\r\n")
+    return "'" + text if text.startswith(_CSV_FORMULA_START) else text
