@@ -87,11 +87,14 @@ def stream_blocks(
             captured: list[torch.Tensor] = []
             outputs: dict[str, torch.Tensor] = {}
             handles = [mlp.register_forward_pre_hook(
-                lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
+                lambda _m, args, kwargs, sink=captured: sink.append(args[0] if args else kwargs["hidden_states"]),
+                with_kwargs=True,
             )]
             projections = _dense_projections(mlp) if len(experts) == 1 else {}
-            handles += [projection.register_forward_hook(lambda _m, _args, out, part=part: outputs.update({part: out}))
-                        for part, projection in projections.items()]
+            handles += [
+                projection.register_forward_hook(lambda _m, _a, out, part=part, sink=outputs: sink.update({part: out}))
+                for part, projection in projections.items()
+            ]
             try:
                 out = module(hidden, **calls[layer])
             finally:
