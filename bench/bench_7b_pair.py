@@ -89,7 +89,8 @@ def main() -> None:
         parents = {layer: layer for layer in range(args.blocks)} if dependent else {}
         a, b = synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent, noise=1.0, up_scale=2.5)
         print(f"## {'dependent' if dependent else 'independent'} pair")
-        for design in {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}[args.design]:
+        designs = {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}
+        for design in designs[args.design]:
             single = profile_compare(a, b, args.device, design)
             for workers in args.workers:
                 if workers > 1:

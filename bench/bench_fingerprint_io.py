@@ -88,7 +88,8 @@ def main() -> None:
             print(f"{cache} page cache: not measured (dropping the page cache needs root)")
             continue
         print(f"{cache} page cache: read all tensors {times['read']:.2f} s ({nbytes / times['read'] / 1e9:.2f} GB/s); "
-              f"fingerprint {times['fingerprint']:.2f} s; ratio {times['fingerprint'] / times['read']:.2f} (goal <= 1.5)")
+              f"fingerprint {times['fingerprint']:.2f} s; "
+              f"ratio {times['fingerprint'] / times['read']:.2f} (goal <= 1.5)")
 
 
 if __name__ == "__main__":

@@ -67,18 +67,25 @@ def one_pair(zoo, model_a: str, model_b: str, spec: InputSpec, repeats: int) -> 
         paper, seconds = _timed(paper_way, zoo[model_a].path, zoo[model_b].path, spec)
         paper_times.append(seconds)
         start = time.perf_counter()
-        fp_a, fp_b = fingerprint_model(zoo[model_a].path, inputs=spec), fingerprint_model(zoo[model_b].path, inputs=spec)
+        fp_a = fingerprint_model(zoo[model_a].path, inputs=spec)
+        fp_b = fingerprint_model(zoo[model_b].path, inputs=spec)
         fp_seconds = time.perf_counter() - start
         ours, cmp_seconds = _timed(compare_fingerprints, fp_a, fp_b)
         ours_times.append(fp_seconds + cmp_seconds)
     paper_s, ours_s = min(paper_times), min(ours_times)
     diff = max(abs(x - y.log10_p) for x, y in zip(paper, ours.layers))
-    print(f"paper way    : {paper_s:.3f} s   log10 p = {log10_fisher(paper):.2f}  per block {[round(x, 2) for x in paper]}")
+    print(
+        f"paper way    : {paper_s:.3f} s   log10 p = {log10_fisher(paper):.2f}  "
+        f"per block {[round(x, 2) for x in paper]}"
+    )
     print(
         f"fingerprints : {ours_s:.3f} s (last run: fingerprints {fp_seconds:.3f} s, compare {cmp_seconds:.3f} s)   "
         f"log10 p = {ours.log10_p:.2f}  per block {[round(x.log10_p, 2) for x in ours.layers]}"
     )
-    print(f"ratio {paper_s / ours_s:.1f}x (fastest of {repeats} runs each); max |per-block log10 p difference| {diff:.2e}")
+    print(
+        f"ratio {paper_s / ours_s:.1f}x (fastest of {repeats} runs each); "
+        f"max |per-block log10 p difference| {diff:.2e}"
+    )
 
 
 def hub(zoo, spec: InputSpec, paper_pairs: int) -> None:
@@ -99,8 +106,14 @@ def hub(zoo, spec: InputSpec, paper_pairs: int) -> None:
     ours_total = fp_seconds + cmp_seconds
     print(f"fingerprints : {fp_seconds:.2f} s ({fp_seconds / len(models):.3f} s per model)")
     print(f"compare      : {cmp_seconds:.2f} s ({1000 * cmp_seconds / len(pairs):.1f} ms per pair)")
-    print(f"paper way    : {paper_per_pair:.3f} s per pair (mean of {len(sample)} pairs) -> {paper_total:.1f} s for all pairs")
-    print(f"ratio {paper_total / ours_total:.1f}x; max |aggregate log10 p difference| on the sampled pairs {max(agree):.2e}")
+    print(
+        f"paper way    : {paper_per_pair:.3f} s per pair (mean of {len(sample)} pairs) "
+        f"-> {paper_total:.1f} s for all pairs"
+    )
+    print(
+        f"ratio {paper_total / ours_total:.1f}x; "
+        f"max |aggregate log10 p difference| on the sampled pairs {max(agree):.2e}"
+    )
 
 
 def main() -> None:

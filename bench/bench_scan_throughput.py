@@ -97,7 +97,10 @@ def main() -> None:
               f"lineage {summary.stage_seconds['lineage']:.1f} s; total {summary.seconds:.1f} s; "
               f"failed {summary.failed}")
         print(f"baseline, one at a time in-process: {base_models:.0f} models/min, {base_pairs:.0f} pairs/min")
-        print(f"ratio scan/baseline: models {models_per_min / base_models:.2f}x, pairs {pairs_per_min / base_pairs:.2f}x")
+        print(
+            f"ratio scan/baseline: models {models_per_min / base_models:.2f}x, "
+            f"pairs {pairs_per_min / base_pairs:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ from pathlib import Path
 from scanner.fingerprint import fingerprint_model, write_fingerprint
 from scanner.inputs import InputSpec
 start = time.perf_counter()
-fp = fingerprint_model(sys.argv[1], inputs=InputSpec(n_sequences=int(sys.argv[3]), seq_len=int(sys.argv[4])), device=sys.argv[5])
+fp = fingerprint_model(
+    sys.argv[1], inputs=InputSpec(n_sequences=int(sys.argv[3]), seq_len=int(sys.argv[4])), device=sys.argv[5]
+)
 seconds = time.perf_counter() - start
 write_fingerprint(fp, sys.argv[2])
 hwm = next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
@@ -42,7 +44,9 @@ def _status(pid: int) -> dict[str, int]:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return {}
-    return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in lines) if k in ("VmRSS", "RssAnon", "RssFile")}
+    return {
+        k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in lines) if k in ("VmRSS", "RssAnon", "RssFile")
+    }
 
 
 def measure(model: Path, out: Path, sequences: int, seq_len: int, device: str) -> None:

@@ -44,7 +44,8 @@ class ScanSummary:
             "run_id": self.run_id, "db": self.db, "actors": self.actors, "device": self.device,
             "models": self.models, "fingerprinted": self.fingerprinted, "skipped": self.skipped,
             "failed": self.failed, "source_errors": self.source_errors, "failures": dict(self.failures),
-            "pairs": self.pairs, "retrieval": self.retrieval, "pairs_tested": self.pairs_tested, "pairs_failed": self.pairs_failed,
+            "pairs": self.pairs, "retrieval": self.retrieval, "pairs_tested": self.pairs_tested,
+            "pairs_failed": self.pairs_failed,
             "dependent_pairs": self.dependent_pairs, "families": self.families,
             "discrepancies": self.discrepancies, "exports": self.exports,
             "stage_seconds": {k: round(v, 2) for k, v in self.stage_seconds.items()}, "seconds": round(self.seconds, 2),
@@ -61,7 +62,8 @@ def render_summary(summary: ScanSummary) -> Group:
     incomparable = sum(pairs.get("incomparable", {}).values())
     rows = [
         ("models", f"{summary.models} discovered: {summary.fingerprinted} new or changed, "
-                   f"{summary.skipped} unchanged (skipped), {summary.failed} failed" + (f" ({failures})" if failures else "")),
+                   f"{summary.skipped} unchanged (skipped), {summary.failed} failed"
+                   + (f" ({failures})" if failures else "")),
         ("workers", f"{summary.actors} {summary.device} actor(s)"),
         ("pairs", f"{pairs.get('comparable', 0)} comparable ({pairs.get('declared', 0)} declared by cards), "
                   f"{incomparable} incomparable, {pairs.get('already_tested', 0)} already tested"),
@@ -69,7 +71,8 @@ def render_summary(summary: ScanSummary) -> Group:
                            f"(min score {summary.retrieval.get('min_score')}; {summary.retrieval.get('queried', 0)} "
                            f"revisions queried the index), {pairs.get('to_test', 0)} to test"),)
           if pairs.get("select") == "candidates" else ()),
-        ("pairs tested", f"{summary.pairs_tested} now" + (f", {summary.pairs_failed} failed" if summary.pairs_failed else "")),
+        ("pairs tested", f"{summary.pairs_tested} now"
+                         + (f", {summary.pairs_failed} failed" if summary.pairs_failed else "")),
         ("lineage", f"{summary.dependent_pairs} dependent pairs, {len(summary.families)} families with relatives, "
                     f"{summary.discrepancies} card discrepancies"),
         ("database", summary.db),

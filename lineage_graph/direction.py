@@ -54,13 +54,15 @@ def _declared_votes(a: ModelInfo, b: ModelInfo, ancestors: Mapping[str, set[str]
     for parent, child in ((a, b), (b, a)):
         if parent.model_id in child.declared_base_models and child.model_id not in parent.declared_base_models:
             relation = f" ({child.declared_relation})" if child.declared_relation else ""
-            votes.append(Vote(parent.model_id, "declared", f"{child.model_id} declares base_model {parent.model_id}{relation}"))
+            votes.append(Vote(parent.model_id, "declared",
+                              f"{child.model_id} declares base_model {parent.model_id}{relation}"))
     if votes:
         return votes
     a_anc, b_anc = ancestors.get(a.model_id, set()), ancestors.get(b.model_id, set())
     for parent, child, child_anc, parent_anc in ((a, b, b_anc, a_anc), (b, a, a_anc, b_anc)):
         if parent.model_id in child_anc and child.model_id not in parent_anc:
-            votes.append(Vote(parent.model_id, "declared_ancestry", f"{parent.model_id} is a declared ancestor of {child.model_id}"))
+            votes.append(Vote(parent.model_id, "declared_ancestry",
+                              f"{parent.model_id} is a declared ancestor of {child.model_id}"))
     return votes
 
 

@@ -76,7 +76,9 @@ def _declared_checks(model: ModelInfo, models: Mapping[str, ModelInfo],
     return out
 
 
-def find_discrepancies(models: Mapping[str, ModelInfo], edges: Iterable[Edge], families: Iterable[Family]) -> list[Discrepancy]:
+def find_discrepancies(
+    models: Mapping[str, ModelInfo], edges: Iterable[Edge], families: Iterable[Family]
+) -> list[Discrepancy]:
     """All card-versus-weights conflicts, sorted by model then kind."""
     by_pair = {e.pair: e for e in edges}
     family_of = {m: f for f in families for m in f.members}

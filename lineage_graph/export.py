@@ -38,7 +38,8 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
             attrs = {
                 "label": m, "family": f.family_id, "is_root": m == f.root, "revision": info.revision,
                 "architecture": info.architecture, "n_layers": info.n_layers, "hidden_size": info.hidden_size,
-                "intermediate_size": info.intermediate_size, "declared_base_models": ", ".join(info.declared_base_models),
+                "intermediate_size": info.intermediate_size,
+                "declared_base_models": ", ".join(info.declared_base_models),
                 "declared_relation": info.declared_relation, "claims_from_scratch": info.claims_from_scratch,
                 "license": info.license, "created_at": info.created_at.isoformat() if info.created_at else None,
                 "discrepancies": ", ".join(flagged.get(m, [])),
@@ -53,9 +54,10 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
         link = links.get((u, v)) or links.get((v, u)) or ""
         if link and (u, v) not in links:
             u, v = v, u  # the tree chose the other orientation: draw the edge the way the tree reads
-        graph.add_edge(u, v, log10_p=e.test.log10_p, log10_q=e.log10_q, joins_family=e.joins_family, strength=e.strength,
-                       statistic=e.test.statistic, directed=d.parent is not None,
-                       confidence=d.confidence if (u, v) == (d.parent, d.child) or d.parent is None else 1 - d.confidence,
+        graph.add_edge(u, v, log10_p=e.test.log10_p, log10_q=e.log10_q, joins_family=e.joins_family,
+                       strength=e.strength, statistic=e.test.statistic, directed=d.parent is not None,
+                       confidence=(d.confidence if (u, v) == (d.parent, d.child) or d.parent is None
+                                   else 1 - d.confidence),
                        reasons="; ".join(d.reasons), tree_link=link, blocks_matched=len(e.block_map),
                        block_map=" ".join(f"{a}:{b}" for a, b in e.block_map))
     if family is not None:

@@ -83,9 +83,10 @@ def _tree_graph(members: frozenset[str], evidence: nx.DiGraph, confirmed: Mappin
     """Candidate parent links of one family, weighted for Edmonds.
 
     A child's candidate parents (oriented towards it) whose dependence is within TIE_TOLERANCE of the strongest
-    are tied, unless the child declares a base the weights confirm: among them the one the direction evidence puts above most of the others (the most basal) gets the
-    best weight, then the one with fewer declared ancestors. A model as strongly related to a base as to the
-    base's fine-tunes most plausibly derives from the base.
+    are tied, unless the child declares a base the weights confirm: among them the one the direction evidence
+    puts above most of the others (the most basal) gets the best weight, then the one with fewer declared
+    ancestors. A model as strongly related to a base as to the base's fine-tunes most plausibly derives from
+    the base.
     """
     graph = nx.DiGraph()
     graph.add_nodes_from(members)

@@ -23,7 +23,8 @@ const G = JSON.parse(document.getElementById('graph-data').textContent);
 const NS = 'http://www.w3.org/2000/svg', svg = document.querySelector('svg'), root = document.getElementById('world');
 const SX = 190, byId = {};
 // Levels spread out vertically until the drawing's shape roughly matches the window's (wide hubs stay legible).
-const span = i => { const v = Object.values(G.pos).map(p => p[i]); return Math.max(1, Math.max(...v) - Math.min(...v)); };
+const span = i => {
+  const v = Object.values(G.pos).map(p => p[i]); return Math.max(1, Math.max(...v) - Math.min(...v)); };
 const SY = Math.min(400, Math.max(120, SX * span(0) / span(1) * svg.clientHeight / Math.max(1, svg.clientWidth)));
 function el(tag, attrs, parent) { const e = document.createElementNS(NS, tag);
   for (const k in attrs) e.setAttribute(k, attrs[k]); parent.appendChild(e); return e; }
@@ -57,7 +58,8 @@ function select(id) {
   const rel = G.edges.filter(e => e.source === id || e.target === id).map(e => '<li>' + esc(e.source) + ' &rarr; ' +
     esc(e.target) + ' (log10 p ' + e.log10_p.toFixed(1) + ', conf ' + e.confidence.toFixed(2) + ')<br><small>' +
     esc(e.reasons) + '</small></li>').join('');
-  document.getElementById('detail').innerHTML = '<h3>' + esc(id) + '</h3><table>' + rows + '</table><h4>Dependences</h4><ul>' + rel + '</ul>';
+  document.getElementById('detail').innerHTML = '<h3>' + esc(id) + '</h3><table>' + rows +
+    '</table><h4>Dependences</h4><ul>' + rel + '</ul>';
 }
 function esc(s) { return String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c])); }
 document.getElementById('search').addEventListener('input', ev => {
@@ -74,10 +76,12 @@ function fit() {  // the whole graph in view on opening, never magnified beyond 
   view = {k: k, x: (W - b.width * k) / 2 - b.x * k, y: (H - b.height * k) / 2 - b.y * k};
 }
 svg.addEventListener('wheel', ev => { ev.preventDefault(); const f = ev.deltaY < 0 ? 1.1 : 1 / 1.1;
-  view.x = ev.offsetX - (ev.offsetX - view.x) * f; view.y = ev.offsetY - (ev.offsetY - view.y) * f; view.k *= f; apply(); });
+  view.x = ev.offsetX - (ev.offsetX - view.x) * f; view.y = ev.offsetY - (ev.offsetY - view.y) * f;
+  view.k *= f; apply(); });
 svg.addEventListener('mousedown', ev => { drag = [ev.clientX - view.x, ev.clientY - view.y]; });
 window.addEventListener('mouseup', () => { drag = null; });
-window.addEventListener('mousemove', ev => { if (drag) { view.x = ev.clientX - drag[0]; view.y = ev.clientY - drag[1]; apply(); } });
+window.addEventListener('mousemove', ev => {
+  if (drag) { view.x = ev.clientX - drag[0]; view.y = ev.clientY - drag[1]; apply(); } });
 draw(); fit(); apply();
 """
 

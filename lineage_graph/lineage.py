@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from lineage_graph.direction import declared_ancestry, evidence_graph, orient
 from lineage_graph.discrepancies import find_discrepancies
@@ -41,12 +41,12 @@ class Lineage:
 
 
 def _earliest_key(models: Mapping[str, ModelInfo]):
-    far = datetime.max.replace(tzinfo=timezone.utc)
+    far = datetime.max.replace(tzinfo=UTC)
 
     def key(model_id: str) -> tuple[datetime, str]:
         created = models[model_id].created_at if model_id in models else None
         if created is not None and created.tzinfo is None:
-            created = created.replace(tzinfo=timezone.utc)
+            created = created.replace(tzinfo=UTC)
         return created or far, model_id
 
     return lambda members: min(members, key=key)
@@ -59,8 +59,8 @@ def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, met
     ancestors = declared_ancestry(models.values())
     edges = []
     for test, log10_q, dependent, strong in zip(tests, adjusted, rejected, family_wise):
-        block_map = tuple((int(l["layer_a"]), int(l["layer_b"])) for l in test.layers
-                          if l.get("log10_p") is not None and l["log10_p"] <= BLOCK_LOG10_P)
+        block_map = tuple((int(layer["layer_a"]), int(layer["layer_b"])) for layer in test.layers
+                          if layer.get("log10_p") is not None and layer["log10_p"] <= BLOCK_LOG10_P)
         direction = orient(models[test.model_a], models[test.model_b], ancestors) if dependent else NO_DIRECTION
         edges.append(Edge(test, float(log10_q), bool(dependent), direction, block_map, bool(dependent and strong)))
     return edges

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -119,6 +119,6 @@ def read_lineage(store: Store, *, statistic: str = "match") -> Lineage:
 def rebuild_lineage(store: Store, *, q: float = 0.05, method: Method = "bh", statistic: str = "match") -> Lineage:
     """Recompute the whole lineage from current_models/current_pair_tests and replace the lineage tables."""
     lineage, first_built = _compute(store, q, method, statistic)
-    frames = _frames(lineage, first_built, datetime.now(timezone.utc))
+    frames = _frames(lineage, first_built, datetime.now(UTC))
     lineage_tables.replace_lineage_tables(store, frames)
     return lineage

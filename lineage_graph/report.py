@@ -47,9 +47,9 @@ def _block_chart(layers: list[dict], path: Path, title: str) -> Path:
 
     figure = Figure(figsize=(6.5, 3.2), dpi=120)
     ax = figure.add_subplot()
-    labels = [f"{l['layer_a']}→{l['layer_b']}" for l in layers]
-    values = [-l["log10_p"] for l in layers]
-    ax.bar(labels, values, color=["#24527a" if l["log10_p"] <= -2 else "#b0b0b0" for l in layers])
+    labels = [f"{layer['layer_a']}→{layer['layer_b']}" for layer in layers]
+    values = [-layer["log10_p"] for layer in layers]
+    ax.bar(labels, values, color=["#24527a" if layer["log10_p"] <= -2 else "#b0b0b0" for layer in layers])
     ax.axhline(2.0, color="#c0392b", lw=1, ls="--", label="p = 0.01")
     ax.set_xlabel("block of A → block of B")
     ax.set_ylabel("−log10 p (per block)")
@@ -113,7 +113,8 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
     d = edge.direction
     verdict = (f"DEPENDENT at FDR q = {lineage.q} ({lineage.method.upper()}): p = {format_p(test.log10_p)}, "
                f"adjusted p = {format_p(edge.log10_q)}" if edge.dependent else
-               f"no evidence of dependence at FDR q = {lineage.q} ({lineage.method.upper()}): p = {format_p(test.log10_p)}")
+               f"no evidence of dependence at FDR q = {lineage.q} ({lineage.method.upper()}): "
+               f"p = {format_p(test.log10_p)}")
     family = lineage.family_of(first)
     discrepancies = [x for x in lineage.discrepancies if x.model_id in (first, second)]  # what either card claims
     # Model ids and locations come from a hub: a newline or control character in one is shown, never obeyed.

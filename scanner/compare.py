@@ -57,7 +57,9 @@ def open_model(path: str | Path, *, follow_links: bool = False) -> OpenModel:
 
 def _pair_inputs(a: OpenModel, b: OpenModel, spec: InputSpec, notes: list[str]) -> InputSet:
     shared = shared_token_range(a.token_range, b.token_range)
-    notes += input_notes((a.checkpoint.tokenizer_hash(), b.checkpoint.tokenizer_hash()), (a.token_range, b.token_range), shared)
+    notes += input_notes(
+        (a.checkpoint.tokenizer_hash(), b.checkpoint.tokenizer_hash()), (a.token_range, b.token_range), shared
+    )
     return canonical_inputs(shared, spec)
 
 
@@ -87,9 +89,12 @@ def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
             f"phi_U compares weight rows, which needs equal hidden sizes ({a.adapter.shape.hidden_size} vs "
             f"{b.adapter.shape.hidden_size}); use --stat match, which works across shapes"
         )
-    notes.append("phi_U is fooled by permuting hidden units or the residual stream; use --stat match against adversaries")
+    notes.append(
+        "phi_U is fooled by permuting hidden units or the residual stream; use --stat match against adversaries"
+    )
     return _blockwise(
-        a, b, notes, lambda la, lb: [phi_u(wa.up.numpy(), wb.up.numpy()) for wa, wb in _paired_experts(a, b, la, lb, notes)]
+        a, b, notes,
+        lambda la, lb: [phi_u(wa.up.numpy(), wb.up.numpy()) for wa, wb in _paired_experts(a, b, la, lb, notes)],
     )
 
 
@@ -113,7 +118,9 @@ def _block_source(model: OpenModel) -> BlockSource:
     def read_block(layer: int) -> dict[str, np.ndarray]:
         return {role: t.numpy() for role, t in model.adapter.block_weights(layer).items()}
 
-    return BlockSource(read_block=read_block, n_layers=model.adapter.shape.n_layers, hidden_size=model.adapter.shape.hidden_size)
+    return BlockSource(
+        read_block=read_block, n_layers=model.adapter.shape.n_layers, hidden_size=model.adapter.shape.hidden_size
+    )
 
 
 def compare_models(
@@ -143,14 +150,21 @@ def compare_models(
         notes.append(
             f"PERMTEST over {permutations} Appendix B permutations of model A: p cannot go below 1/{permutations + 1}"
         )
-        return PairTestResult(log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.observed, **common)
+        return PairTestResult(
+            log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.observed, **common
+        )
 
     if statistic in FINGERPRINT_STATISTICS:
         result = _test_activations(a, b, statistic, inputs, device)
         return replace(result, notes=[*notes, *result.notes])
     input_set = _pair_inputs(a, b, inputs, notes)  # jsd
-    log_probs = [next_token_log_probs(load_causal_lm(m.checkpoint, device), input_set.ids, input_set.token_range) for m in (a, b)]
-    notes.append("phi_JSD has no valid null distribution (it is invariant to every output-preserving change): raw value only, no p-value")
+    log_probs = [
+        next_token_log_probs(load_causal_lm(m.checkpoint, device), input_set.ids, input_set.token_range) for m in (a, b)
+    ]
+    notes.append(
+        "phi_JSD has no valid null distribution (it is invariant to every output-preserving change): "
+        "raw value only, no p-value"
+    )
     return PairTestResult(
         log10_p=None, layers=[], inputs=input_set.id, notes=notes, value=mean_jensen_shannon(*log_probs), **common
     )

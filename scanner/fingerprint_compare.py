@@ -53,7 +53,8 @@ def compare_fingerprints(
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
         raise ValueError(
-            f"statistic {statistic!r} cannot be computed from fingerprints; choose one of {', '.join(FINGERPRINT_STATISTICS)}"
+            f"statistic {statistic!r} cannot be computed from fingerprints; "
+            f"choose one of {', '.join(FINGERPRINT_STATISTICS)}"
         )
     reason = a.comparable_with(b)
     if reason is not None:
@@ -159,10 +160,13 @@ def input_notes(tokenizer_hashes: tuple[str | None, str | None], id_ranges: tupl
     hash_a, hash_b = tokenizer_hashes
     if hash_a and hash_b and hash_a != hash_b:
         notes.append(
-            "the tokenizers differ, so the same ids mean different text: activation tests keep their validity but lose power"
+            "the tokenizers differ, so the same ids mean different text: "
+            "activation tests keep their validity but lose power"
         )
     if id_ranges[0] != id_ranges[1]:
-        notes.append(f"vocabularies differ ({id_ranges[0]} vs {id_ranges[1]} ids); inputs use the shared first {shared}")
+        notes.append(
+            f"vocabularies differ ({id_ranges[0]} vs {id_ranges[1]} ids); inputs use the shared first {shared}"
+        )
     return notes
 
 

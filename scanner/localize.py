@@ -237,7 +237,9 @@ def _unit_blocks(blocks: list[list[MLPActivations]], device: str) -> list[list[t
         return blocks
     import torch
 
-    return [[(torch.from_numpy(g).to(device), torch.from_numpy(u).to(device)) for g, u in experts] for experts in blocks]
+    return [
+        [(torch.from_numpy(g).to(device), torch.from_numpy(u).to(device)) for g, u in experts] for experts in blocks
+    ]
 
 
 def _on_cpu(block: list[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -77,7 +77,8 @@ def render_table(result: PairTestResult) -> str:
             rho = f"{layer.rho:8.4f}" if layer.rho is not None else f"{'-':>8}"
             units = f"{layer.n_units:6d}" if layer.n_units is not None else f"{'-':>6}"
             lines.append(
-                f"{layer.layer_a:8d} {layer.layer_b:8d} {rho} {units} {layer.log10_p:12.2f} {format_p(layer.log10_p):>12}"
+                f"{layer.layer_a:8d} {layer.layer_b:8d} {rho} {units} "
+                f"{layer.log10_p:12.2f} {format_p(layer.log10_p):>12}"
             )
     lines.append("")
     if result.log10_p is not None:

@@ -19,13 +19,12 @@ import numpy as np
 import pytest
 from scipy.stats import false_discovery_control
 
-from lineage_graph.direction import combine, orient, Vote
-from lineage_graph.discrepancies import find_discrepancies
+from lineage_graph.direction import Vote, combine, orient
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.export import FORMATS, lineage_graph, write_graph
 from lineage_graph.families import assign_ids
-from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.lineage import compute_lineage
+from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
 from scanner.zoo import Zoo
 from tests.lineage_support import ground_truth, zoo_lineage_inputs
 
@@ -47,7 +46,7 @@ def _direct_step_up(p: np.ndarray, q: float, method: str) -> np.ndarray:
 @pytest.mark.parametrize("q", [0.01, 0.05, 0.2])
 def test_fdr_matches_direct_float_implementation(method: str, q: float) -> None:
     rng = np.random.default_rng(7)
-    for trial in range(20):
+    for _trial in range(20):
         m = int(rng.integers(1, 300))
         p = np.concatenate([rng.uniform(size=m // 2), rng.uniform(size=m - m // 2) ** 6])
         log10_p = np.log10(p)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import kstest
 from matplotlib.image import imread
+from scipy.stats import kstest
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
@@ -24,8 +24,8 @@ from scanner.inputs import InputSpec
 from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map
 from scanner.stats.block_map import block_map, bonferroni_log10
 from scanner.stats.experts import pair_experts
-from scanner.zoo import Zoo
 from scanner.testing.synthetic import synthetic_pair
+from scanner.zoo import Zoo
 from tests.synthetic_fingerprints import template_fingerprint
 
 BASE = "aurora-labs/aurora-base"
@@ -63,7 +63,9 @@ def test_width_pruned_model_maps_its_units_to_the_kept_units(zoo: Zoo, fingerpri
 
 
 @pytest.mark.parametrize(("parent", "copy"), [(COBALT, PYLON), (CHAT, NIMBUS)])
-def test_camouflaged_copy_maps_blocks_in_order_and_units_to_the_planted_permutation(zoo: Zoo, fingerprints, parent, copy):
+def test_camouflaged_copy_maps_blocks_in_order_and_units_to_the_planted_permutation(
+    zoo: Zoo, fingerprints, parent, copy
+):
     permutations = zoo[copy].details["camouflage"]["mlp_permutations"]
     result = localize(fingerprints[parent], fingerprints[copy])
     assert result.map == [(i, i) for i in range(len(permutations))]
@@ -114,14 +116,18 @@ def test_unit_map_plot_is_a_real_scatter(tmp_path: Path) -> None:
 
 def test_cli_json_shape_and_plots(zoo: Zoo, tmp_path: Path) -> None:
     plots = tmp_path / "plots"
-    result = runner.invoke(app, ["localize", str(zoo[BASE].path), str(zoo[LITE].path), "--json", "--plot-dir", str(plots)])
+    result = runner.invoke(
+        app, ["localize", str(zoo[BASE].path), str(zoo[LITE].path), "--json", "--plot-dir", str(plots)]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert len(data["pairs"]) == 12
     assert all(set(p) == {"layer_a", "layer_b", "log10_p"} for p in data["pairs"])
     assert [(m["layer_a"], m["layer_b"]) for m in data["map"]] == [(0, 0), (1, 1), (3, 2)]
     assert all(set(m) == {"layer_a", "layer_b"} for m in data["map"])
-    assert sorted(Path(p).name for p in data["plots"]) == ["unit-map-a0-b0.png", "unit-map-a1-b1.png", "unit-map-a3-b2.png"]
+    assert sorted(Path(p).name for p in data["plots"]) == [
+        "unit-map-a0-b0.png", "unit-map-a1-b1.png", "unit-map-a3-b2.png"
+    ]
     assert all(Path(p).stat().st_size > 5000 for p in data["plots"])
 
 
@@ -142,7 +148,8 @@ def test_cli_refuses_fingerprints_of_different_input_sets(zoo: Zoo, tmp_path: Pa
     files = []
     for seed in (0, 1):
         files.append(tmp_path / f"base-{seed}.safetensors")
-        write_fingerprint(fingerprint_model(zoo[BASE].path, inputs=InputSpec(seed=seed, n_sequences=4, seq_len=16)), files[-1])
+        fp = fingerprint_model(zoo[BASE].path, inputs=InputSpec(seed=seed, n_sequences=4, seq_len=16))
+        write_fingerprint(fp, files[-1])
     result = runner.invoke(app, ["localize", *map(str, files)])
     assert result.exit_code == EXIT_REFUSED
     assert result.output.startswith("hubtrace: error:") and "Traceback" not in result.output

@@ -21,7 +21,10 @@ mpmath.mp.dps = 50
 
 def _mp_incomplete_beta(a, b, x):
     """Regularized I_x(a, b) by its hypergeometric series, with generous limits for huge a."""
-    return x**a * (1 - x) ** b * mpmath.hyp2f1(a + b, 1, a + 1, x, maxterms=10**7, maxprec=100_000) / (a * mpmath.beta(a, b))
+    return (
+        x**a * (1 - x) ** b * mpmath.hyp2f1(a + b, 1, a + 1, x, maxterms=10**7, maxprec=100_000)
+        / (a * mpmath.beta(a, b))
+    )
 
 
 def _mp_log10_t_sf(t: float, df: float) -> float:
@@ -71,7 +74,10 @@ def _mp_log10_fisher(log10_ps):
 
 @pytest.mark.parametrize(
     "log10_ps",
-    [[-0.3, -0.1], [-5.0] * 32, [-300.0] * 32, [-2000.0] * 40, [-9000.0] * 2, [0.0] * 4, [-1e-9] * 3, [-1.0], [-215.0, -0.2, -50.0]],
+    [
+        [-0.3, -0.1], [-5.0] * 32, [-300.0] * 32, [-2000.0] * 40, [-9000.0] * 2, [0.0] * 4, [-1e-9] * 3, [-1.0],
+        [-215.0, -0.2, -50.0],
+    ],
 )
 def test_fisher_matches_mpmath(log10_ps):
     ours, exact = log10_fisher(log10_ps), _mp_log10_fisher(log10_ps)

@@ -26,7 +26,9 @@ def test_pvalues_of_independent_pairs_are_uniform(independent_zoo: Zoo, statisti
     log10_ps = [compare_models(independent_zoo[a].path, independent_zoo[b].path, statistic).log10_p for a, b in pairs]
     p_values = [10.0**x for x in log10_ps]
     ks = kstest(p_values, "uniform")
-    assert ks.pvalue > KS_ALPHA, f"{statistic}: KS D={ks.statistic:.3f}, p={ks.pvalue:.2g}; min log10 p {min(log10_ps):.1f}"
+    assert ks.pvalue > KS_ALPHA, (
+        f"{statistic}: KS D={ks.statistic:.3f}, p={ks.pvalue:.2g}; min log10 p {min(log10_ps):.1f}"
+    )
 
 
 def test_phi_match_finds_every_dependent_pair_of_the_zoo(zoo: Zoo) -> None:

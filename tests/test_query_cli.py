@@ -13,8 +13,8 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-from lineage_graph.persist import rebuild_lineage
 from jobs.cli import EXIT_REFUSED, app
+from lineage_graph.persist import rebuild_lineage
 from scanner.store import Store
 from tests.store_support import scanned_hub, writer_holding
 

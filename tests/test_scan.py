@@ -79,7 +79,7 @@ def test_scan_fingerprints_every_good_model_and_records_each_broken_one_once(fir
     expected = {tuple(sorted(p)) for p in combinations(SUBSET, 2)}
     assert {(a, b) for a, b, *_ in tests.iter_rows()} == expected
     assert tests.height == len(expected) == summary.pairs_tested
-    for a, b, log10_p, reason, n_layers in tests.iter_rows():
+    for a, b, log10_p, _reason, n_layers in tests.iter_rows():
         if zoo.dependent(a, b):
             assert log10_p <= -20, (a, b, log10_p)
         assert n_layers >= 3
@@ -115,7 +115,8 @@ def test_rerun_is_incremental_and_a_new_revision_supersedes_its_old_tests(first_
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same bytes, new local revision
     third = run_scan(config)
     assert third.fingerprinted == 1 and third.failures == again.failures
-    assert query(db, "SELECT model_id FROM fingerprints WHERE run_id = ?", [third.run_id])["model_id"].to_list() == [changed]
+    refreshed = query(db, "SELECT model_id FROM fingerprints WHERE run_id = ?", [third.run_id])
+    assert refreshed["model_id"].to_list() == [changed]
     assert third.pairs_tested == len(SUBSET) - 1
     new = query(db, "SELECT model_a, model_b FROM pair_tests WHERE run_id = ?", [third.run_id])
     assert all(changed in (a, b) for a, b in new.iter_rows())

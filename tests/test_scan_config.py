@@ -35,7 +35,9 @@ def test_config_errors_name_the_file_the_key_path_and_what_is_allowed(tmp_path):
 
 
 def test_config_rejects_non_mappings_and_broken_yaml(tmp_path):
-    for text, expected in (("- a\n- b\n", "must be a mapping"), ("sources: [\n", "not valid YAML"), ("{}", "sources: required")):
+    for text, expected in (
+        ("- a\n- b\n", "must be a mapping"), ("sources: [\n", "not valid YAML"), ("{}", "sources: required")
+    ):
         path = tmp_path / "c.yaml"
         path.write_text(text)
         with pytest.raises(ConfigError, match=expected):
@@ -47,7 +49,8 @@ def test_overrides_replace_sources_db_and_output():
         local=Path("/models"), db=Path("/tmp/x.duckdb"), output_dir=Path("/tmp/out"))
     assert [(s.kind, s.path) for s in config.sources] == [("local", Path("/models"))]
     assert config.db_path == Path("/tmp/x.duckdb") and config.fingerprint_location == "/tmp/out/fingerprints"
-    assert ScanConfig.model_validate({"sources": [{"kind": "hf_cache"}], "output_dir": "o"}).db_path == Path("o/hubtrace.duckdb")
+    defaulted = ScanConfig.model_validate({"sources": [{"kind": "hf_cache"}], "output_dir": "o"})
+    assert defaulted.db_path == Path("o/hubtrace.duckdb")
 
 
 def _c(model_id: str, input_set: str = "v1-seed0-4x64-ids<256", bases: tuple[str, ...] = ()) -> Candidate:
@@ -61,7 +64,9 @@ def test_pair_plan_counts_comparable_declared_incomparable_and_tested():
     assert plan.comparable == 6 and plan.already_tested == 1 and len(plan.jobs) == 5
     assert plan.declared == 1 and plan.declared_incomparable == 1 and plan.declared_base_not_scanned == 1
     assert sum(plan.incomparable.values()) == 4 and "token ranges differ" in next(iter(plan.incomparable))
-    assert {(j.model_a, j.model_b, j.reason) for j in plan.jobs if j.reason == "declared_base"} == {("o/a", "o/b", "declared_base")}
+    assert {(j.model_a, j.model_b, j.reason) for j in plan.jobs if j.reason == "declared_base"} == {
+        ("o/a", "o/b", "declared_base")
+    }
     assert all(j.model_a < j.model_b for j in plan.jobs)
     declared_only = plan_pairs(candidates, tested=set(), comparable=False)
     assert [(j.model_a, j.model_b) for j in declared_only.jobs] == [("o/a", "o/b")]

@@ -140,7 +140,8 @@ def _two_layer_mlp_test(theta_a, theta_b, seed):
 
 
 def test_permtest_is_uniform_on_its_grid_under_independence():
-    """Chi-square goodness of fit over the 20 possible p-values, 1000 fixed-seed draws, alpha=0.01 (1% false failures)."""
+    """Chi-square goodness of fit over the 20 possible p-values, 1000 fixed-seed draws,
+    alpha=0.01 (1% false failures)."""
     rng = np.random.default_rng(9)
     counts = np.zeros(20)
     for seed in range(1000):
@@ -188,6 +189,9 @@ def test_phi_l2_separates_a_fine_tune_from_an_independent_model():
     base = [_random_block(rng) for _ in range(3)]
     tuned = [{r: t + 0.05 * rng.normal(size=t.shape) for r, t in b.items()} for b in base]
     other = [_random_block(rng) for _ in range(3)]
-    source = lambda blocks: BlockSource(read_block=lambda layer: blocks[layer], n_layers=3, hidden_size=8)
+
+    def source(blocks):
+        return BlockSource(read_block=lambda layer: blocks[layer], n_layers=3, hidden_size=8)
+
     assert phi_l2(source(base), source(tuned), n_samples=99).log10_p == pytest.approx(-2.0)
     assert phi_l2(source(base), source(other), n_samples=99).log10_p > -1.5

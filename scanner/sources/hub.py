@@ -59,7 +59,9 @@ def discover_hub(*, endpoint: str | None = None, token: str | None = None, autho
         except StopIteration:
             return
         except (HfHubHTTPError, httpx2.HTTPError, ValueError, TypeError, KeyError) as e:
-            yield SourceFailure(WHOLE_SOURCE, f"{api.endpoint}/api/models", f"listing models failed: {one_line(e, 300)}")
+            yield SourceFailure(
+                WHOLE_SOURCE, f"{api.endpoint}/api/models", f"listing models failed: {one_line(e, 300)}"
+            )
             return
         yield hub_record(info, api.endpoint)
 

@@ -16,8 +16,14 @@ from typing import TypeVar
 
 import httpx2
 from huggingface_hub.errors import HfHubHTTPError
-from tenacity import RetryCallState, Retrying, before_sleep_log, retry_if_exception, stop_after_attempt
-from tenacity import wait_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})

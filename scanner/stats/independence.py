@@ -120,4 +120,6 @@ def permtest(
     rng = np.random.default_rng(seed)
     observed = statistic(theta_a, theta_b)
     null_values = np.array([statistic(sample_transform(rng)(theta_a), theta_b) for _ in range(n_samples)])
-    return PermTestResult(observed=observed, null_values=null_values, log10_p=log10_permutation_p(observed, null_values))
+    return PermTestResult(
+        observed=observed, null_values=null_values, log10_p=log10_permutation_p(observed, null_values)
+    )

@@ -47,7 +47,9 @@ def negative_l2_distance(a: BlockSource, b: BlockSource) -> float:
         squared = 0.0
         for role, tensor in block_a.items():
             if tensor.shape != block_b[role].shape:
-                raise IncomparableError(f"phi_l2 needs equal shapes; block {layer} {role}: {tensor.shape} vs {block_b[role].shape}")
+                raise IncomparableError(
+                    f"phi_l2 needs equal shapes; block {layer} {role}: {tensor.shape} vs {block_b[role].shape}"
+                )
             squared += float(np.sum((tensor.astype(np.float64) - block_b[role]) ** 2))
         total += np.sqrt(squared)
     return -total

@@ -450,6 +450,7 @@ class Store:
         self._con.execute(
             'INSERT INTO scan_errors (run_id, model_id, stage, revision, location, error_type, reason, "at") '
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET revision = excluded.revision, "
-            'location = excluded.location, error_type = excluded.error_type, reason = excluded.reason, "at" = excluded."at"',
+            'location = excluded.location, error_type = excluded.error_type, reason = excluded.reason, '
+            '"at" = excluded."at"',
             [run_id, model_id, stage, revision, None if location is None else str(location), error_type, reason,
              _now()])

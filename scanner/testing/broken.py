@@ -164,7 +164,9 @@ def _config_depth(folder: Path, good: Path, _marker: Path) -> None:
 
 
 def _unknown_architecture(folder: Path, good: Path, _marker: Path) -> None:
-    _edit_config(folder, good, lambda config: config.update(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"]))
+    _edit_config(
+        folder, good, lambda config: config.update(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
+    )
 
 
 def _empty(folder: Path, good: Path, _marker: Path) -> None:

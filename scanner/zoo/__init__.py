@@ -2,6 +2,7 @@
 retrains, T1-T6 camouflage) trained on synthetic languages, written as Hugging Face directories
 with model cards, so the independence tests can be checked against known lineage."""
 
+from scanner.cards import read_card
 from scanner.zoo.arch import ArchSpec, load_model
 from scanner.zoo.build import (
     GROUND_TRUTH,
@@ -17,7 +18,6 @@ from scanner.zoo.build import (
     train_independent_models,
 )
 from scanner.zoo.camouflage import max_logit_diff
-from scanner.cards import read_card
 from scanner.zoo.cards import classify_card
 
 __all__ = [
