@@ -30,7 +30,8 @@ def scan_config(hub: Path, out: Path, **overrides) -> ScanConfig:
             "pairs": {"batch_size": 2, "select": "all"}, "ray": {"actors": 2, "max_in_flight": 4},
             "devices": {"mode": "cpu"},
             "exports": ["json"]}
-    data.update(overrides)
+    for key, value in overrides.items():  # a section given in part keeps the defaults above for the rest
+        data[key] = {**data[key], **value} if isinstance(value, dict) and isinstance(data.get(key), dict) else value
     return ScanConfig.model_validate(data)
 
 

@@ -63,19 +63,19 @@ def test_every_dependent_zoo_pair_is_a_candidate_and_no_independent_family_joins
 
 def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged(zoo: Zoo, zoo_entries,
                                                                               tmp_path) -> None:
-    fps, models = tmp_path / "fps", []
+    fps, models, folder = tmp_path / "fps", [], tmp_path / "db.retrieval"
     for (model_id, revision), entry in sorted(zoo_entries.items())[:6]:
         path = fps / model_id / f"{revision}.safetensors"
-        write_entry(entry, entry_path(path))
+        write_entry(entry, entry_path(folder, path))
         models.append(IndexedModel(model_id, revision, entry.input_set, str(path)))
-    folder = tmp_path / "db.retrieval"
     first = update_indexes(folder, models, min_score=4)
     assert first.queried == 6 and not first.rebuilt
     again = update_indexes(folder, models, min_score=4)
     assert (again.queried, again.pairs) == (0, [])
 
     changed = dataclasses.replace(models[0], revision="r2")
-    write_entry(read_entry(entry_path(models[0].fingerprint_path)), entry_path(changed.fingerprint_path))
+    write_entry(read_entry(entry_path(folder, models[0].fingerprint_path)),
+                entry_path(folder, changed.fingerprint_path))
     third = update_indexes(folder, [changed, *models[1:]], min_score=4)
     assert (third.queried, third.removed) == (1, 1)
     index = RetrievalIndex(folder, changed.input_set)

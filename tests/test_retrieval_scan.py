@@ -28,7 +28,7 @@ def local_ray():
 @pytest.fixture(scope="module")
 def candidate_scan(zoo, local_ray, tmp_path_factory):
     root = copy_models(zoo, SUBSET, tmp_path_factory.mktemp("hub"))
-    config = scan_config(root, tmp_path_factory.mktemp("out"), pairs={"batch_size": 4})
+    config = scan_config(root, tmp_path_factory.mktemp("out"), pairs={"batch_size": 4, "select": "candidates"})
     assert config.pairs.select == "candidates"
     return config, run_scan(config)
 

@@ -68,7 +68,7 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
 
         def loader(model: IndexedModel, loaded: dict = entries):  # noqa: ANN202
             def load():  # noqa: ANN202
-                loaded[model.key] = load_or_make_entry(model.fingerprint_path, params)
+                loaded[model.key] = load_or_make_entry(folder, model.fingerprint_path, params)
                 return loaded[model.key]
             return load
 
@@ -89,7 +89,7 @@ def similar_models(folder: str | Path, model: IndexedModel, *, params: Signature
     index = RetrievalIndex(folder, model.input_set, params)
     if model.key not in index.models:
         return []
-    entry = load_or_make_entry(model.fingerprint_path, params)
+    entry = load_or_make_entry(folder, model.fingerprint_path, params)
     pairs = scored_pairs(index, {model.key: entry})
     return sorted(pairs, key=lambda p: (-p.score, p.key))[:limit]
 

@@ -51,9 +51,11 @@ class SearchParams:
 DEFAULT_SEARCH = SearchParams()
 
 
-def entry_path(fingerprint_path: str | Path) -> Path:
-    path = Path(fingerprint_path)
-    return path.with_name(path.name.removesuffix(".safetensors") + ENTRY_SUFFIX)
+def entry_path(folder: str | Path, fingerprint_address: str | Path) -> Path:
+    """Where the retrieval entry of the fingerprint at ``fingerprint_address`` (a local path or a store URL) is
+    kept: in the index folder beside the database, so a remote fingerprint store needs no extra files."""
+    digest = hashlib.sha256(str(fingerprint_address).encode()).hexdigest()[:32]
+    return Path(folder) / "entries" / f"{digest}{ENTRY_SUFFIX}"
 
 
 def write_entry(entry: RetrievalEntry, path: str | Path) -> None:
@@ -79,13 +81,14 @@ def read_entry(path: str | Path) -> RetrievalEntry:
         raise FingerprintError(f"{path}: not a readable retrieval entry: {exc}") from exc
 
 
-def load_or_make_entry(fingerprint_path: str | Path, params: SignatureParams) -> RetrievalEntry:
-    """The entry beside a fingerprint file; computed from the fingerprint (and written) when missing, damaged
-    or made with other params."""
-    from scanner.fingerprint import read_fingerprint
+def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path,
+                       params: SignatureParams) -> RetrievalEntry:
+    """The entry of a fingerprint kept in ``folder``; computed from the fingerprint (read from wherever the
+    fingerprint store keeps it) and written when missing, damaged or made with other params."""
+    from scanner.fingerprint_store import read_fingerprint_at
     from scanner.retrieval.signatures import retrieval_entry
 
-    path = entry_path(fingerprint_path)
+    path = entry_path(folder, fingerprint_address)
     if path.is_file():
         try:
             entry = read_entry(path)
@@ -93,7 +96,7 @@ def load_or_make_entry(fingerprint_path: str | Path, params: SignatureParams) ->
                 return entry
         except FingerprintError:
             pass
-    entry = retrieval_entry(read_fingerprint(fingerprint_path), params)
+    entry = retrieval_entry(read_fingerprint_at(fingerprint_address), params)
     write_entry(entry, path)
     return entry
 
