@@ -259,8 +259,8 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
 
     console = console or Console()
     fingerprints = FingerprintStore(config.fingerprint_location)
-    config.db_path.parent.mkdir(parents=True, exist_ok=True)
-    Store(config.db_path).close()  # a database another process holds: one StoreLockedError before Ray starts
+    if config.db_path.exists():  # a database another process holds: one StoreLockedError before Ray starts
+        Store(config.db_path).close()
     started_ray = connect_ray(config)
     started = time.perf_counter()
     try:
