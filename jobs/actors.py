@@ -12,10 +12,10 @@ being fingerprinted (jobs.scratch).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,13 +33,10 @@ REASON_CHARS = 4000
 
 
 if TYPE_CHECKING:
-    from scanner.fingerprint import Fingerprint, FingerprintMeta
+    from scanner.fingerprint import FingerprintMeta
+    from scanner.pair_worker import PairWorker
     from scanner.sources import ModelRecord
     from scanner.stats.sequential import SequentialDesign
-
-#: Fingerprints a pair task keeps in memory: batches are ordered by first model, so a few suffice.
-FINGERPRINT_CACHE = 4
-
 
 @dataclass(frozen=True)
 class WorkFailure:
@@ -196,33 +193,29 @@ class FingerprintWorker:
 
 def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
                   workers: int = 1) -> list[PairOutcome]:
-    """Test each pair from its two fingerprints, read from the store wherever it is (cosine matrices on the task's
-    GPU when Ray gave it one, screening blocks first when a design is given, ``workers`` blocks at once); a
-    failing pair becomes an error value."""
-    from scanner.fingerprint_compare import compare_fingerprints
-    from scanner.fingerprint_store import read_fingerprint_at
-
-    cache: OrderedDict[str, Fingerprint] = OrderedDict()
-
-    def load(path: str) -> Fingerprint:
-        if path in cache:
-            cache.move_to_end(path)
-        else:
-            cache[path] = read_fingerprint_at(path)
-            if len(cache) > FINGERPRINT_CACHE:
-                cache.popitem(last=False)
-        return cache[path]
+    """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
+    gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing
+    pair becomes an error value. A GPU task's worker outlives the task in Ray's reused worker process, so the next
+    batches find their fingerprints resident (scanner.pair_worker)."""
+    from scanner.pair_worker import PairWorker
 
     device = pick_device()
+    worker = (_resident_pair_worker(device, statistic, design, workers) if device != "cpu"
+              else PairWorker(device, statistic=statistic, design=design, workers=workers))
     out = []
     for job in jobs:
         try:
-            result = compare_fingerprints(load(job.path_a), load(job.path_b), statistic, device=device, design=design,
-                                          workers=workers, block_map=job.block_map)
-            out.append(PairOutcome(job, result=result))
+            out.append(PairOutcome(job, result=worker.compare(job.path_a, job.path_b, job.block_map)))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e, REASON_CHARS))))
     return out
+
+
+@functools.cache
+def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int) -> PairWorker:
+    from scanner.pair_worker import PairWorker
+
+    return PairWorker(device, statistic=statistic, design=design, workers=workers)
 
 
 compare_batch_task = ray.remote(compare_batch)

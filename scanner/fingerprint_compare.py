@@ -11,13 +11,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar, get_args
 
+from scanner.activations import MLPActivations
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
 from scanner.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.stats.experts import ExpertPairing, pair_block_experts
-from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match
+from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match, phi_match_many
 from scanner.stats.logp import log10_fisher
+from scanner.stats.matching import AssignmentSolver
 from scanner.stats.sequential import SequentialDesign
 
 FingerprintStatistic = Literal["match", "hidden"]
@@ -37,18 +39,20 @@ def compare_fingerprints(
     design: SequentialDesign | None = None,
     workers: int = 1,
     block_map: tuple[tuple[int, int], ...] | None = None,
+    solver: AssignmentSolver = "auto",
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
     ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
-    selects assignment candidates there too (same matchings, see scanner.stats.assignment). ``design`` compares
-    its screening blocks first and stops when they settle the test (scanner.stats.sequential); None compares
-    every block. ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products
-    (BLAS, outside the GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py
-    --workers measures the gain). ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when
-    the depths differ: the pair is then tested both by index and on the mapped blocks, and reports twice the
-    smaller p-value (Bonferroni over the two pairings; scanner.retrieval.candidates says why the mapped one is
-    valid). Raises IncomparableError when the fingerprints were taken on different input sets.
+    solves the assignments of all compared blocks there as one batch (``solver``: see scanner.stats.matching; the
+    matchings are the same whoever solves them, each certified optimal). ``design`` compares its screening blocks
+    first and stops when they settle the test (scanner.stats.sequential); None compares every block. On the host,
+    ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products (BLAS, outside the
+    GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py --workers measures the gain).
+    ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when the depths differ: the pair
+    is then tested both by index and on the mapped blocks, and reports twice the smaller p-value (Bonferroni over
+    the two pairings; scanner.retrieval.candidates says why the mapped one is valid). Raises IncomparableError
+    when the fingerprints were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -74,20 +78,32 @@ def compare_fingerprints(
 
     expert_maps: dict[int, str] = {}
 
-    def block(layers_ab: tuple[int, int]) -> LayerResult:
+    def paired(layers_ab: tuple[int, int]) -> tuple[ExpertPairing, list[tuple[MLPActivations, MLPActivations]]]:
         layer_a, layer_b = layers_ab
         experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
         pairing = pair_fingerprint_experts(a, b, layer_a, layer_b)
         if not pairing.by_index or len(experts_a) != len(experts_b):
             expert_maps[layer_a] = pairing.describe()
-        pairs = [(experts_a[i], experts_b[j]) for i, j in pairing.pairs]
+        return pairing, [(experts_a[i], experts_b[j]) for i, j in pairing.pairs]
+
+    def block(layers_ab: tuple[int, int]) -> LayerResult:
+        pairing, pairs = paired(layers_ab)
         if statistic == "hidden":
             tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device) for x, y in pairs]
         else:
             tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
-        return block_result(layer_a, layer_b, tests, pairing)
+        return block_result(*layers_ab, tests, pairing)
+
+    def batched(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
+        """Every block's (and expert's) phi_MATCH with the assignments solved together (see phi_match_many)."""
+        plans = [(layers_ab, *paired(layers_ab)) for layers_ab in block_pairs]
+        inputs = [(x.gate, x.up, y.gate, y.up) for _, _, pairs in plans for x, y in pairs]
+        tests = iter(phi_match_many(inputs, device=device, solver=solver))
+        return [block_result(*layers_ab, [next(tests) for _ in pairs], pairing) for layers_ab, pairing, pairs in plans]
 
     def compared(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
+        if statistic == "match" and (device is not None or solver == "auction"):
+            return batched(block_pairs)
         return parallel_map(block, block_pairs, workers)
 
     def test(block_pairs: list[tuple[int, int]]) -> tuple[list[LayerResult], float]:

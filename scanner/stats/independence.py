@@ -6,14 +6,22 @@ the two models were trained independently; FISHER combines blocks whose p-values
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from scanner.stats.logp import log10_fisher, log10_matching_p, log10_permutation_p
-from scanner.stats.matching import Matching, cosine_similarity_matrix, match, match_similarity, spearman
+from scanner.stats.matching import (
+    AssignmentSolver,
+    Matching,
+    cosine_similarity_matrix,
+    match,
+    match_similarities,
+    match_similarity,
+    spearman,
+)
 
 Theta = TypeVar("Theta")
 
@@ -63,8 +71,54 @@ def phi_match(
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:
     """phi_MATCH from the two precomputed cosine matrices (gate and up), each shaped (units_a, units_b)."""
-    by_gate = match_similarity(gate_similarity)
-    by_up = match_similarity(up_similarity)
+    return _phi_match_from(gate_similarity, up_similarity, match_similarity(gate_similarity),
+                           match_similarity(up_similarity))
+
+
+MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""(gate_a, up_a, gate_b, up_b): one block's (or expert's) activations of both models."""
+
+
+def phi_match_many(
+    blocks: Sequence[MatchInputs], *, device: str | None = None, solver: AssignmentSolver = "auto",
+    max_matrix_bytes: int | None = None,
+) -> list[BlockTest]:
+    """``[phi_match(*x, device=device) for x in blocks]``, with the assignments of many blocks solved together.
+
+    On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
+    GPU memory, leaving room for the auction's working memory) are built there and their assignments solved as
+    one batch by the auction (``solver``, see scanner.stats.matching); the results are those of ``phi_match``
+    (every matching is certified optimal either way). On the host one block's matrices are held at a time.
+    """
+    if max_matrix_bytes is None:
+        max_matrix_bytes = _free_matrix_bytes(device) if device not in (None, "cpu") or solver == "auction" else 0
+    results: list[BlockTest] = []
+    group: list[MatchInputs] = []
+    group_bytes = 0
+    for inputs in [*blocks, None]:
+        size = 0 if inputs is None else 8 * inputs[0].shape[0] * inputs[2].shape[0]  # two float32 matrices
+        if group and (inputs is None or group_bytes + size > max_matrix_bytes):
+            gates = [cosine_similarity_matrix(ga, gb, device=device) for ga, _, gb, _ in group]
+            ups = [cosine_similarity_matrix(ua, ub, device=device) for _, ua, _, ub in group]
+            matchings = match_similarities([*gates, *ups], solver)
+            results += [_phi_match_from(g, u, by_g, by_u) for g, u, by_g, by_u in
+                        zip(gates, ups, matchings[: len(group)], matchings[len(group):], strict=True)]
+            group, group_bytes = [], 0
+        if inputs is not None:
+            group.append(inputs)
+            group_bytes += size
+    return results
+
+
+def _free_matrix_bytes(device: str | None) -> int:
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0] // 3
+    return 1 << 30
+
+
+def _phi_match_from(gate_similarity: Any, up_similarity: Any, by_gate: Matching, by_up: Matching) -> BlockTest:
     rho = spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float))
     closeness = (matched_closeness(gate_similarity, by_gate) + matched_closeness(up_similarity, by_up)) / 2.0
     return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size, closeness=closeness)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.stats import rankdata
 
 from scanner.stats.assignment import max_weight_assignment
+from scanner.stats.assignment.auction import auction_assignments
 
 _NORM_FLOOR = 1e-12
 
@@ -42,9 +44,10 @@ class Matching:
 def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None) -> Any:
     """Cosine similarity between every row of a and every row of b; all-zero rows score 0.
 
-    With ``device`` None: a float32 numpy array computed on the CPU. With a torch device (``"cuda"``): a float32
-    torch tensor on it, which ``match_similarity`` accepts as is (candidate selection then stays on that device
-    and only candidates reach the CPU).
+    With ``device`` None: a float32 numpy array computed on the CPU. With a torch device (``"cuda"``; a and b numpy
+    arrays or torch tensors, e.g. already resident there): a float32 torch tensor on it, which the solvers accept
+    as is (``match_similarities`` solves such matrices there; ``match_similarity`` selects candidates there, and
+    only candidates reach the CPU).
     """
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"MATCH needs two matrices with equal column counts, got {a.shape} and {b.shape}")
@@ -52,7 +55,7 @@ def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None) -> An
         return unit_rows(a) @ unit_rows(b).T
     import torch
 
-    a_t, b_t = (torch.as_tensor(np.asarray(x), device=device).float() for x in (a, b))
+    a_t, b_t = (torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x), device=device).float() for x in (a, b))
     floor = torch.tensor(_NORM_FLOOR, device=device)
     a_t = a_t / torch.maximum(torch.linalg.vector_norm(a_t, dim=1, keepdim=True), floor)
     b_t = b_t / torch.maximum(torch.linalg.vector_norm(b_t, dim=1, keepdim=True), floor)
@@ -81,6 +84,39 @@ def match_similarity(similarity: Any) -> Matching:
     else:
         b_index, a_index = max_weight_assignment(similarity.T)
     return Matching(a_index=np.asarray(a_index), b_index=np.asarray(b_index), a_rows=a_rows, b_rows=b_rows)
+
+
+AssignmentSolver = Literal["auto", "host", "auction"]
+"""Who solves MATCH's assignments: ``host`` the certified sparse solver (one CPU core per matrix), ``auction`` the
+batched auction on the matrices' own device (scanner.stats.assignment.auction), ``auto`` the auction for matrices
+on a GPU and the host solver otherwise. Every answer is certified optimal; only the time differs."""
+
+
+def match_similarities(similarities: Sequence[Any], solver: AssignmentSolver = "auto") -> list[Matching]:
+    """``[match_similarity(s) for s in similarities]``, with the square torch matrices of one shape solved together
+    by the auction where ``solver`` asks for it; any the auction cannot certify are solved on the host."""
+    out: list[Matching | None] = [None] * len(similarities)
+    groups: dict[tuple, list[int]] = {}
+    for k, s in enumerate(similarities):
+        if _auction_solves(s, solver):
+            groups.setdefault((tuple(s.shape), str(s.device), s.dtype), []).append(k)
+    for members in groups.values():
+        import torch
+
+        outcome = auction_assignments(torch.stack([similarities[k] for k in members]))
+        rows = np.arange(similarities[members[0]].shape[0])
+        for k, columns, certified in zip(members, outcome.columns, outcome.certified, strict=True):
+            if certified:
+                out[k] = Matching(a_index=rows, b_index=columns, a_rows=rows.size, b_rows=rows.size)
+    return [m if m is not None else match_similarity(s) for m, s in zip(out, similarities, strict=True)]
+
+
+def _auction_solves(similarity: Any, solver: AssignmentSolver) -> bool:
+    if solver == "host" or type(similarity).__module__.split(".")[0] != "torch":
+        return False
+    rows, cols = similarity.shape
+    square = rows == cols and rows >= 2
+    return square and (solver == "auction" or similarity.device.type == "cuda")
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:

@@ -1,0 +1,102 @@
+"""A pair worker: tests pairs from stored fingerprints, keeping the fingerprints it needs resident on its device.
+
+Why: a pair test on a GPU is a few hundred milliseconds of work, while reading a 7B fingerprint (360 MB at 256
+tokens) from an object store and copying it to the GPU can cost more than that. Pairs arrive sorted by their
+first model, so one worker that keeps recently used fingerprints on its device (least recently used dropped
+first, within a byte budget) reads and uploads each about once per batch of its pairs.
+
+Ray-free on purpose: the scan's pair tasks (jobs.actors) wrap it, and a machine without Ray (a bench on a GPU
+host, a notebook) runs the same code path. Failures are raised; the caller decides what a failed pair becomes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable
+
+from scanner.activations import MLPActivations
+from scanner.fingerprint import Fingerprint
+from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprint_store import read_fingerprint_at
+from scanner.results import PairTestResult
+from scanner.stats.matching import AssignmentSolver
+from scanner.stats.sequential import SequentialDesign
+
+HOST_CACHE_BYTES = 2 << 30
+"""Fingerprints a host worker keeps in memory: five 7B-shaped ones at 256 tokens."""
+
+
+class PairWorker:
+    """Tests pairs of stored fingerprints on one device (``"cpu"`` or a CUDA device), caching what it reads.
+
+    On a GPU, dense fingerprints are held there as torch tensors in their storage dtype, so a pair's cosine
+    matrices are built without a host-to-device copy; MoE fingerprints stay on the host (their experts are paired
+    on the host first, scanner.stats.experts).
+    """
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        *,
+        statistic: str = "match",
+        design: SequentialDesign | None = None,
+        workers: int = 1,
+        solver: AssignmentSolver = "auto",
+        cache_bytes: int | None = None,
+        reader: Callable[[str], Fingerprint] = read_fingerprint_at,
+    ) -> None:
+        self.device, self.statistic, self.design, self.workers, self.solver = device, statistic, design, workers, solver
+        self.cache_bytes = _default_cache_bytes(device) if cache_bytes is None else cache_bytes
+        self._read = reader
+        self._cache: OrderedDict[str, tuple[Fingerprint, int]] = OrderedDict()
+        self.reads = 0  # fingerprints read from the store (a cache miss each)
+
+    def compare(self, address_a: str, address_b: str, block_map: tuple[tuple[int, int], ...] = ()) -> PairTestResult:
+        """The pair's test, as ``compare_fingerprints`` gives it, from the fingerprints at the two addresses."""
+        return compare_fingerprints(self.fingerprint(address_a), self.fingerprint(address_b), self.statistic,
+                                    device=self.device, design=self.design, workers=self.workers,
+                                    block_map=block_map or None, solver=self.solver)
+
+    def fingerprint(self, address: str) -> Fingerprint:
+        """The fingerprint at ``address``, from the cache or read (and made resident) now."""
+        if address in self._cache:
+            self._cache.move_to_end(address)
+            return self._cache[address][0]
+        fingerprint = self._resident(self._read(address))
+        self.reads += 1
+        size = _nbytes(fingerprint)
+        self._cache[address] = (fingerprint, size)
+        while len(self._cache) > 1 and sum(s for _, s in self._cache.values()) > self.cache_bytes:
+            self._cache.popitem(last=False)
+        return fingerprint
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(size for _, size in self._cache.values())
+
+    def _resident(self, fingerprint: Fingerprint) -> Fingerprint:
+        if self.device == "cpu" or self.statistic != "match" or any(len(block) != 1 for block in fingerprint.blocks):
+            return fingerprint
+        import torch
+
+        def on_device(x: MLPActivations) -> MLPActivations:
+            return MLPActivations(torch.from_numpy(x.gate).to(self.device), torch.from_numpy(x.up).to(self.device))
+
+        return dataclasses.replace(fingerprint, blocks=[[on_device(x) for x in block] for block in fingerprint.blocks])
+
+
+def _nbytes(fingerprint: Fingerprint) -> int:
+    def size(x) -> int:
+        return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
+
+    return sum(size(x.gate) + size(x.up) for block in fingerprint.blocks for x in block)
+
+
+def _default_cache_bytes(device: str) -> int:
+    """A quarter of the GPU's memory (the rest holds a batch of cosine matrices), else HOST_CACHE_BYTES."""
+    if device == "cpu":
+        return HOST_CACHE_BYTES
+    import torch
+
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory // 4
