@@ -35,14 +35,29 @@ def synthetic_pair(
     blocks_b = []
     for layer in range(depth):
         if layer in parents:
-            parent, perm = blocks_a[parents[layer]][0], rng.permutation(units)
-            gate, up = parent.gate[perm] + noise * gaussian(), up_scale * (parent.up[perm] + noise * gaussian())
+            blocks_b.append([_derived(blocks_a[parents[layer]][0], rng, noise, up_scale)])
         else:
-            gate, up = gaussian(), gaussian()
-        blocks_b.append([MLPActivations(gate, up)])
+            blocks_b.append([MLPActivations(gaussian(), gaussian())])
 
     def fingerprint(name: str, blocks: list[list[MLPActivations]]) -> Fingerprint:
         meta = dataclasses.replace(template.meta, model=name, n_layers=depth, intermediate_size=units)
         return Fingerprint(meta, blocks)
 
     return fingerprint("synthetic-a", blocks_a), fingerprint("synthetic-b", blocks_b)
+
+
+def synthetic_derivative(parent: Fingerprint, name: str, seed: int, *, noise: float = 0.5,
+                         up_scale: float = 1.0) -> Fingerprint:
+    """A model derived from ``parent`` in every block (its units permuted afresh, fresh noise): several of them
+    make a family whose members are all related to each other."""
+    rng = np.random.default_rng(seed)
+    blocks = [[_derived(block[0], rng, noise, up_scale)] for block in parent.blocks]
+    return Fingerprint(dataclasses.replace(parent.meta, model=name), blocks)
+
+
+def _derived(parent: MLPActivations, rng: np.random.Generator, noise: float, up_scale: float) -> MLPActivations:
+    """The parent's units permuted, plus Gaussian noise, up rescaled by ``up_scale``."""
+    perm = rng.permutation(parent.gate.shape[0])
+    gate = parent.gate[perm] + noise * rng.standard_normal(parent.gate.shape, dtype=np.float32)
+    up = up_scale * (parent.up[perm] + noise * rng.standard_normal(parent.up.shape, dtype=np.float32))
+    return MLPActivations(gate, up)

@@ -1,0 +1,113 @@
+"""Benchmark: pairs per hour through one PairWorker, in the mix candidate retrieval produces (mostly dependent).
+
+    python bench/bench_pair_worker.py --device cuda                       # 7B-shaped: 32 blocks x 11008 units
+    python bench/bench_pair_worker.py --device cpu --units 2048 --blocks 8 --families 2 --derivatives 2
+
+Fingerprints are synthetic (scanner.testing.synthetic, on a tiny random Llama's metadata): ``--families`` bases,
+each with ``--derivatives`` derived models (every block derived, permuted and rescaled, cosine ~0.7), written to
+a local fingerprint store; the pairs are every within-family pair (dependent) plus each base against the next
+family's base (independent), sorted by first model as a scan sends them. One PairWorker streams them with the
+scan's sequential design, first with the host solver (the baseline, same run), then with ``--solver`` (default:
+auto, i.e. the auction on a GPU). On CUDA a torch profiler trace of the second run gives the GPU's busy time:
+the sum of kernel times over the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprint_store import FingerprintStore
+from scanner.inputs import InputSpec
+from scanner.pair_worker import PairWorker
+from scanner.stats.sequential import SequentialDesign
+from scanner.testing.synthetic import synthetic_derivative, synthetic_pair
+
+REVISION = "0" * 40
+
+
+def template(folder: Path, tokens: int) -> Fingerprint:
+    """A tiny random Llama's fingerprint on ``tokens`` canonical tokens: real metadata for the synthetic ones."""
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=512)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return fingerprint_model(folder, inputs=InputSpec(n_sequences=max(1, tokens // 64), seq_len=min(64, tokens)))
+
+
+def build_hub(store: FingerprintStore, args: argparse.Namespace) -> list[tuple[str, str, bool]]:
+    """Write the fingerprints; return the pairs (address, address, dependent) in a scan's order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        base_meta = template(Path(tmp), args.tokens)
+    families: list[list[str]] = []
+    for family in range(args.families):
+        base = synthetic_pair(base_meta, args.blocks, args.units, {}, seed=100 * family)[0]
+        members = [store.write(base, f"family{family}/base", REVISION)[0]]
+        for k in range(args.derivatives):
+            derived = synthetic_derivative(base, f"family{family}/derivative{k}", seed=100 * family + k + 1,
+                                           noise=1.0, up_scale=2.5)
+            members.append(store.write(derived, derived.meta.model, REVISION)[0])
+        families.append(members)
+    pairs = [(x, y, True) for members in families for i, x in enumerate(members) for y in members[i + 1:]]
+    pairs += [(families[f][0], families[(f + 1) % len(families)][0], False) for f in range(len(families))
+              if len(families) > 1]
+    return sorted(pairs)
+
+
+def run(worker: PairWorker, pairs: list[tuple[str, str, bool]], device: str) -> tuple[float, list]:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    results = [worker.compare(x, y) for x, y, _ in pairs]
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, results
+
+
+def gpu_busy_fraction(worker: PairWorker, pairs: list[tuple[str, str, bool]]) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+        wall, _ = run(worker, pairs, "cuda")
+    kernel_us = sum(getattr(e, "self_device_time_total", 0.0) for e in trace.key_averages())
+    return kernel_us / 1e6 / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--units", type=int, default=11008)
+    parser.add_argument("--blocks", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=InputSpec().n_sequences * InputSpec().seq_len)
+    parser.add_argument("--families", type=int, default=2)
+    parser.add_argument("--derivatives", type=int, default=3, help="derived models per base")
+    parser.add_argument("--solver", default="auto", choices=("auto", "host", "auction"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        store = FingerprintStore(folder)
+        pairs = build_hub(store, args)
+        dependent = sum(d for _, _, d in pairs)
+        print(f"# device {args.device}, {args.blocks} blocks x {args.units} units x {args.tokens} tokens; "
+              f"{len(pairs)} pairs ({dependent} dependent), sequential design")
+        design = SequentialDesign()
+        timings = {}
+        for solver in ("host", args.solver):
+            worker = PairWorker(args.device, design=design, solver=solver)
+            wall, results = run(worker, pairs, args.device)
+            timings[solver] = wall
+            wrong = sum((r.log10_p < -20) != d for r, (_, _, d) in zip(results, pairs, strict=True))
+            print(f"{solver:<8} {wall:8.1f} s  {3600 * len(pairs) / wall:10.0f} pairs/hour  "
+                  f"{worker.reads} fingerprint reads  {wrong} pairs called wrongly at log10 p < -20")
+        print(f"ratio host / {args.solver}: {timings['host'] / timings[args.solver]:.2f}x")
+        if args.device.startswith("cuda"):
+            busy = gpu_busy_fraction(PairWorker(args.device, design=design, solver=args.solver), pairs)
+            print(f"GPU busy during the {args.solver} run (kernel time / wall): {100 * busy:.0f}%")
+
+
+if __name__ == "__main__":
+    main()
