@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from scanner.fingerprint import FingerprintMeta
     from scanner.pair_worker import PairWorker
     from scanner.sources import ModelRecord
+    from scanner.stats.matching import AssignmentSolver
     from scanner.stats.sequential import SequentialDesign
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class FingerprintWorker:
 
 
 def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
-                  workers: int = 1) -> list[PairOutcome]:
+                  workers: int = 1, solver: AssignmentSolver = "auto") -> list[PairOutcome]:
     """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
     gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing
     pair becomes an error value. A GPU task's worker outlives the task in Ray's reused worker process, so the next
@@ -200,8 +201,8 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     from scanner.pair_worker import PairWorker
 
     device = pick_device()
-    worker = (_resident_pair_worker(device, statistic, design, workers) if device != "cpu"
-              else PairWorker(device, statistic=statistic, design=design, workers=workers))
+    worker = (_resident_pair_worker(device, statistic, design, workers, solver) if device != "cpu"
+              else PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver))
     out = []
     for job in jobs:
         try:
@@ -212,10 +213,11 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
 
 
 @functools.cache
-def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int) -> PairWorker:
+def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int,
+                          solver: AssignmentSolver) -> PairWorker:
     from scanner.pair_worker import PairWorker
 
-    return PairWorker(device, statistic=statistic, design=design, workers=workers)
+    return PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver)
 
 
 compare_batch_task = ray.remote(compare_batch)

@@ -19,6 +19,7 @@ from scanner.errors import HubtraceError, one_line
 from scanner.fingerprint_compare import FingerprintStatistic
 from scanner.inputs import InputSpec
 from scanner.sources import SOURCE_KINDS
+from scanner.stats.matching import AssignmentSolver
 from scanner.stats.sequential import SequentialDesign
 
 LOCAL_FOLDER_OUTPUT = Path("hubtrace-out/local")
@@ -132,11 +133,14 @@ class RayConfig(_Strict):
 class DevicesConfig(_Strict):
     """``auto``: GPU actors (``num_gpus`` each) when the cluster has GPUs, CPU actors otherwise;
     ``gpu`` requires GPUs (the scan stops with an error instead of waiting forever); ``cpu`` never asks.
-    Pair tasks follow the actors: on GPUs each asks for ``gpus_per_pair_task`` (a fraction shares a GPU)."""
+    Pair tasks follow the actors: on GPUs each asks for ``gpus_per_pair_task`` (a fraction shares a GPU).
+    ``assignment_solver`` solves MATCH's assignments (scanner.stats.matching): ``auto`` with the batched auction on
+    a GPU and the host's certified solver otherwise, ``host`` always on the host; the matchings are the same."""
 
     mode: Literal["auto", "cpu", "gpu"] = "auto"
     gpus_per_actor: float = Field(default=1.0, gt=0)
     gpus_per_pair_task: float = Field(default=0.5, gt=0, le=1)
+    assignment_solver: AssignmentSolver = "auto"
 
 
 class LineageConfig(_Strict):

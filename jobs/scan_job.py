@@ -214,7 +214,8 @@ class _Scan:
         sequential = self.config.pairs.sequential
         design = sequential.design() if sequential is not None else None
         workers = max(1, int(self.config.ray.cpus_per_pair_task))  # blocks compared at once: the task's CPUs
-        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design, workers),
+        solver = self.config.devices.assignment_solver
+        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design, workers, solver),
                                     shape.max_in_flight):
             outcomes: list[PairOutcome] = ray.get(ref)
             rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
