@@ -2,10 +2,11 @@
 
     python bench/bench_7b_pair.py                          # default tokens, dependent and independent pair
     python bench/bench_7b_pair.py --sequences 32 --pairs dependent
-    python bench/bench_7b_pair.py --device cuda            # cosine matrices (and candidate selection) on the GPU
+    python bench/bench_7b_pair.py --device cuda            # on the GPU: cosine matrices and the batched auction
+    python bench/bench_7b_pair.py --device cuda --solver host   # the same, assignments on the host (the old path)
     python bench/bench_7b_pair.py --workers 1 2            # blocks compared one at a time, then two at once
 
-The fingerprints are real ``Fingerprint`` objects (metadata of a zoo model's fingerprint on the chosen
+The fingerprints are real ``Fingerprint`` objects (metadata of a tiny random Llama's fingerprint on the chosen
 input set, so they are comparable) whose blocks are replaced by synthetic gate/up activations: Gaussian
 for model A; for the dependent model B, A's units permuted per block, up rescaled, plus noise of equal
 scale (cosine ~0.7 with the true partner); for the independent B, fresh Gaussians. Synthesis is not
@@ -23,36 +24,36 @@ import argparse
 import cProfile
 import os
 import pstats
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from synthetic_checkpoint import tiny_template
 
-from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprint import Fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.inputs import InputSpec
 from scanner.stats.sequential import SequentialDesign
 from scanner.testing.synthetic import synthetic_pair
-from scanner.zoo import build_zoo
 
 UNITS, BLOCKS = 11008, 32
 
 
-def zoo_template(zoo: Path, sequences: int) -> Fingerprint:
-    """A zoo model's fingerprint on the chosen input set: real metadata for the synthetic ones."""
-    return fingerprint_model(build_zoo(zoo)["aurora-labs/aurora-base"].path, inputs=InputSpec(n_sequences=sequences))
-
-
-def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None) -> tuple:
+def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None,
+                    solver: str = "auto") -> tuple:
     profiler = cProfile.Profile()
     start = time.perf_counter()
-    result = profiler.runcall(compare_fingerprints, a, b, device=device, design=design)
+    result = profiler.runcall(compare_fingerprints, a, b, device=device, design=design, solver=solver)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     total = time.perf_counter() - start
     print(f"compare_fingerprints ({'sequential' if design else 'all blocks'}): {total:.1f} s total, "
           f"{result.n_layers} blocks compared, log10 p = {result.log10_p:.1f}, "
           f"rho per block {min(x.rho for x in result.layers):+.3f} .. {max(x.rho for x in result.layers):+.3f}")
     stats = pstats.Stats(profiler)
-    wanted = ("cosine_similarity_matrix", "unit_rows", "solve_assignment", "spearman", "log10_matching_p", "phi_match")
+    wanted = ("cosine_similarity_matrix", "unit_rows", "solve_assignment", "auction_assignments", "spearman",
+              "log10_matching_p", "phi_match")
     for (filename, _, name), row in sorted(stats.stats.items(), key=lambda kv: -kv[1][3]):
         if name in wanted:
             print(f"  {name:<26} {row[3]:8.2f} s cumulative over {row[1]} calls  ({Path(filename).name})")
@@ -72,7 +73,6 @@ def threaded_compare(a: Fingerprint, b: Fingerprint, device: str, design: Sequen
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--zoo", type=Path, default=Path(".hubtrace-cache/zoo"))
     parser.add_argument("--sequences", type=int, default=InputSpec.n_sequences, help="canonical sequences of 64 tokens")
     parser.add_argument("--units", type=int, default=UNITS)
     parser.add_argument("--blocks", type=int, default=BLOCKS)
@@ -80,8 +80,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the cosine matrices are computed (cpu, cuda)")
     parser.add_argument("--design", choices=("all", "sequential", "both"), default="both")
     parser.add_argument("--workers", type=int, nargs="*", default=[], help="also time these many blocks at once")
+    parser.add_argument("--solver", choices=("auto", "host", "auction"), default="auto",
+                        help="assignment solver (auto: the batched auction on a GPU, the host solver on the CPU)")
     args = parser.parse_args()
-    template = zoo_template(args.zoo, args.sequences)
+    with tempfile.TemporaryDirectory() as folder:
+        template = tiny_template(Path(folder), 64 * args.sequences)
     print(f"# {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, device {args.device}; "
           f"{args.blocks} blocks x {args.units} units, {template.blocks[0][0].gate.shape[1]} tokens "
           f"({template.meta.input_set})")
@@ -91,7 +94,7 @@ def main() -> None:
         print(f"## {'dependent' if dependent else 'independent'} pair")
         designs = {"all": [None], "sequential": [SequentialDesign()], "both": [SequentialDesign(), None]}
         for design in designs[args.design]:
-            single = profile_compare(a, b, args.device, design)
+            single = profile_compare(a, b, args.device, design, args.solver)
             for workers in args.workers:
                 if workers > 1:
                     threaded_compare(a, b, args.device, design, workers, single)

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from synthetic_checkpoint import tiny_template
 
-from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.pair_worker import PairWorker
@@ -32,18 +31,10 @@ from scanner.testing.synthetic import synthetic_derivative, synthetic_pair
 REVISION = "0" * 40
 
 
-def template(folder: Path, tokens: int) -> Fingerprint:
-    """A tiny random Llama's fingerprint on ``tokens`` canonical tokens: real metadata for the synthetic ones."""
-    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, vocab_size=512)
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    return fingerprint_model(folder, inputs=InputSpec(n_sequences=max(1, tokens // 64), seq_len=min(64, tokens)))
-
-
 def build_hub(store: FingerprintStore, args: argparse.Namespace) -> list[tuple[str, str, bool]]:
     """Write the fingerprints; return the pairs (address, address, dependent) in a scan's order."""
     with tempfile.TemporaryDirectory() as tmp:
-        base_meta = template(Path(tmp), args.tokens)
+        base_meta = tiny_template(Path(tmp), args.tokens)
     families: list[list[str]] = []
     for family in range(args.families):
         base = synthetic_pair(base_meta, args.blocks, args.units, {}, seed=100 * family)[0]

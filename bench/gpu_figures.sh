@@ -14,3 +14,5 @@ run auction bench/bench_auction.py --device cuda --batches 8 64 --check 2
 run pair_worker bench/bench_pair_worker.py --device cuda --families 2 --derivatives 3
 run fingerprint_1b bench/bench_fingerprint_io.py --device cuda --shape 1b --cache /tmp/hubtrace-bench
 run fingerprint_7b bench/bench_fingerprint_io.py --device cuda --shape 7b --cache /tmp/hubtrace-bench
+run bench_7b_pair bench/bench_7b_pair.py --device cuda --design both
+run bench_7b_pair_host bench/bench_7b_pair.py --device cuda --design both --solver host

@@ -98,3 +98,17 @@ def scratch_checkpoint(cache: Path, shape: str, *, shard_bytes: int = 5 * 10**9)
         yield work / "model"
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def tiny_template(folder: Path, tokens: int):
+    """A tiny random Llama's fingerprint on ``tokens`` canonical tokens: real metadata for synthetic fingerprints
+    (scanner.testing.synthetic), with nothing trained."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scanner.fingerprint import fingerprint_model
+    from scanner.inputs import InputSpec
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=512)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    return fingerprint_model(folder, inputs=InputSpec(n_sequences=max(1, tokens // 64), seq_len=min(64, tokens)))
