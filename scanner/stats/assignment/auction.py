@@ -125,10 +125,23 @@ class _Auction:
         b = self.torch.arange(batch, device=self.s.device).repeat_interleave(n)
         return b, self.torch.arange(n, device=self.s.device).repeat(batch)
 
+    def all_offers(self) -> tuple[Any, Any, Any]:
+        """``offers`` of every row, in row order, read through views of each problem (no gathered copies)."""
+        torch = self.torch
+        chunk = max(1, _CHUNK_ELEMENTS // self.n)
+        best, col, second = [], [], []
+        for b in range(self.s.shape[0]):
+            for start in range(0, self.n, chunk):
+                top = torch.topk(self.s[b, start:start + chunk].double() - self.prices[b], 2, dim=1)
+                best.append(top.values[:, 0])
+                second.append(top.values[:, 1])
+                col.append(top.indices[:, 0])
+        return torch.cat(best), torch.cat(col), torch.cat(second)
+
     def start_phase(self, eps: Any) -> tuple | None:
         """Free every row not eps-content at the new eps; return the free rows and their offers (None if none)."""
         b, i = self.all_rows()
-        best, col, second = self.offers(b, i)
+        best, col, second = self.all_offers()
         discontent = best - self.matched_offers().flatten() > eps[b]
         flat = b * self.n + self.column.flatten()
         self.owner[flat[discontent & (self.column.flatten() >= 0)]] = -1
@@ -166,8 +179,7 @@ class _Auction:
     def certify(self, scale: Any) -> tuple[Any, Any, Any]:
         """(columns, certified, gap_bound) from the duality argument in the module docstring."""
         torch = self.torch
-        b, i = self.all_rows()
-        best, _, _ = self.offers(b, i)
+        best, _, _ = self.all_offers()
         slack = (best - self.matched_offers().flatten()).view(self.column.shape)
         assigned = (self.column >= 0).all(dim=1)
         gap = torch.where(self.column >= 0, slack, torch.zeros_like(slack)).sum(dim=1)
