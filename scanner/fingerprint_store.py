@@ -16,18 +16,24 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from scanner.errors import FingerprintError
-from scanner.fingerprint import Fingerprint, FingerprintMeta, read_fingerprint, read_fingerprint_meta, write_fingerprint
-
-T = TypeVar("T")
+from scanner.activations import MLPActivations
+from scanner.errors import FingerprintError, one_line
+from scanner.fingerprint import (
+    Fingerprint,
+    FingerprintMeta,
+    read_fingerprint,
+    read_fingerprint_block,
+    read_fingerprint_meta,
+    write_fingerprint,
+)
+from scanner.fingerprint_ranges import RangedFingerprint
 
 FINGERPRINT_SUFFIX = ".safetensors"
 
@@ -99,33 +105,59 @@ def local_copy(address: str | Path, *, scratch: Path | None = None) -> Iterator[
         yield Path(str(address).removeprefix("file://"))
         return
     with _scratch_file(scratch) as tmp:
-        try:
-            fs, key = fsspec.core.url_to_fs(str(address))
+        with _remote(address) as (fs, key):
             fs.get_file(key, str(tmp))
-        except FileNotFoundError as e:
-            raise FingerprintError(f"fingerprint {address} does not exist") from e
-        except OSError as e:
-            raise FingerprintError(f"cannot read fingerprint {address}: {' '.join(str(e).split())}") from e
         yield tmp
 
 
 def read_fingerprint_at(address: str | Path, *, scratch: Path | None = None) -> Fingerprint:
     """`read_fingerprint` for any address a `FingerprintStore` gave (local path or URL), checked the same way."""
-    return _read_at(read_fingerprint, address, scratch)
-
-
-def read_fingerprint_meta_at(address: str | Path, *, scratch: Path | None = None) -> FingerprintMeta:
-    """Only the header of the fingerprint at ``address``."""
-    return _read_at(read_fingerprint_meta, address, scratch)
-
-
-def _read_at(reader: Callable[[Path], T], address: str | Path, scratch: Path | None) -> T:
-    """``reader`` on a local copy of ``address``; its errors name the address, not the temporary copy."""
     with local_copy(address, scratch=scratch) as path:
         try:
-            return reader(path)
-        except FingerprintError as e:
+            return read_fingerprint(path)
+        except FingerprintError as e:  # name the address, not the temporary copy
             raise FingerprintError(str(e).replace(str(path), str(address))) from e
+
+
+def read_fingerprint_meta_at(address: str | Path) -> FingerprintMeta:
+    """Only the header of the fingerprint at ``address``; from an object store, only the header's bytes are
+    fetched (scanner.fingerprint_ranges), not the activations."""
+    if not is_url(address):
+        return read_fingerprint_meta(str(address).removeprefix("file://"))
+    with _remote(address) as (fs, key):
+        return RangedFingerprint(fs, key, str(address)).meta
+
+
+def read_fingerprint_block_at(address: str | Path, layer: int) -> tuple[FingerprintMeta, list[MLPActivations]]:
+    """The header and block ``layer``'s activations (per expert) of the fingerprint at ``address``, fetching only
+    that block's bytes from an object store. Checked like a whole read except for the whole-file sha256."""
+    if not is_url(address):
+        return read_fingerprint_block(str(address).removeprefix("file://"), layer)
+    with _remote(address) as (fs, key):
+        ranged = RangedFingerprint(fs, key, str(address))
+        return ranged.meta, ranged.block(layer)
+
+
+@contextmanager
+def _remote(address: str | Path) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
+    """The filesystem and key of a URL, with every way the object can be unreachable turned into one
+    FingerprintError line: missing, unknown protocol, refused request, unreachable endpoint, no credentials."""
+    try:
+        yield fsspec.core.url_to_fs(str(address))
+    except FileNotFoundError as e:
+        raise FingerprintError(f"fingerprint {address} does not exist") from e
+    except (*_storage_errors(), ValueError, ImportError) as e:
+        raise FingerprintError(f"cannot read fingerprint {address}: {one_line(e)}") from e
+
+
+def _storage_errors() -> tuple[type[Exception], ...]:
+    """What a filesystem library raises when a location cannot be reached: OSError, and botocore's own errors (an
+    unreachable endpoint, missing credentials) that s3fs lets through."""
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        return (OSError,)
+    return (OSError, BotoCoreError)
 
 
 @contextmanager
