@@ -172,18 +172,21 @@ def fingerprint_model(
 
 
 def fingerprint_pair(
-    path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu",
-    follow_links: bool = False,
+    path_a: str | Path | Fingerprint, path_b: str | Path | Fingerprint, *, inputs: InputSpec = InputSpec(),
+    device: str = "cpu", follow_links: bool = False,
 ) -> tuple[Fingerprint, Fingerprint]:
-    """Fingerprints of two sides, each a model directory or a fingerprint file, on one input set if possible.
+    """Fingerprints of two sides, each a model directory, a fingerprint file or a fingerprint already read (from an
+    object store, say), on one input set if possible.
 
-    A file side fixes the input set (its spec and id range) for a directory side; two directories use
+    A fingerprint side fixes the input set (its spec and id range) for a directory side; two directories use
     `inputs` on their shared id range, or on their shared token strings when their vocabularies differ
     (scanner.shared_vocab). Whether the result is comparable is `comparable_with`'s call.
     """
-    files = {p: read_fingerprint(p) for p in (Path(path_a), Path(path_b)) if is_fingerprint_file(p)}
-    if files:
-        fixed = next(iter(files.values())).meta
+    sides = (path_a, path_b)
+    given = [side if isinstance(side, Fingerprint) else read_fingerprint(side) if is_fingerprint_file(side) else None
+             for side in sides]
+    fixed = next((fp.meta for fp in given if fp is not None), None)
+    if fixed is not None:
         inputs, token_range = InputSpec(**fixed.input_spec), fixed.token_range
     else:
         checked = [validate_checkpoint(p, check_values=False, follow_links=follow_links) for p in (path_a, path_b)]
@@ -196,9 +199,9 @@ def fingerprint_pair(
                 for p, s in zip((path_a, path_b), shared)
             )
     return tuple(  # type: ignore[return-value]
-        files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range,
-                                                follow_links=follow_links)
-        for p in (path_a, path_b)
+        fp if fp is not None else fingerprint_model(side, inputs=inputs, device=device, token_range=token_range,
+                                                    follow_links=follow_links)
+        for fp, side in zip(given, sides)
     )
 
 

@@ -138,6 +138,12 @@ def read_fingerprint_block_at(address: str | Path, layer: int) -> tuple[Fingerpr
         return ranged.meta, ranged.block(layer)
 
 
+def fingerprint_side(side: str | Path) -> Fingerprint | Path:
+    """One side of a command (`hubtrace test`, `localize`): a URL is a fingerprint in an object store, read here and
+    checked like a local file; anything else is a local path (model folder, GGUF or fingerprint file)."""
+    return read_fingerprint_at(str(side)) if is_url(side) else Path(side)
+
+
 @contextmanager
 def _remote(address: str | Path) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
     """The filesystem and key of a URL, with every way the object can be unreachable turned into one
