@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,9 +87,19 @@ class FingerprintStore:
         return {self._address(p) for p in self.fs.find(self._root) if p.endswith(FINGERPRINT_SUFFIX)}
 
     def prepare(self) -> None:
-        """Create the location if it can be (a local folder; an object store's bucket must already exist)."""
+        """Create the location if it can be (a local folder), or check that this node can write to it (an object
+        store, whose bucket must already exist): a missing bucket, an unreachable endpoint or refused credentials
+        is then one error at start instead of one per model."""
         if self.is_local:
             Path(self._root).mkdir(parents=True, exist_ok=True)
+            return
+        probe = f"{self._root.rstrip('/')}/.hubtrace-write-check-{uuid.uuid4().hex}"
+        try:
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm_file(probe)
+        except (*_storage_errors(), ValueError) as e:
+            raise FingerprintError(f"fingerprint_store {self.location} cannot be written from this node "
+                                   f"({one_line(e)}); check that the bucket exists and the AWS_* variables") from e
 
     def _key(self, model_id: str, revision: str, input_set: str) -> str:
         return f"{self._root.rstrip('/')}/{model_id}/{revision}/{input_set}{FINGERPRINT_SUFFIX}"
