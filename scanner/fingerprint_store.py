@@ -152,7 +152,7 @@ def read_fingerprint_block_at(address: str | Path, layer: int) -> tuple[Fingerpr
 def fingerprint_side(side: str | Path) -> Fingerprint | Path:
     """One side of a command (`hubtrace test`, `localize`): a URL is a fingerprint in an object store, read here and
     checked like a local file; anything else is a local path (model folder, GGUF or fingerprint file)."""
-    return read_fingerprint_at(str(side)) if is_url(side) else Path(side)
+    return read_fingerprint_at(str(side)) if is_url(side) else Path(str(side).removeprefix("file://"))
 
 
 @contextmanager
