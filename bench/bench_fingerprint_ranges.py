@@ -3,9 +3,10 @@
 The fingerprint has Llama-2-7B's shape (32 blocks of 11008 units, 256 tokens, float16: ~360 MB) and a header
 like a real one: a sha256 for each of the checkpoint's 291 tensors and per-block summaries. The bytes are counted
 by a relay between the client and the server (tests/s3_support.py), so they are what crossed the network,
-HTTP headers included.
+HTTP headers included. A second table times whole reads of a small (zoo-sized) fingerprint, local file against
+S3 object, in the same process: the cost a scan's pair task pays per fingerprint it reads.
 
-    python bench/bench_fingerprint_ranges.py [--blocks 32] [--units 11008] [--tokens 256]
+    python bench/bench_fingerprint_ranges.py [--blocks 32] [--units 11008] [--tokens 256] [--repeats 30]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from scanner.fingerprint_store import (  # noqa: E402
     read_fingerprint_meta_at,
 )
 from scanner.inputs import InputSpec  # noqa: E402
+from scanner.testing.synthetic import synthetic_pair  # noqa: E402
 from tests.s3_support import counting_relay, environment, make_bucket, s3_server  # noqa: E402
 from tests.synthetic_fingerprints import template_fingerprint  # noqa: E402
 
@@ -66,11 +68,12 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=32)
     parser.add_argument("--units", type=int, default=11008)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hubtrace-bench-") as tmp, s3_server() as variables, \
             environment(variables):
-        fingerprint = seven_b_shaped(template_fingerprint(Path(tmp) / "llama", 64), args.blocks, args.units,
-                                     args.tokens)
+        template = template_fingerprint(Path(tmp) / "llama", 64)
+        fingerprint = seven_b_shaped(template, args.blocks, args.units, args.tokens)
         make_bucket("bench-ranges")
         address, _ = FingerprintStore("s3://bench-ranges/fps").write(fingerprint, "org/seven-b", "0" * 40,
                                                                      scratch=Path(tmp))
@@ -88,6 +91,27 @@ def main() -> None:
                 read()
                 seconds = time.perf_counter() - start
             print(f"| {name} | {relay.downloaded:,} | {seconds:.3f} |", flush=True)
+        small_reads(template, Path(tmp), args.repeats)
+
+
+def small_reads(template: Fingerprint, tmp: Path, repeats: int) -> None:
+    """Whole reads of a zoo-sized fingerprint, local file vs S3 object, alternating, same process."""
+    small = synthetic_pair(template, 4, 256, {}, seed=1)[0]
+    local = FingerprintStore(tmp / "local").write(small, "org/small", "0" * 40)[0]
+    remote = FingerprintStore("s3://bench-ranges/small").write(small, "org/small", "0" * 40, scratch=tmp)[0]
+    times: dict[str, list[float]] = {local: [], remote: []}
+    for _ in range(repeats):
+        for address in times:
+            start = time.perf_counter()
+            read_fingerprint_at(address, scratch=tmp)
+            times[address].append(time.perf_counter() - start)
+    size = (tmp / "local").rglob("*.safetensors").__next__().stat().st_size
+    print(f"\n# whole reads of a {size / 1e6:.2f} MB fingerprint, {repeats} each, alternating; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("| from | median ms | p90 ms |")
+    print("| --- | ---: | ---: |")
+    for name, address in (("local file", local), ("moto S3", remote)):
+        print(f"| {name} | {1000 * np.median(times[address]):.1f} | {1000 * np.quantile(times[address], 0.9):.1f} |")
 
 
 if __name__ == "__main__":
