@@ -47,6 +47,7 @@ def test_a_local_store_writes_absolute_paths_and_lists_them(fingerprint, tmp_pat
     assert address == str(tmp_path / "fps" / "org/model" / REVISION / f"{fingerprint.meta.input_set}.safetensors")
     assert store.existing() == {address} and len(sha) == 64
     assert_same(read_fingerprint_at(address), fingerprint)
+    assert read_fingerprint_meta_at(address) == fingerprint.meta
     assert FingerprintStore(tmp_path / "nowhere").existing() == set()
 
 
