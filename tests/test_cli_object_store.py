@@ -16,7 +16,7 @@ from scanner.fingerprint import Fingerprint, write_fingerprint
 from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.testing.synthetic import synthetic_pair
-from tests.s3_support import make_bucket
+from tests.s3_support import environment, make_bucket
 from tests.synthetic_fingerprints import template_fingerprint
 from tests.tiny_models import FAMILIES, save_random
 
@@ -123,3 +123,15 @@ def test_bad_objects_and_addresses_are_one_line_refusals(sides, tmp_path):
     data[-3] ^= 0x40
     fs.pipe(f"{BUCKET}/bad/altered.safetensors", bytes(data))
     assert "sha256" in _refused("test", local[0], f"s3://{BUCKET}/bad/altered.safetensors")
+
+
+def test_an_unreachable_endpoint_is_a_one_line_refusal(sides):
+    from s3fs import S3FileSystem
+
+    _, remote, _ = sides
+    S3FileSystem.clear_instance_cache()  # a fresh client reads the endpoint below
+    try:
+        with environment({"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}):
+            assert "Could not connect to the endpoint" in _refused("test", *remote)
+    finally:
+        S3FileSystem.clear_instance_cache()
