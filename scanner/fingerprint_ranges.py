@@ -4,7 +4,7 @@ A fingerprint is a safetensors file: an 8-byte little-endian header length, a JS
 shapes and byte offsets, and hubtrace's metadata under ``__metadata__``), then the tensors. Reading the metadata
 therefore needs only the object's size and its first bytes (one HEAD and usually one ranged GET), and one block
 needs only that block's tensors (one ranged GET each, sent together). A 7B-shaped fingerprint is ~360 MB and
-its header ~60 KB, so a node that only needs tensor hashes or summaries (shared-tensor pairs, direction votes)
+its header ~52 KB, so a node that only needs tensor hashes or summaries (shared-tensor pairs, direction votes)
 no longer pulls the activations over the network.
 
 Nothing in the header is trusted: its length is bounded and checked against the object's size, and every tensor
@@ -27,7 +27,7 @@ from scanner.errors import FingerprintError
 from scanner.fingerprint import FingerprintMeta, block_tensor_prefix, checked_block, parse_fingerprint_meta
 
 #: Bytes asked for with the header length, so one request usually brings the whole header (a 7B fingerprint's is
-#: ~60 KB: per-tensor sha256 hashes of the checkpoint and per-block summaries).
+#: ~52 KB: per-tensor sha256 hashes of the checkpoint and per-block summaries).
 HEADER_PREFETCH = 1 << 16
 #: The dtypes fingerprints store activations in (float16, or float32 where float16 cannot hold a value).
 _DTYPES = {"F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
