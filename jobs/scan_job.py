@@ -24,7 +24,7 @@ import ray
 from rich.console import Console
 
 from jobs.actors import FingerprintOutcome, PairOutcome, WorkFailure, compare_batch_task
-from jobs.cluster import alive_nodes, check_fingerprint_store
+from jobs.cluster import alive_nodes, check_fingerprint_store, check_store_from_every_node
 from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
@@ -268,6 +268,8 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
         check_fingerprint_store(fingerprints, alive_nodes(), config.fingerprint_store_shared)
         config.db_path.parent.mkdir(parents=True, exist_ok=True)
         fingerprints.prepare()
+        if not fingerprints.is_local:
+            check_store_from_every_node(fingerprints.location)
         with Store(config.db_path) as store:
             scan = _Scan(config, store, fingerprints, observer or ScanObserver(), console)
             try:

@@ -172,18 +172,21 @@ def fingerprint_model(
 
 
 def fingerprint_pair(
-    path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputSpec(), device: str = "cpu",
-    follow_links: bool = False,
+    path_a: str | Path | Fingerprint, path_b: str | Path | Fingerprint, *, inputs: InputSpec = InputSpec(),
+    device: str = "cpu", follow_links: bool = False,
 ) -> tuple[Fingerprint, Fingerprint]:
-    """Fingerprints of two sides, each a model directory or a fingerprint file, on one input set if possible.
+    """Fingerprints of two sides, each a model directory, a fingerprint file or a fingerprint already read (from an
+    object store, say), on one input set if possible.
 
-    A file side fixes the input set (its spec and id range) for a directory side; two directories use
+    A fingerprint side fixes the input set (its spec and id range) for a directory side; two directories use
     `inputs` on their shared id range, or on their shared token strings when their vocabularies differ
     (scanner.shared_vocab). Whether the result is comparable is `comparable_with`'s call.
     """
-    files = {p: read_fingerprint(p) for p in (Path(path_a), Path(path_b)) if is_fingerprint_file(p)}
-    if files:
-        fixed = next(iter(files.values())).meta
+    sides = (path_a, path_b)
+    given = [side if isinstance(side, Fingerprint) else read_fingerprint(side) if is_fingerprint_file(side) else None
+             for side in sides]
+    fixed = next((fp.meta for fp in given if fp is not None), None)
+    if fixed is not None:
         inputs, token_range = InputSpec(**fixed.input_spec), fixed.token_range
     else:
         checked = [validate_checkpoint(p, check_values=False, follow_links=follow_links) for p in (path_a, path_b)]
@@ -196,9 +199,9 @@ def fingerprint_pair(
                 for p, s in zip((path_a, path_b), shared)
             )
     return tuple(  # type: ignore[return-value]
-        files.get(Path(p)) or fingerprint_model(p, inputs=inputs, device=device, token_range=token_range,
-                                                follow_links=follow_links)
-        for p in (path_a, path_b)
+        fp if fp is not None else fingerprint_model(side, inputs=inputs, device=device, token_range=token_range,
+                                                    follow_links=follow_links)
+        for fp, side in zip(given, sides)
     )
 
 
@@ -233,13 +236,13 @@ def write_fingerprint(fp: Fingerprint, path: str | Path) -> str:
 def read_fingerprint_meta(path: str | Path) -> FingerprintMeta:
     """Only the metadata (header), without reading or checking the activations."""
     with _open(path) as handle:
-        return _parse_meta(path, handle.metadata())
+        return parse_fingerprint_meta(path, handle.metadata())
 
 
 def read_fingerprint(path: str | Path) -> Fingerprint:
     """Read and check a fingerprint file; FingerprintError (one line) if it is corrupt or of another format."""
     with _open(path) as handle:
-        meta = _parse_meta(path, handle.metadata())
+        meta = parse_fingerprint_meta(path, handle.metadata())
         names = set(handle.keys())
         try:
             tensors = {name: handle.get_tensor(name) for name in sorted(names)}
@@ -248,24 +251,55 @@ def read_fingerprint(path: str | Path) -> Fingerprint:
         stored_sha = handle.metadata().get(_CONTENT_KEY)
     if stored_sha != _content_sha256(tensors):
         raise FingerprintError(f"{path}: the activations do not match their recorded sha256 (altered or damaged file)")
-    blocks = []
-    n_tokens = meta.input_spec.get("n_sequences", 0) * meta.input_spec.get("seq_len", 0)
-    for layer in range(meta.n_layers):
-        experts = []
-        while _tensor_name(layer, len(experts), "gate") in names:
-            gate, up = (tensors.pop(_tensor_name(layer, len(experts), p), None) for p in ("gate", "up"))
-            if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens:
-                raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
-            if not (np.isfinite(gate).all() and np.isfinite(up).all()):  # NaN would make every statistic NaN
-                raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
-            experts.append(MLPActivations(gate=gate, up=up))
-        if not experts:
-            raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
-        blocks.append(experts)
+    blocks = [checked_block(path, meta, layer, tensors) for layer in range(meta.n_layers)]
     leftover = sorted(tensors)
     if leftover:
         raise FingerprintError(f"{path}: unexpected tensors {leftover[:3]} beyond the {meta.n_layers} blocks")
     return Fingerprint(meta=meta, blocks=blocks)
+
+
+def read_fingerprint_block(path: str | Path, layer: int) -> tuple[FingerprintMeta, list[MLPActivations]]:
+    """The metadata and one block's activations (per expert), reading only that block's tensors.
+
+    Each tensor is checked (shape, finite values) as in `read_fingerprint`, but the file's sha256 over every tensor
+    cannot be without reading them all: a caller that needs the whole-file check reads the whole file.
+    """
+    with _open(path) as handle:
+        meta = parse_fingerprint_meta(path, handle.metadata())
+        if not 0 <= layer < meta.n_layers:
+            raise FingerprintError(f"{path}: no block {layer} (the fingerprint has {meta.n_layers})")
+        try:
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()
+                       if name.startswith(block_tensor_prefix(layer))}
+        except SafetensorError as exc:
+            raise FingerprintError(f"{path}: cannot read the activations: {exc}") from exc
+    experts = checked_block(path, meta, layer, tensors)
+    if tensors:
+        raise FingerprintError(f"{path}: unexpected tensors {sorted(tensors)[:3]} in block {layer}")
+    return meta, experts
+
+
+def block_tensor_prefix(layer: int) -> str:
+    """The name prefix of every tensor of one block (``blocks.{layer}.``)."""
+    return f"blocks.{layer}."
+
+
+def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
+                  tensors: dict[str, np.ndarray]) -> list[MLPActivations]:
+    """Block ``layer``'s experts, taken out of ``tensors`` (name -> array): each gate/up pair checked for shape
+    (units x the input set's tokens) and finite values; FingerprintError (one line) names what is wrong."""
+    n_tokens = meta.input_spec.get("n_sequences", 0) * meta.input_spec.get("seq_len", 0)
+    experts = []
+    while _tensor_name(layer, len(experts), "gate") in tensors:
+        gate, up = (tensors.pop(_tensor_name(layer, len(experts), p), None) for p in ("gate", "up"))
+        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens:
+            raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
+        if not (np.isfinite(gate).all() and np.isfinite(up).all()):  # NaN would make every statistic NaN
+            raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
+        experts.append(MLPActivations(gate=gate, up=up))
+    if not experts:
+        raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
+    return experts
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
@@ -388,7 +422,7 @@ class _open:
         del self.handle
 
 
-def _parse_meta(path: str | Path, metadata: dict[str, str] | None) -> FingerprintMeta:
+def parse_fingerprint_meta(path: str | Path, metadata: dict[str, str] | None) -> FingerprintMeta:
     raw = (metadata or {}).get(_META_KEY)
     if raw is None:
         raise FingerprintError(f"{path} is a safetensors file but not a hubtrace fingerprint (no {_META_KEY} metadata)")

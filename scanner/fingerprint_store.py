@@ -16,18 +16,25 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from scanner.errors import FingerprintError
-from scanner.fingerprint import Fingerprint, FingerprintMeta, read_fingerprint, read_fingerprint_meta, write_fingerprint
-
-T = TypeVar("T")
+from scanner.activations import MLPActivations
+from scanner.errors import FingerprintError, one_line
+from scanner.fingerprint import (
+    Fingerprint,
+    FingerprintMeta,
+    read_fingerprint,
+    read_fingerprint_block,
+    read_fingerprint_meta,
+    write_fingerprint,
+)
+from scanner.fingerprint_ranges import RangedFingerprint
 
 FINGERPRINT_SUFFIX = ".safetensors"
 
@@ -80,9 +87,19 @@ class FingerprintStore:
         return {self._address(p) for p in self.fs.find(self._root) if p.endswith(FINGERPRINT_SUFFIX)}
 
     def prepare(self) -> None:
-        """Create the location if it can be (a local folder; an object store's bucket must already exist)."""
+        """Create the location if it can be (a local folder), or check that this node can write to it (an object
+        store, whose bucket must already exist): a missing bucket, an unreachable endpoint or refused credentials
+        is then one error at start instead of one per model."""
         if self.is_local:
             Path(self._root).mkdir(parents=True, exist_ok=True)
+            return
+        probe = f"{self._root.rstrip('/')}/.hubtrace-write-check-{uuid.uuid4().hex}"
+        try:
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm_file(probe)
+        except (*_storage_errors(), ValueError) as e:
+            raise FingerprintError(f"fingerprint_store {self.location} cannot be written from this node "
+                                   f"({one_line(e)}); check that the bucket exists and the AWS_* variables") from e
 
     def _key(self, model_id: str, revision: str, input_set: str) -> str:
         return f"{self._root.rstrip('/')}/{model_id}/{revision}/{input_set}{FINGERPRINT_SUFFIX}"
@@ -99,33 +116,65 @@ def local_copy(address: str | Path, *, scratch: Path | None = None) -> Iterator[
         yield Path(str(address).removeprefix("file://"))
         return
     with _scratch_file(scratch) as tmp:
-        try:
-            fs, key = fsspec.core.url_to_fs(str(address))
+        with _remote(address) as (fs, key):
             fs.get_file(key, str(tmp))
-        except FileNotFoundError as e:
-            raise FingerprintError(f"fingerprint {address} does not exist") from e
-        except OSError as e:
-            raise FingerprintError(f"cannot read fingerprint {address}: {' '.join(str(e).split())}") from e
         yield tmp
 
 
 def read_fingerprint_at(address: str | Path, *, scratch: Path | None = None) -> Fingerprint:
     """`read_fingerprint` for any address a `FingerprintStore` gave (local path or URL), checked the same way."""
-    return _read_at(read_fingerprint, address, scratch)
-
-
-def read_fingerprint_meta_at(address: str | Path, *, scratch: Path | None = None) -> FingerprintMeta:
-    """Only the header of the fingerprint at ``address``."""
-    return _read_at(read_fingerprint_meta, address, scratch)
-
-
-def _read_at(reader: Callable[[Path], T], address: str | Path, scratch: Path | None) -> T:
-    """``reader`` on a local copy of ``address``; its errors name the address, not the temporary copy."""
     with local_copy(address, scratch=scratch) as path:
         try:
-            return reader(path)
-        except FingerprintError as e:
+            return read_fingerprint(path)
+        except FingerprintError as e:  # name the address, not the temporary copy
             raise FingerprintError(str(e).replace(str(path), str(address))) from e
+
+
+def read_fingerprint_meta_at(address: str | Path) -> FingerprintMeta:
+    """Only the header of the fingerprint at ``address``; from an object store, only the header's bytes are
+    fetched (scanner.fingerprint_ranges), not the activations."""
+    if not is_url(address):
+        return read_fingerprint_meta(str(address).removeprefix("file://"))
+    with _remote(address) as (fs, key):
+        return RangedFingerprint(fs, key, str(address)).meta
+
+
+def read_fingerprint_block_at(address: str | Path, layer: int) -> tuple[FingerprintMeta, list[MLPActivations]]:
+    """The header and block ``layer``'s activations (per expert) of the fingerprint at ``address``, fetching only
+    that block's bytes from an object store. Checked like a whole read except for the whole-file sha256."""
+    if not is_url(address):
+        return read_fingerprint_block(str(address).removeprefix("file://"), layer)
+    with _remote(address) as (fs, key):
+        ranged = RangedFingerprint(fs, key, str(address))
+        return ranged.meta, ranged.block(layer)
+
+
+def fingerprint_side(side: str | Path) -> Fingerprint | Path:
+    """One side of a command (`hubtrace test`, `localize`): a URL is a fingerprint in an object store, read here and
+    checked like a local file; anything else is a local path (model folder, GGUF or fingerprint file)."""
+    return read_fingerprint_at(str(side)) if is_url(side) else Path(str(side).removeprefix("file://"))
+
+
+@contextmanager
+def _remote(address: str | Path) -> Iterator[tuple[fsspec.AbstractFileSystem, str]]:
+    """The filesystem and key of a URL, with every way the object can be unreachable turned into one
+    FingerprintError line: missing, unknown protocol, refused request, unreachable endpoint, no credentials."""
+    try:
+        yield fsspec.core.url_to_fs(str(address))
+    except FileNotFoundError as e:
+        raise FingerprintError(f"fingerprint {address} does not exist") from e
+    except (*_storage_errors(), ValueError, ImportError) as e:
+        raise FingerprintError(f"cannot read fingerprint {address}: {one_line(e)}") from e
+
+
+def _storage_errors() -> tuple[type[Exception], ...]:
+    """What a filesystem library raises when a location cannot be reached: OSError, and botocore's own errors (an
+    unreachable endpoint, missing credentials) that s3fs lets through."""
+    try:
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        return (OSError,)
+    return (OSError, BotoCoreError)
 
 
 @contextmanager

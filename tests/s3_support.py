@@ -3,10 +3,12 @@ reaches its object store, through the standard AWS environment variables."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -68,3 +70,61 @@ def environment(variables: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class ByteCountingRelay:
+    """A TCP relay in front of the S3 server that counts the bytes the server sends back: what clients downloaded
+    (bodies and HTTP headers), measured outside the client library."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.downloaded = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, count: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if count:
+                    with self._lock:
+                        self.downloaded += len(data)
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+
+@contextmanager
+def counting_relay() -> Iterator[ByteCountingRelay]:
+    """Route this process's S3 requests through a `ByteCountingRelay` for the block (the S3 server that
+    AWS_ENDPOINT_URL names must be running); fsspec's cached S3 clients are dropped on entry and exit, so reads
+    inside use the relay and reads after do not."""
+    from s3fs import S3FileSystem
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    relay = ByteCountingRelay(int(endpoint.rsplit(":", 1)[1]))
+    S3FileSystem.clear_instance_cache()
+    try:
+        with environment({"AWS_ENDPOINT_URL": relay.endpoint}):
+            yield relay
+    finally:
+        S3FileSystem.clear_instance_cache()
+        relay.close()

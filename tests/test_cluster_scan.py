@@ -113,5 +113,25 @@ def test_nodes_killed_mid_scan_lose_and_duplicate_nothing(cluster, zoo, tmp_path
     assert len(_alive_nodes()) == 2
 
 
+def test_a_node_that_cannot_write_to_the_store_is_refused_at_start(cluster, tmp_path):
+    """A worker node started with another S3 endpoint (nothing listens there): one refusal naming that node,
+    before any work or any database file."""
+    ray_cluster, _ = cluster
+    bucket = f"{BUCKET}-probe"
+    make_bucket(bucket)
+    bad = ray_cluster.add_node(num_cpus=1, resources={"no_store": 1},
+                               env_vars={"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"})
+    ray_cluster.wait_for_nodes()
+    try:
+        (tmp_path / "hub").mkdir()
+        config = scan_config(tmp_path / "hub", tmp_path / "out", fingerprint_store=f"s3://{bucket}/probe")
+        with pytest.raises(ConfigError, match=f"s3://{bucket}/probe is not writable from 1 of ") as refused:
+            run_scan(config)
+        assert bad.node_id[:12] in str(refused.value) and "\n" not in str(refused.value)
+        assert not config.db_path.exists()
+    finally:
+        ray_cluster.remove_node(bad)
+
+
 def _alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n["Alive"]}

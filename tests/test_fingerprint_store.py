@@ -47,6 +47,7 @@ def test_a_local_store_writes_absolute_paths_and_lists_them(fingerprint, tmp_pat
     assert address == str(tmp_path / "fps" / "org/model" / REVISION / f"{fingerprint.meta.input_set}.safetensors")
     assert store.existing() == {address} and len(sha) == 64
     assert_same(read_fingerprint_at(address), fingerprint)
+    assert read_fingerprint_meta_at(address) == fingerprint.meta
     assert FingerprintStore(tmp_path / "nowhere").existing() == set()
 
 
@@ -78,6 +79,17 @@ def test_a_damaged_or_missing_object_is_a_one_line_fingerprint_error(fingerprint
     assert address in str(damaged.value) and "\n" not in str(damaged.value)
     with pytest.raises(FingerprintError, match="does not exist"):
         read_fingerprint_at(address.replace("org/model", "org/other"))
+
+
+def test_an_s3_store_is_checked_writable_at_start(s3_env):
+    make_bucket("fp-prepare")
+    store = FingerprintStore("s3://fp-prepare/nightly")
+    store.prepare()
+    store.fs.invalidate_cache()
+    assert store.fs.find("fp-prepare") == []  # the probe object is gone
+    with pytest.raises(FingerprintError, match="no-such-bucket/nightly cannot be written from this node") as refused:
+        FingerprintStore("s3://no-such-bucket/nightly").prepare()
+    assert "\n" not in str(refused.value) and "bucket" in str(refused.value)
 
 
 def test_a_local_store_is_refused_on_a_multi_node_cluster_unless_declared_shared(s3_env, tmp_path):

@@ -15,10 +15,11 @@ from scanner.text_safety import json_visible, terminal_lines
 
 
 def test_command(
-    model_a: Annotated[Path, typer.Argument(
-        help="First model: a Hugging Face-format directory, a GGUF file (or a fingerprint file).")],
-    model_b: Annotated[Path, typer.Argument(
-        help="Second model: a Hugging Face-format directory, a GGUF file (or a fingerprint file).")],
+    model_a: Annotated[str, typer.Argument(
+        help="First model: a Hugging Face-format directory, a GGUF file (or a fingerprint file or URL, "
+             "e.g. s3://bucket/prefix/org/model/REVISION/INPUT_SET.safetensors).")],
+    model_b: Annotated[str, typer.Argument(
+        help="Second model: a Hugging Face-format directory, a GGUF file (or a fingerprint file or URL).")],
     stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd")] = "match",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     sequences: Annotated[int, typer.Option(
@@ -37,31 +38,35 @@ def test_command(
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
     from scanner.fingerprint import is_fingerprint_file
+    from scanner.fingerprint_store import is_url
     from scanner.results import render_table
 
     if stat not in STATISTICS:
         raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
-    if fingerprint or is_fingerprint_file(model_a) or is_fingerprint_file(model_b):
+    if fingerprint or any(is_url(side) or is_fingerprint_file(side) for side in (model_a, model_b)):
         result = compare_sides(model_a, model_b, stat, spec, device, follow_links=follow_links)
     else:
-        result = compare_models(model_a, model_b, stat, inputs=spec, permutations=permutations, seed=seed,
-                                device=device, follow_links=follow_links)
+        result = compare_models(Path(model_a), Path(model_b), stat, inputs=spec, permutations=permutations,
+                                seed=seed, device=device, follow_links=follow_links)
     typer.echo(json_visible(json.dumps(result.to_json_dict(), indent=2)) if as_json
                else terminal_lines(render_table(result)))
 
 
-def compare_sides(path_a: Path, path_b: Path, statistic: str, spec: InputSpec, device: str, *,
+def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,
                   follow_links: bool = False) -> PairTestResult:
-    """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints, computing any side given as a folder."""
+    """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints (files, or URLs of an object store read
+    through scanner.fingerprint_store), computing any side given as a folder."""
     from scanner.errors import IncomparableError
     from scanner.fingerprint import fingerprint_pair
     from scanner.fingerprint_compare import FINGERPRINT_STATISTICS, compare_fingerprints
+    from scanner.fingerprint_store import fingerprint_side
 
     if statistic not in FINGERPRINT_STATISTICS:
         raise IncomparableError(
             f"--stat {statistic} needs the checkpoints; fingerprints carry activations for "
             f"{', '.join(FINGERPRINT_STATISTICS)}"
         )
-    pair = fingerprint_pair(path_a, path_b, inputs=spec, device=device, follow_links=follow_links)
+    pair = fingerprint_pair(fingerprint_side(path_a), fingerprint_side(path_b), inputs=spec, device=device,
+                            follow_links=follow_links)
     return compare_fingerprints(*pair, statistic, device=device)

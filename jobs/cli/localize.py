@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 
 def localize_command(
-    model_a: Annotated[Path, typer.Argument(
-        help="Model A (the candidate parent): a model directory or a fingerprint file.")],
-    model_b: Annotated[Path, typer.Argument(help="Model B: a model directory or a fingerprint file.")],
+    model_a: Annotated[str, typer.Argument(
+        help="Model A (the candidate parent): a model directory, a fingerprint file or a fingerprint URL (s3://...).")],
+    model_b: Annotated[str, typer.Argument(
+        help="Model B: a model directory, a fingerprint file or a fingerprint URL (s3://...).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     threshold: Annotated[
         float,
@@ -50,20 +51,22 @@ def localize_command(
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
     from scanner.fingerprint import fingerprint_pair
+    from scanner.fingerprint_store import fingerprint_side, is_url
     from scanner.localize import localize, localize_replayed, plot_unit_map
 
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
     if replay is None:
         replay = _depths_differ(model_a, model_b, follow_links)
     if replay:
-        if model_a.is_file() or model_b.is_file():
+        if any(is_url(side) or Path(side).is_file() for side in (model_a, model_b)):
             raise HubtraceError("--replay runs the blocks themselves: give both models as directories")
         for model in (model_a, model_b):  # the same gate as every other command, before any block runs
             validate_checkpoint(model, follow_links=follow_links).checkpoint.close()
-        result = localize_replayed(model_a, model_b, inputs=spec, threshold_log10=threshold, monotone=not any_order,
-                                   device=device)
+        result = localize_replayed(Path(model_a), Path(model_b), inputs=spec, threshold_log10=threshold,
+                                   monotone=not any_order, device=device)
     else:
-        fp_a, fp_b = fingerprint_pair(model_a, model_b, inputs=spec, device=device, follow_links=follow_links)
+        fp_a, fp_b = fingerprint_pair(fingerprint_side(model_a), fingerprint_side(model_b), inputs=spec,
+                                      device=device, follow_links=follow_links)
         result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
     plots = []
     if plot_dir is not None:
@@ -77,9 +80,9 @@ def localize_command(
         typer.echo(terminal_lines(render_localize(result, plots)))
 
 
-def _depths_differ(path_a: Path, path_b: Path, follow_links: bool) -> bool:
+def _depths_differ(path_a: str, path_b: str, follow_links: bool) -> bool:
     """Both sides are model directories with different block counts (a depth prune: the case replay is for)."""
-    if not (path_a.is_dir() and path_b.is_dir()):
+    if not (Path(path_a).is_dir() and Path(path_b).is_dir()):
         return False
     depth_a, depth_b = (validate_checkpoint(p, check_values=False, follow_links=follow_links).adapter.shape.n_layers
                         for p in (path_a, path_b))

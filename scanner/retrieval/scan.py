@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from scanner.errors import FingerprintError
-from scanner.fingerprint import read_fingerprint_meta
+from scanner.fingerprint_store import read_fingerprint_meta_at
 from scanner.retrieval.hub import (
     IndexedModel,
     RetrievalRun,
@@ -97,7 +97,7 @@ def _tensor_hashes(models: Sequence[ScannedModel]) -> dict[tuple[str, str], dict
     hashes = {}
     for model in models:
         try:
-            hashes[(model.model_id, model.revision)] = read_fingerprint_meta(model.path).tensor_hashes
+            hashes[(model.model_id, model.revision)] = read_fingerprint_meta_at(model.path).tensor_hashes
         except FingerprintError:
             continue   # a damaged file fails its pair tests with a clear error; here it only has no hashes
     return hashes
