@@ -35,7 +35,8 @@ real-model: $(STAMP)
 test: $(STAMP) browser real-model
 	$(BIN)/python -m pytest
 
-# Everything that needs neither the trained zoo nor a Ray cluster (the rule in tests/conftest.py): under a minute.
+# Everything that needs neither a trained model nor a Ray cluster and is no calibration study (the rule in
+# tests/conftest.py): under a minute.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 

@@ -8,14 +8,14 @@ or fields of the wrong type give an empty claim and a note saying why, never an 
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
+
+from scanner.files import NotRegularFileError, open_regular_file
 
 FROM_SCRATCH_TAG = "from-scratch"
 # The relations the Hub's model tree knows (its base_model:<relation>:<id> tags use the same words).
@@ -42,13 +42,13 @@ class Card:
 def read_card(model_dir: Path) -> Card:
     """The claim in ``model_dir/README.md``; an empty claim with a note if there is none or it is unreadable."""
     readme = Path(model_dir) / "README.md"
-    try:
-        if not stat.S_ISREG(os.stat(readme).st_mode):  # a FIFO or device would block or never end
-            return Card(notes=("README.md is not a regular file",))
-        with readme.open("rb") as f:
+    try:  # opened first, then checked on the descriptor: a FIFO or device swapped in cannot block the read
+        with open_regular_file(readme) as f:
             raw = f.read(MAX_CARD_BYTES)
     except FileNotFoundError:
         return Card(notes=("no README.md (model card)",))
+    except NotRegularFileError:
+        return Card(notes=("README.md is not a regular file",))
     except OSError as e:
         return Card(notes=(f"README.md unreadable: {e.strerror or e}",))
     return parse_card(raw.decode("utf-8-sig", errors="replace"))

@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import CONFIG_MAPPING
 
 from scanner.errors import CheckpointError, UnsafeCheckpointError
-from scanner.files import file_sha256
+from scanner.files import NotRegularFileError, open_regular_file, stream_sha256
 
 SINGLE_WEIGHTS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -181,17 +181,23 @@ class Checkpoint:
 
         Two checkpoints with equal hashes tokenize identically, so their embedding rows can be compared id by id.
         """
-        present = [name for name in TOKENIZER_FILES if (self.path / name).is_file()]
-        if not present:
-            return None
-        digest = hashlib.sha256()
-        for name in present:
-            try:
-                content = file_sha256(self.path / name)
+        digest, found = hashlib.sha256(), False
+        for name in TOKENIZER_FILES:
+            try:  # opened first, checked on the descriptor: a FIFO swapped in after a check cannot hang the read
+                with open_regular_file(self.path / name) as handle:
+                    content = stream_sha256(handle)
+            except FileNotFoundError:
+                continue
+            except NotRegularFileError as exc:
+                if exc.is_dir:
+                    continue  # a folder of that name is no tokenizer file, as before
+                raise CheckpointError(f"cannot read {self.path / name}: not a regular file (a FIFO, socket or "
+                                      f"device), which hubtrace never opens") from exc
             except OSError as exc:
                 raise CheckpointError(f"cannot read {self.path / name}: {exc.strerror or exc}") from exc
             digest.update(name.encode() + b"\0" + content.encode())
-        return digest.hexdigest()
+            found = True
+        return digest.hexdigest() if found else None
 
     def tokenizer_base_vocab_size(self) -> int | None:
         """Entries in tokenizer.json's model vocab, without the added tokens listed beside it.
@@ -421,18 +427,15 @@ def read_json_file(file: Path) -> Any:
 
 
 def open_regular(file: Path) -> BinaryIO:
-    """file opened for reading if it is a regular file; a FIFO, socket or device is refused without blocking
-    (O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever)."""
+    """file opened for reading if it is a regular file (`open_regular_file`: checked on the open descriptor); a
+    FIFO, socket or device is refused without blocking."""
     try:
-        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        return open_regular_file(file)
+    except NotRegularFileError as exc:
+        raise CheckpointError(f"cannot read {file}: not a regular file (a folder, FIFO, socket or device), which "
+                              f"hubtrace never opens") from exc
     except OSError as exc:
         raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from exc
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CheckpointError(f"cannot read {file}: not a regular file (a folder, FIFO, socket or device), which "
-                              f"hubtrace never opens")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def _runs(rows: list[int]) -> list[tuple[int, int]]:

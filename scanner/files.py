@@ -11,9 +11,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 RefusalKind = Literal["loop", "unreadable", "outside"]
 
@@ -45,10 +46,40 @@ def resolve_inside(path: Path, roots: Sequence[Path] = ()) -> Path:
     return real
 
 
+class NotRegularFileError(OSError):
+    """The path opened to something other than a regular file: a folder (``is_dir``), a FIFO, socket or device."""
+
+    def __init__(self, file: Path, mode: int) -> None:
+        super().__init__(f"{file}: not a regular file")
+        self.is_dir = stat.S_ISDIR(mode)
+
+
+def open_regular_file(file: Path) -> BinaryIO:
+    """file opened for reading, then checked on the open descriptor (fstat): what is checked is what is read, with
+    no window between a check of the path and its open in which a FIFO could be swapped in. O_NONBLOCK: opening a
+    FIFO with no writer would otherwise wait forever. Raises OSError (`NotRegularFileError` for anything but a
+    regular file)."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(Path(file), mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def file_sha256(file: Path, block_bytes: int = 8 << 20) -> str:
     """Hex sha256 of a file's bytes, read in blocks (memory stays bounded); raises OSError when unreadable."""
-    digest = hashlib.sha256()
     with open(file, "rb") as handle:
-        for block in iter(lambda: handle.read(block_bytes), b""):
-            digest.update(block)
+        return stream_sha256(handle, block_bytes)
+
+
+def stream_sha256(handle: BinaryIO, block_bytes: int = 8 << 20) -> str:
+    """Hex sha256 of what is left to read in an open file, read in blocks."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: handle.read(block_bytes), b""):
+        digest.update(block)
     return digest.hexdigest()

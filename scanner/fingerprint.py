@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import TypeAdapter, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
@@ -32,7 +33,7 @@ from scanner import __version__
 from scanner.activations import MLPActivations
 from scanner.adapters import ArchitectureAdapter, GLUWeights
 from scanner.checkpoint import Checkpoint
-from scanner.errors import CheckpointError, FingerprintError
+from scanner.errors import CheckpointError, FingerprintError, one_line
 from scanner.files import file_sha256
 from scanner.formats.gguf_file import is_gguf_file
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
@@ -67,13 +68,17 @@ class FingerprintMeta:
     tokenizer_hash: str | None
     hidden_act: str
     input_set: str
-    input_spec: dict
+    input_spec: dict[str, int]
     parameter_count: int
     tensor_hashes: dict[str, str]
-    summaries: dict
+    summaries: dict[str, list]
     hubtrace_version: str
     format_version: int
     dtype: str
+
+
+_META_TYPES = TypeAdapter(FingerprintMeta)
+"""Checks a read header against FingerprintMeta's annotations: the file is data from anywhere, its JSON may lie."""
 
 
 @dataclass(frozen=True)
@@ -442,4 +447,10 @@ def parse_fingerprint_meta(path: str | Path, metadata: dict[str, str] | None) ->
     if set(data) != expected:
         missing, extra = sorted(expected - set(data)), sorted(set(data) - expected)
         raise FingerprintError(f"{path}: fingerprint metadata fields differ (missing {missing}, unexpected {extra})")
-    return FingerprintMeta(**data)
+    try:  # strict: a JSON that lies about a field's type ("4" layers, true for a count) is refused, not coerced
+        return _META_TYPES.validate_json(raw, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise FingerprintError(f"{path}: fingerprint metadata field {field!r} has the wrong type: {first['msg']} "
+                               f"(got {one_line(repr(first['input']), limit=80)})") from exc

@@ -5,7 +5,9 @@ Invisible and reordering characters (C0/C1 controls, DEL, bidi overrides and iso
 and paragraph separators, lone surrogates) are first made *visible* as ``\\xNN``/``\\uNNNN`` escapes: an
 investigator must see that an id holds them, a terminal must not act on them, and XML 1.0 cannot hold most of them.
 Then each format's own escaping applies. Every function returns a string that is safe where its name says and
-equal to the input when the input is plain text.
+equal to the input when the input is plain text. Where the text is an identity (a node id in GraphML, GEXF or DOT),
+the escape must also be reversible, or an id holding a control character would become the same node as an id that
+spells out its escape: there a backslash is doubled first (`reversible`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ def _escape_char(match: re.Match[str]) -> str:
 def visible(text: object, *, keep: str = "") -> str:
     """str(text) with invisible and reordering characters written as ``\\xNN``/``\\uNNNN`` (those in keep left)."""
     return _INVISIBLE.sub(lambda m: m.group() if m.group() in keep else _escape_char(m), str(text))
+
+
+def reversible(text: object, *, keep: str = "") -> str:
+    """`visible`, with every backslash doubled first, so the escape can be undone and two different texts never
+    come out the same (``"a\\x01"`` spelled out is not the control character U+0001 made visible)."""
+    return visible(str(text).replace("\\", "\\\\"), keep=keep)
 
 
 def terminal(text: object) -> str:
@@ -78,15 +86,16 @@ def _finite(data: Any) -> Any:
 
 
 def xml_text(text: object) -> str:
-    """Text that XML 1.0 can hold (GraphML, GEXF): characters it forbids written visibly, tab and newline kept.
-    Markup characters are left to the XML writer, which escapes them."""
-    return visible(text, keep="\t\n")
+    """Text that XML 1.0 can hold (GraphML, GEXF): characters it forbids written visibly (`reversible`: node ids
+    stay distinct), tab and newline kept. Markup characters are left to the XML writer, which escapes them."""
+    return reversible(text, keep="\t\n")
 
 
 def dot_string(text: object) -> str:
     """A double-quoted Graphviz string: backslashes doubled (so ``\\l``, ``\\N``, ``\\G`` stay text), quotes
-    escaped, invisible characters visible (a newline becomes the two characters ``\\n``, never a line break)."""
-    return '"' + visible(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    escaped, invisible characters visible and `reversible` (a newline becomes the two characters ``\\n``, never
+    a line break, and node ids stay distinct)."""
+    return '"' + reversible(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 PLOT_TEXT = {"parse_math": False, "usetex": False}

@@ -3,47 +3,147 @@
 Both live under ``.hubtrace-cache/`` in the checkout (what ``make demo`` uses too), so a second test run
 reuses them; the builders are file-locked, so parallel sessions wait for one build instead of racing.
 
-Test tiers: a test is ``slow`` when it needs the trained zoo (or trains models itself) or a Ray cluster, by the
-rule in ``pytest_collection_modifyitems`` (through any chain of fixtures), never by hand. ``make test-fast`` runs
-``-m "not slow"``; ``make test`` runs everything.
+Test tiers: a test is ``slow`` when it needs a trained model from the cache (or trains models itself) or a Ray
+cluster, or when it is a calibration study (a KS test of a statistic's p-values over a simulated null sample against
+uniform: hundreds of draws, each a full test), by the rule in
+``pytest_collection_modifyitems`` (through any chain of fixtures, or the test's own source), never by hand.
+``make test-fast`` runs ``-m "not slow"``: every behaviour; ``make test`` runs everything, the calibration of every
+statistic included.
+
+Cold cache: before the first test runs, ``pytest_collection_finish`` builds every cached artefact the *selected*
+tests need and the cache lacks, side by side in worker processes (training runs on one thread, so on a
+2-core machine two builds take the time of one); a run of the fast tier builds nothing.
 """
 
 from __future__ import annotations
 
 import inspect
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from scanner.zoo import Zoo, build_zoo, train_independent_models
+from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
 
 #: 12 independent bases give 66 independent pairs, above the 50 the validity tests need.
 N_INDEPENDENT = 12
 
-#: Fixtures that make a test slow: the trained zoos (minutes to build on a fresh machine) and Ray clusters
-#: (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "local_ray", "cluster", "smollm2"})
+#: The fine-tune chain base -> ft1 -> ft2 -> ft3 that family trees must draw as a path.
+CHAIN_SPEC = ChainSpec(length=3)
+#: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
+OTHER_SEEDS = (1, 2, 3)
+
+#: Fixtures that make a test slow: the trained zoos and the real model (minutes to build on a fresh machine) and
+#: Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
+SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
-ZOO_TRAINERS = ("build_zoo(", "train_independent_models(")
+ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(")
+#: A KS test in a test makes it a calibration study: a statistic's p-values over a simulated null sample, checked
+#: against uniform (a chi-square in a test is left alone: the canonical inputs' uniformity check is one cheap draw).
+CALIBRATION_CALLS = ("kstest(",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test whose fixture closure reaches one of SLOW_FIXTURES or that calls a zoo trainer."""
+    """Mark ``slow`` every test whose fixture closure reaches one of SLOW_FIXTURES, or that calls a zoo trainer or
+    runs a calibration study."""
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or _trains_models(item):
+        fixtures = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if fixtures or _calls(item, ZOO_TRAINERS + CALIBRATION_CALLS):
             item.add_marker(pytest.mark.slow)
 
 
-def _trains_models(item: pytest.Item) -> bool:
+def _calls(item: pytest.Item, calls: tuple[str, ...]) -> bool:
     try:
         source = inspect.getsource(item.function)  # type: ignore[attr-defined]
     except (AttributeError, OSError, TypeError):
         return False
-    return any(call in source for call in ZOO_TRAINERS)
+    return any(call in source for call in calls)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build, side by side, the cached artefacts the selected tests need and the cache lacks (see the docstring)."""
+    if session.config.option.collectonly:
+        return
+    needed: dict[str, Callable[[], object]] = {}
+    for item in session.items:
+        for name, build in _artefacts(item).items():
+            needed.setdefault(name, build)
+    missing = {name: needed[name] for name in _BUILD_ORDER if name in needed and not _built(name)}
+    if not missing:
+        return
+    workers = min(len(missing), os.cpu_count() or 1)
+    print(f"\nbuilding {len(missing)} cached artefacts on {workers} processes: {', '.join(missing)}", file=sys.stderr)
+    start = time.perf_counter()
+    # spawn, not fork: the parent has torch loaded (forking its thread pools can deadlock)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_timed_build, build) for name, build in missing.items()}
+        for name, future in futures.items():
+            try:
+                print(f"  {name}: {future.result():.0f} s", file=sys.stderr)
+            except Exception as exc:  # the fixture builds it again and its tests report the error where it belongs
+                print(f"  {name}: failed ({type(exc).__name__}: {exc}); its fixture will try again", file=sys.stderr)
+    print(f"cached artefacts built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+#: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's).
+_BUILD_ORDER = ("smollm2", "zoo", "independent", "seed1", "seed2", "seed3", "chain")
+
+
+def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
+    """The cached artefacts one test needs, through its fixtures, in _BUILD_ORDER (each a picklable builder)."""
+    names = set(getattr(item, "fixturenames", ()))
+    found: dict[str, Callable[[], object]] = {}
+    if "smollm2" in names:
+        found["smollm2"] = _smollm2_fingerprints
+    if "zoo" in names:
+        found["zoo"] = partial(build_zoo, CACHE / "zoo")
+    if "independent_zoo" in names:
+        found["independent"] = partial(train_independent_models, CACHE / "independent", n=N_INDEPENDENT)
+    if "seed_zoo" in names:
+        seed = item.callspec.params["seed_zoo"]  # type: ignore[attr-defined]
+        found[f"seed{seed}"] = partial(_seed_zoo, seed)
+    if "chain_zoo" in names:
+        found["chain"] = partial(build_chain, CACHE / "chain", spec=CHAIN_SPEC)
+    return {name: found[name] for name in _BUILD_ORDER if name in found}
+
+
+def _built(name: str) -> bool:
+    """A cheap look at the cache (a stale one is rebuilt by its fixture, as before)."""
+    if name == "smollm2":
+        from scanner.testing.real_model import smollm2_fingerprints_built
+
+        return smollm2_fingerprints_built(CACHE)
+    folder = {"independent": "independent", "chain": "chain"}.get(name) or (
+        f"zoo-small-seed{name[4:]}" if name.startswith("seed") else name)
+    return (CACHE / folder / "ground_truth.json").is_file()
+
+
+def _timed_build(build: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    build()
+    return time.perf_counter() - start
+
+
+def _seed_zoo(seed: int) -> Zoo:
+    from tests.lineage_support import seed_zoo
+
+    return seed_zoo(CACHE, seed)
+
+
+def _smollm2_fingerprints() -> dict[str, Path]:
+    from scanner.testing.real_model import smollm2_family, smollm2_fingerprints, smollm2_gguf
+
+    return smollm2_fingerprints(smollm2_family(smollm2_gguf(CACHE), CACHE))
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +154,17 @@ def zoo() -> Zoo:
 @pytest.fixture(scope="session")
 def independent_zoo() -> Zoo:
     return train_independent_models(CACHE / "independent", n=N_INDEPENDENT)
+
+
+@pytest.fixture(scope="session")
+def chain_zoo() -> Zoo:
+    return build_chain(CACHE / "chain", spec=CHAIN_SPEC)
+
+
+@pytest.fixture(scope="session", params=OTHER_SEEDS)
+def seed_zoo(request: pytest.FixtureRequest) -> Zoo:
+    """The zoo's recipe from another seed with a fifth of the training (tests.lineage_support.SMALL_SPEC)."""
+    return _seed_zoo(request.param)
 
 
 @pytest.fixture(scope="session")

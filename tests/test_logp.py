@@ -20,11 +20,22 @@ mpmath.mp.dps = 50
 
 
 def _mp_incomplete_beta(a, b, x):
-    """Regularized I_x(a, b) by its hypergeometric series, with generous limits for huge a."""
-    return (
-        x**a * (1 - x) ** b * mpmath.hyp2f1(a + b, 1, a + 1, x, maxterms=10**7, maxprec=100_000)
-        / (a * mpmath.beta(a, b))
-    )
+    """Regularized I_x(a, b) = x^a (1-x)^b / (a B(a, b)) * sum_n (a+b)_n / (a+1)_n x^n, to mpmath's precision.
+
+    The series' terms are positive and shrink at least as fast as x^n, so for x <= 0.95 it is summed directly (a
+    few thousand terms at most); nearer 1, mpmath's hyp2f1 (which transforms the series there) sums it. hyp2f1
+    alone is exact too, but for a huge a at moderate x (df 1e5, t = 100) it takes minutes, the direct sum 0.1 s.
+    """
+    if x <= 0.95:
+        term = total = mpmath.mpf(1)
+        n, eps = 0, mpmath.mpf(10) ** -(mpmath.mp.dps + 5)
+        while term > total * eps:
+            term *= (a + b + n) / (a + 1 + n) * x
+            total += term
+            n += 1
+    else:
+        total = mpmath.hyp2f1(a + b, 1, a + 1, x, maxterms=10**7, maxprec=100_000)
+    return x**a * (1 - x) ** b * total / (a * mpmath.beta(a, b))
 
 
 def _mp_log10_t_sf(t: float, df: float) -> float:

@@ -21,9 +21,8 @@ from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.lineage import compute_lineage
 from lineage_graph.phylogeny import CLONE_CLOSENESS, MERGE_RATIO, family_phylogeny
 from scanner.fingerprint import fingerprint_model
-from scanner.zoo import ChainSpec, Zoo, build_chain, load_model
-from tests.conftest import CACHE
-from tests.lineage_support import seed_zoo, true_parent_links, withhold_cards, zoo_lineage_inputs
+from scanner.zoo import Zoo, load_model
+from tests.lineage_support import true_parent_links, withhold_cards, zoo_lineage_inputs
 
 # ---------------------------------------------------------------- pure trees from known distances
 
@@ -150,8 +149,8 @@ def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo
 # ---------------------------------------------------------------- a fine-tune chain and zoos from other seeds
 
 
-def test_fine_tune_chain_is_drawn_as_the_chain() -> None:
-    chain = build_chain(CACHE / "chain", spec=ChainSpec(length=3))
+def test_fine_tune_chain_is_drawn_as_the_chain(chain_zoo: Zoo) -> None:
+    chain = chain_zoo
     tests, models = zoo_lineage_inputs(chain)
     truth = true_parent_links(chain)
     for label, infos in (("cards", models), ("withheld", withhold_cards(models))):
@@ -164,14 +163,12 @@ def test_fine_tune_chain_is_drawn_as_the_chain() -> None:
             assert links == truth and family.root == "chain-labs/chain-base"
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3])
-def other_seed(request) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
+@pytest.fixture(scope="module")
+def other_seed(seed_zoo: Zoo) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
     """The zoo's recipe from another seed with a fifth of the training (built once per machine, cached)."""
-    zoo = seed_zoo(CACHE, request.param)
-    return (zoo, *zoo_lineage_inputs(zoo))
+    return (seed_zoo, *zoo_lineage_inputs(seed_zoo))
 
 
-@pytest.mark.slow
 def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     """With cards: every tree link is a true parent link and the merge has both parents. Cards and dates withheld:
     every tree link still joins a true parent and child (which way may be wrong: bench_family_trees.py)."""

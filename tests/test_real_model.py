@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from scanner.fingerprint import Fingerprint, fingerprint_model, read_fingerprint, write_fingerprint
+from scanner.fingerprint import Fingerprint, read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf import GGUFCheckpoint
 from scanner.stats.sequential import SequentialDesign
+from scanner.testing.real_model import smollm2_fingerprints
 
 DEPENDENT = ("float", "finetune", "camouflage", "prune", "requant", "roundtrip")
 
@@ -26,16 +27,7 @@ DEPENDENT = ("float", "finetune", "camouflage", "prune", "requant", "roundtrip")
 @pytest.fixture(scope="module")
 def fingerprints(smollm2: dict[str, Path]) -> dict[str, Fingerprint]:
     """Every model fingerprinted on the original's id range (the GGUF vocabulary's ordinary tokens)."""
-    original = open_model_checkpoint(smollm2["original"])
-    token_range = original.tokenizer_base_vocab_size()
-    folder = smollm2["float"].parent / "fingerprints"
-    prints = {}
-    for name, path in smollm2.items():
-        file = folder / f"{name}.fp.safetensors"
-        if not file.is_file():
-            write_fingerprint(fingerprint_model(path, token_range=token_range), file)
-        prints[name] = read_fingerprint(file)
-    return prints
+    return {name: read_fingerprint(file) for name, file in smollm2_fingerprints(smollm2).items()}
 
 
 def test_the_shipped_gguf_reads_as_a_llama_of_the_published_shape(smollm2: dict[str, Path]) -> None:

@@ -13,13 +13,13 @@ import json
 from collections.abc import Callable
 from datetime import date, time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.errors import one_line
-from scanner.text_safety import csv_cell, json_visible, terminal
+from scanner.text_safety import csv_cell, json_visible, terminal, terminal_lines
 
 if TYPE_CHECKING:
     import polars as pl
@@ -136,18 +136,48 @@ def _render(frame: pl.DataFrame, fmt: str) -> str:
     frame = _text_cells(frame, terminal)  # hub text cannot move the cursor, recolour or reorder the table
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=TABLE_STR_CHARS,
                    fmt_table_cell_list_len=-1):
-        return str(frame)
+        return terminal_lines(str(frame))  # and nothing in a type not handled above reaches the terminal raw
 
 
 def _text_cells(frame: pl.DataFrame, escape: Callable[[str], str]) -> pl.DataFrame:
-    """The frame with escape applied to every text cell and every text in a list cell (others as they are)."""
+    """The frame with escape applied to every text cell and every text inside a nested cell (lists, arrays,
+    structs, maps, at any depth; a map's keys too); other values as they are."""
     import polars as pl
 
-    text, lists = pl.String, pl.List(pl.String)
     return frame.with_columns(
-        [pl.col(n).map_elements(escape, return_dtype=text) for n, t in frame.schema.items() if t == text]
-        + [pl.col(n).list.eval(pl.element().map_elements(escape, return_dtype=text))
-           for n, t in frame.schema.items() if t == lists])
+        [pl.col(n).map_elements(escape, return_dtype=pl.String) for n, t in frame.schema.items() if t == pl.String]
+        + [pl.Series(n, [_escaped(v, t, escape) for v in frame[n].to_list()], dtype=t)
+           for n, t in frame.schema.items() if t.is_nested() and _holds_text(t)])
+
+
+def _holds_text(dtype: pl.DataType) -> bool:
+    import polars as pl
+
+    if dtype == pl.String:
+        return True
+    if isinstance(dtype, pl.Struct):
+        return any(_holds_text(f.dtype) for f in dtype.fields)
+    if isinstance(dtype, pl.Map):
+        return _holds_text(dtype.key) or _holds_text(dtype.value)
+    return isinstance(dtype, pl.List | pl.Array) and _holds_text(dtype.inner)
+
+
+def _escaped(value: Any, dtype: pl.DataType, escape: Callable[[str], str]) -> Any:
+    """One cell's Python value with escape applied to each text in it, led by its type (a struct's field names
+    come from the query, a map's keys from the data)."""
+    import polars as pl
+
+    if value is None:
+        return None
+    if dtype == pl.String:
+        return escape(value)
+    if isinstance(dtype, pl.Struct):
+        return {f.name: _escaped(value[f.name], f.dtype, escape) for f in dtype.fields}
+    if isinstance(dtype, pl.Map):
+        return {_escaped(k, dtype.key, escape): _escaped(v, dtype.value, escape) for k, v in value.items()}
+    if isinstance(dtype, pl.List | pl.Array):
+        return [_escaped(v, dtype.inner, escape) for v in value]
+    return value
 
 
 def _json_value(value: object) -> str:

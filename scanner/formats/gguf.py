@@ -24,7 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-from scanner.checkpoint import Checkpoint, _TensorEntry
+from scanner.checkpoint import Checkpoint, _TensorEntry, open_regular
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
 from scanner.formats.gguf_file import GGUFContents, GGUFTensor, read_gguf_layout
 
@@ -120,7 +120,7 @@ class GGUFCheckpoint(Checkpoint):
         if not keys:
             return None
         digest = hashlib.sha256()
-        with open(self.path, "rb") as handle:
+        with open_regular(self.path) as handle:  # checked on the descriptor: a FIFO swapped in cannot hang it
             for key in keys:
                 start, end = self._contents.spans[key]
                 handle.seek(start)

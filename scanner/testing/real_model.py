@@ -33,6 +33,7 @@ import torch
 from gguf import GGMLQuantizationType
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from scanner.fingerprint import fingerprint_model, write_fingerprint
 from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf_write import write_gguf
 from scanner.zoo.camouflage import camouflage
@@ -75,8 +76,7 @@ def smollm2_gguf(cache: Path) -> Path:
 
 def smollm2_family(gguf: Path, cache: Path) -> dict[str, Path]:
     """Every derivative's path (the original GGUF under "original"), built on first use and cached by recipe."""
-    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
-    root = cache / "smollm2" / f"family-{key}"
+    root = _family_root(cache)
     paths = {"original": gguf, **{name: root / _file_name(name) for name in DERIVATIVES}}
     if (root / "recipe.json").is_file():
         return paths
@@ -90,6 +90,30 @@ def smollm2_family(gguf: Path, cache: Path) -> dict[str, Path]:
     else:
         os.replace(building, root)
     return paths
+
+
+def smollm2_fingerprints(paths: dict[str, Path]) -> dict[str, Path]:
+    """Every model's fingerprint file, taken on the original's id range (the GGUF vocabulary's ordinary tokens),
+    made once in the family's fingerprints/ folder (written atomically, so two builders cannot tear one)."""
+    token_range = open_model_checkpoint(paths["original"]).tokenizer_base_vocab_size()
+    folder = paths["float"].parent / "fingerprints"
+    folder.mkdir(exist_ok=True)
+    files = {name: folder / f"{name}.fp.safetensors" for name in paths}
+    for name, file in files.items():
+        if not file.is_file():
+            write_fingerprint(fingerprint_model(paths[name], token_range=token_range), file)
+    return files
+
+
+def smollm2_fingerprints_built(cache: Path) -> bool:
+    """Whether the cache holds every fingerprint of the current recipe (a look at file names, nothing read)."""
+    folder = _family_root(cache) / "fingerprints"
+    return all((folder / f"{name}.fp.safetensors").is_file() for name in ("original", *DERIVATIVES))
+
+
+def _family_root(cache: Path) -> Path:
+    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
+    return cache / "smollm2" / f"family-{key}"
 
 
 def _file_name(name: str) -> str:
