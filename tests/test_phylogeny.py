@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from lineage_graph.direction import orient
+from lineage_graph import phylogeny
+from lineage_graph.direction import RELIABILITY, orient
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.lineage import compute_lineage
-from lineage_graph.phylogeny import CLONE_CLOSENESS, MERGE_RATIO, family_phylogeny
+from lineage_graph.phylogeny import CLONE_CLOSENESS, MERGE_RATIO, family_phylogeny, log_rumour_centrality
 from scanner.fingerprint import fingerprint_model
 from scanner.zoo import Zoo, load_model
 from tests.lineage_support import true_parent_links, withhold_cards, zoo_lineage_inputs
@@ -38,22 +39,57 @@ def _additive(links: dict[str, tuple[str, float]]) -> dict[tuple[str, str], floa
     return {(a, b): 1.0 - lengths[a][b] for a, b in itertools.combinations(sorted(tree.nodes), 2)}
 
 
+def _growth_orders(tree, root: str) -> int:
+    """Brute force: the orders in which a tree grown one node at a time from root (each new node joining one already
+    there) reaches this tree: permutations of the nodes in which every node comes after its parent."""
+    import networkx as nx
+
+    parent = {child: p for p, child in nx.bfs_edges(tree, root)}
+    others = [n for n in tree.nodes if n != root]
+    return sum(all(parent[n] == root or order.index(parent[n]) < order.index(n) for n in order)
+               for order in itertools.permutations(others))
+
+
+def test_the_shape_prior_counts_the_orders_in_which_the_tree_could_have_grown() -> None:
+    import networkx as nx
+
+    for tree in (nx.star_graph(4), nx.path_graph(5), nx.balanced_tree(2, 2), nx.random_labeled_tree(8, seed=1)):
+        for root in tree.nodes:
+            assert math.exp(log_rumour_centrality(tree, root)) == pytest.approx(_growth_orders(tree, root), rel=1e-9)
+
+
 def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
+    import networkx as nx
+
     star = _additive({"ft1": ("base", 0.10), "ft2": ("base", 0.12), "ft3": ("base", 0.08), "ft1-v2": ("ft1", 0.05)})
     tree = family_phylogeny(frozenset({"base", "ft1", "ft2", "ft3", "ft1-v2"}), star, {}, {})
     undirected = {frozenset((p, c)) for c, links in tree.parents.items() for p, _ in links}
     assert undirected == {frozenset(x) for x in [("base", "ft1"), ("base", "ft2"), ("base", "ft3"), ("ft1", "ft1-v2")]}
-    # No direction evidence at all: every link is drawn, each with confidence 0.5 (a coin flip, said so).
-    assert set(tree.confidence.values()) == {0.5}
+    # No votes at all: the shape alone roots the tree at the base (the most orders of growth), and each link's
+    # confidence is the ratio of growth orders of the best root on either side of it.
+    shape = nx.Graph([(p, c) for c, links in tree.parents.items() for p, _ in links])
+    orders = {r: _growth_orders(shape, r) for r in shape.nodes}
+    assert tree.root == "base" and orders["base"] > max(v for r, v in orders.items() if r != "base")
+    for child, keep, flip in (("ft2", "base", "ft2"), ("ft1", "base", "ft1"), ("ft1-v2", "base", "ft1-v2")):
+        parent = tree.parents[child][0][0]
+        assert tree.confidence[(parent, child)] == pytest.approx(orders[keep] / (orders[keep] + orders[flip]))
+    # Without the shape prior nothing tells the placements apart: every link is a coin flip, said so.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(phylogeny, "SHAPE_PRIOR", False)
+        assert set(family_phylogeny(frozenset(shape.nodes), star, {}, {}).confidence.values()) == {0.5}
 
     chain = _additive({"ft1": ("base", 0.1), "ft2": ("ft1", 0.1), "ft3": ("ft2", 0.1)})
     members = frozenset({"base", "ft1", "ft2", "ft3"})
-    # One declared link (ft3 declares ft2) orients that link only; the rest of the path stays a coin flip.
-    one = family_phylogeny(members, chain, {("ft2", "ft3"): math.log(0.95 / 0.05)}, {})
-    assert one.parents["ft3"] == (("ft2", "tree"),) and one.confidence[("ft2", "ft3")] == pytest.approx(0.95)
-    assert sorted(one.confidence.values()) == pytest.approx([0.5, 0.5, 0.95])
-    # Evidence on every link roots the path at its far end.
-    every = {("base", "ft1"): 1.0, ("ft1", "ft2"): 1.0, ("ft2", "ft3"): 1.0}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(phylogeny, "SHAPE_PRIOR", False)
+        # One declared link (ft3 declares ft2) orients that link only; the rest of the path stays a coin flip.
+        one = family_phylogeny(members, chain, {("ft2", "ft3"): math.log(0.95 / 0.05)}, {})
+        assert one.parents["ft3"] == (("ft2", "tree"),) and one.confidence[("ft2", "ft3")] == pytest.approx(0.95)
+        assert sorted(one.confidence.values()) == pytest.approx([0.5, 0.5, 0.95])
+    # Votes of reliability 0.8 on every link root the path at its far end, against a shape that favours its middle
+    # (3 growth orders from ft1 or ft2, 1 from either end): 3 links x log(0.8/0.2) outweigh log 3 + 1 link.
+    lo = math.log(0.8 / 0.2)
+    every = {("base", "ft1"): lo, ("ft1", "ft2"): lo, ("ft2", "ft3"): lo}
     tree = family_phylogeny(members, chain, every, {})
     assert tree.root == "base"
     assert {c: links[0][0] for c, links in tree.parents.items()} == {"ft1": "base", "ft2": "ft1", "ft3": "ft2"}
@@ -72,7 +108,7 @@ def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> Non
     tree = family_phylogeny(members, closeness, log_odds, {})
     assert tree.root == "base"
     assert tree.parents["m"] == (("a", "tree"), ("b", "merge"))
-    assert tree.parents["copy"] == (("a", "tree"),) and tree.confidence[("a", "copy")] == 0.5
+    assert tree.parents["copy"] == (("a", "copy"),) and tree.confidence[("a", "copy")] == 0.5
     assert tree.parents["a"] == (("base", "tree"),) and tree.parents["b"] == (("base", "tree"),)
     assert 1.0 - 1e-6 > CLONE_CLOSENESS
 
@@ -142,7 +178,7 @@ def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo
 
     for child in ("chat", "copy"):  # the vote between the base and chat is the vote between the base and the copy
         d = orient(info("base"), info(child), {})
-        assert (d.parent, d.child) == ("base", child) and d.confidence == pytest.approx(0.7)
+        assert (d.parent, d.child) == ("base", child) and d.confidence == pytest.approx(RELIABILITY["activation_rank"])
     assert orient(info("chat"), info("copy"), {}).parent is None  # copies: the weights cannot tell, no vote
 
 
