@@ -219,3 +219,54 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     withheld = compute_lineage(withhold_cards(models), tests)
     undirected = {frozenset((p, c)) for f in withheld.families for p, c, _ in f.tree_edges()}
     assert undirected == {frozenset(x) for x in truth}
+
+
+# ---------------------------------------------------------------- what lineage_edges carries
+
+
+def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(tmp_path: Path) -> None:
+    """Through a real store: a base, three fine-tunes and a copy of one of them, no cards, no fingerprints (no rank
+    votes). Every row with a tree_link names its parent and child with a confidence; the copy is a 'copy' link at
+    0.5 (no direction claimed); the base's links are directed by the family's shape alone."""
+    from dataclasses import replace
+
+    from lineage_graph.persist import rebuild_lineage
+    from scanner.store import Store
+    from tests.store_support import Meta, record, test_row
+
+    star = _additive({"o/ft1": ("o/base", 0.30), "o/ft2": ("o/base", 0.35), "o/ft3": ("o/base", 0.4)})
+    star |= {(m, "x/copy"): star[tuple(sorted((m, "o/ft1")))] for m in ("o/base", "o/ft2", "o/ft3")}
+    star[("o/ft1", "x/copy")] = 1.0
+    models = ["o/base", "o/ft1", "o/ft2", "o/ft3", "x/copy"]
+    with Store(tmp_path / "scan.duckdb") as store:
+        run = store.start_run({})
+        for m in models:
+            store.upsert_model(record(m), Meta(), run, "ok")
+        store.put_pair_tests([replace(test_row(a, "r1", b, "r1", -80.0, run), closeness=star[(a, b)])
+                              for a, b in itertools.combinations(models, 2)])
+        store.finish_run(run, "succeeded", {})
+        rebuild_lineage(store)
+        rows = store.query("SELECT model_a, model_b, parent, child, direction_confidence, tree_link "
+                           "FROM lineage_edges WHERE tree_link IS NOT NULL").to_dicts()
+    assert len(rows) == len(models) - 1
+    for r in rows:
+        assert {r["parent"], r["child"]} == {r["model_a"], r["model_b"]} and 0.5 <= r["direction_confidence"] <= 1.0
+    by_pair = {frozenset((r["model_a"], r["model_b"])): r for r in rows}
+    copy = by_pair[frozenset(("o/ft1", "x/copy"))]
+    assert copy["tree_link"] == "copy" and copy["direction_confidence"] == 0.5
+    for ft in ("o/ft2", "o/ft3"):
+        link = by_pair[frozenset(("o/base", ft))]
+        assert link["tree_link"] == "tree" and (link["parent"], link["child"]) == ("o/base", ft)
+        assert link["direction_confidence"] > 0.6
+
+
+def test_a_screened_pair_keeps_its_closeness_and_a_depth_prune_is_discounted() -> None:
+    """A sequential test that stopped after 4 of 30 blocks measured closeness on those 4: an estimate for all 30,
+    not a model that shares only 4 blocks. Blocks only one model has still count as 0."""
+    from lineage_graph.lineage import whole_model_closeness
+
+    models = {m: ModelInfo(m, n_layers=d, hidden_size=64, intermediate_size=128)
+              for m, d in (("a", 30), ("b", 30), ("p", 20))}
+    assert whole_model_closeness(PairTest("a", "b", "match", -40.0, 4, closeness=0.8), models) == pytest.approx(0.8)
+    assert whole_model_closeness(PairTest("a", "p", "match", -40.0, 4, closeness=0.9), models) == pytest.approx(0.6)
+    assert whole_model_closeness(PairTest("a", "p", "match", -90.0, 20, closeness=0.9), models) == pytest.approx(0.6)
