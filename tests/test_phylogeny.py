@@ -194,9 +194,8 @@ def test_fine_tune_chain_is_drawn_as_the_chain(chain_zoo: Zoo) -> None:
         (family,) = [f for f in lineage.families if len(f.members) > 1]
         links = {(p, c) for p, c, _ in family.tree_edges()}
         print(f"chain, cards {label}: links {sorted(links)}")
-        assert {frozenset(x) for x in links} == {frozenset(x) for x in truth}
-        if label == "cards":
-            assert links == truth and family.root == "chain-labs/chain-base"
+        # With cards or without (activation rank falls 6-10% along every link, far from its 0.5% threshold).
+        assert links == truth and family.root == "chain-labs/chain-base"
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +206,7 @@ def other_seed(seed_zoo: Zoo) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
 
 def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     """With cards: every tree link is a true parent link and the merge has both parents. Cards and dates withheld:
-    every tree link still joins a true parent and child (which way may be wrong: bench_family_trees.py)."""
+    the same, with copies linked as copies (bench_family_trees.py measures what each evidence source adds)."""
     zoo, tests, models = other_seed
     truth = true_parent_links(zoo)
     lineage = compute_lineage(models, tests)
@@ -216,9 +215,18 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     assert links == truth
     merge = next(m for m in zoo.models.values() if m.relation == "merge")
     assert {p for p, _ in lineage.family_of(merge.id).parents[merge.id]} == set(merge.parents)
+    # Cards and dates withheld: the same links; every true link that is not a copy points the true way, each copy is
+    # a 'copy' link with no direction claimed. (The one rank vote that points backwards, the long fine-tune's, is
+    # outweighed by the family's shape whether it is cast or not: docs/lineage.md, "Margins".)
     withheld = compute_lineage(withhold_cards(models), tests)
-    undirected = {frozenset((p, c)) for f in withheld.families for p, c, _ in f.tree_edges()}
-    assert undirected == {frozenset(x) for x in truth}
+    kinds = {(p, c): kind for f in withheld.families for p, c, kind in f.tree_edges()}
+    assert set(kinds) == truth
+    for p, c in truth:
+        d = withheld.edge(p, c).direction
+        if withheld.edge(p, c).test.closeness >= CLONE_CLOSENESS:
+            assert kinds[(p, c)] == "copy" and d.confidence == 0.5
+        else:
+            assert kinds[(p, c)] != "copy" and d.parent == p and d.confidence > 0.5
 
 
 # ---------------------------------------------------------------- what lineage_edges carries
