@@ -278,3 +278,35 @@ def test_a_screened_pair_keeps_its_closeness_and_a_depth_prune_is_discounted() -
     assert whole_model_closeness(PairTest("a", "b", "match", -40.0, 4, closeness=0.8), models) == pytest.approx(0.8)
     assert whole_model_closeness(PairTest("a", "p", "match", -40.0, 4, closeness=0.9), models) == pytest.approx(0.6)
     assert whole_model_closeness(PairTest("a", "p", "match", -90.0, 20, closeness=0.9), models) == pytest.approx(0.6)
+
+
+def test_the_rank_vote_is_the_same_for_a_camouflaged_copy(tmp_path: Path) -> None:
+    """Every output-preserving transformation the tests know at once (scanner.zoo.camouflage T1-T6: residual
+    permutation and rotation, unit permutation, norm gains, q/k plane rotations, unit rescaling) leaves the
+    activation effective rank where it was, so a camouflaged copy gets exactly the votes its original gets."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scanner.zoo.camouflage import camouflage
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    original = LlamaForCausalLM(config)
+    tuned = LlamaForCausalLM(config)
+    tuned.load_state_dict(original.state_dict())
+    with torch.no_grad():  # a crude "fine-tune": concentrate each MLP's up projection on a few directions
+        for layer in tuned.model.layers:
+            u, s, v = torch.linalg.svd(layer.mlp.up_proj.weight, full_matrices=False)
+            layer.mlp.up_proj.weight.copy_(u @ torch.diag(s * torch.linspace(1.0, 0.05, s.numel())) @ v)
+    original.save_pretrained(tmp_path / "original")
+    tuned.save_pretrained(tmp_path / "tuned")
+    camouflage(tuned, seed=5)[0].save_pretrained(tmp_path / "copy")
+    ranks = {n: tuple(fingerprint_model(tmp_path / n).meta.summaries["activation_effective_rank"])
+             for n in ("original", "tuned", "copy")}
+    assert np.allclose(ranks["copy"], ranks["tuned"], rtol=1e-3)
+    info = {n: ModelInfo(n, n_layers=2, hidden_size=64, intermediate_size=128, activation_rank=r)
+            for n, r in ranks.items()}
+    votes = {child: orient(info["original"], info[child], {}) for child in ("tuned", "copy")}
+    assert votes["tuned"].parent == "original" and votes["copy"].parent == "original"
+    assert votes["copy"].confidence == votes["tuned"].confidence
+    assert orient(info["tuned"], info["copy"], {}).parent is None
