@@ -1,4 +1,4 @@
-"""Family trees from closeness: nearest relatives as parents, rooted by the direction evidence.
+"""Family trees from closeness: nearest relatives as parents, rooted by the family's shape and the direction evidence.
 
 A p-value says whether two models are related; at the permutation floor it says nothing about which of two
 relatives is nearer. Closeness (mean cosine of matched activations, scanner.stats.independence) does. Its
