@@ -74,7 +74,7 @@ so a hub of many small families comes out as a block a page or a screen can show
 
 def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
     """Each family drawn top-down along its tree links (x in leaf slots, y = -depth), families packed into rows."""
-    tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") == "tree")
+    tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") in ("tree", "copy"))
     tree.add_nodes_from(graph.nodes)
     roots = sorted((n for n in tree.nodes if tree.in_degree(n) == 0),
                    key=lambda n: (graph.nodes[n].get("family", n), -len(nx.descendants(tree, n)), n))
@@ -124,7 +124,7 @@ def write_dot(graph: nx.DiGraph, path: Path) -> None:
                          + ", ".join(f"{k}={dot_string(v)}" for k, v in sorted(attrs.items())) + "];")
         lines.append("  }")
     for u, v, a in sorted(graph.edges(data=True)):
-        style = {"tree": "bold", "merge": "dashed"}.get(a.get("tree_link", ""), "dotted")
+        style = {"tree": "bold", "copy": "bold", "merge": "dashed"}.get(a.get("tree_link", ""), "dotted")
         extra = "" if a.get("directed") else ", dir=none"
         label = f"log10 p {a['log10_p']:.0f}, conf {a['confidence']:.2f}"
         lines.append(f"  {dot_string(u)} -> {dot_string(v)} [style={style}{extra}, label={dot_string(label)}, "

@@ -89,7 +89,7 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
     ])
     members = pl.DataFrame([
         {"family_id": f.family_id, "model_id": m, "revision": lineage.models[m].revision, "is_root": m == f.root,
-         "parents": [p for p, k in f.parents.get(m, ()) if k == "tree"],
+         "parents": [p for p, k in f.parents.get(m, ()) if k in ("tree", "copy")],
          "merge_parents": [p for p, k in f.parents.get(m, ()) if k == "merge"]}
         for f in lineage.families for m in f.members
     ], schema_overrides={"parents": pl.List(pl.String), "merge_parents": pl.List(pl.String)})

@@ -1,4 +1,4 @@
-"""Family trees from closeness: nearest relatives as parents, rooted by the direction evidence.
+"""Family trees from closeness: nearest relatives as parents, rooted by the family's shape and the direction evidence.
 
 A p-value says whether two models are related; at the permutation floor it says nothing about which of two
 relatives is nearer. Closeness (mean cosine of matched activations, scanner.stats.independence) does. Its
@@ -9,14 +9,19 @@ keeps its bases), the tree that links each model to its nearest relatives is the
 the distances (the minimum-evolution tree when the internal nodes are the members themselves, as in MoTHer's
 model trees); networkx computes it. Exact copies (closeness above CLONE_CLOSENESS, e.g. a camouflaged copy) are
 indistinguishable by weights: they form one node, whose first member (by the direction evidence) carries the
-links and the others hang under it.
+links and the others hang under it by "copy" links.
 
-Distances make a tree without a root. The root is the member that agrees best with the direction evidence of
-the tree's links: a placement scores the log-odds of each link as it orients it; ties go to the member nearest to
-all others (a base sits between its fine-tunes), then to the larger id. A tree link's confidence compares the
-best placement that keeps it as drawn
-with the best that reverses it: a likelihood ratio (a vote of reliability r weighs log r when the placement agrees
-with it, log(1 - r) when not), so one vote alone gives confidence r; 0.5 when nothing tells them apart.
+Distances make a tree without a root. Each member is weighed as the root by two things: the shape of the tree
+and the direction evidence of its links. Shape: if a hub grows by each new model deriving from one already there
+(uniform attachment, a random recursive tree), the probability that member v is the root is proportional to the
+number of orders in which the tree could have grown from v, n! / prod_u |subtree of u when rooted at v| (the rumour
+centrality of Shah and Zaman; it is largest at the tree's centroid): a base with several fine-tunes is far more
+likely the root than one of its leaves, while a chain gives each of its members similar weight. Evidence: a vote of
+reliability r weighs log r when the placement orients the link as it says and log(1 - r) when not. A placement's
+log-likelihood is the sum of both; the best wins (ties: the member nearest to all others, then the larger id). A
+tree link's confidence compares the best placement that keeps it as drawn with the best that reverses it (a
+likelihood ratio: one vote alone on a tree whose shape says nothing gives confidence r; 0.5 when nothing tells
+them apart). Copies get no direction from shape (they are one node); only votes can order them.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ MERGE_RATIO = 0.8
 add (a base between two fine-tunes: ratio ~1); an average of x and y sits much closer to both than they are to
 each other (ratio (1 - a)^2 + a^2 for weights a, 1 - a in the small-drift limit; 0.71 measured on the zoo's
 0.6/0.4 soup; about 1.0 for every triple of the zoo not centred on the soup)."""
+SHAPE_PRIOR = True
+"""Weigh placements of the root by the tree's shape (rumour centrality); False leaves the votes alone (ablation)."""
 MERGE_BONUS = 0.9
 """Assumed probability that a member found between two others (MERGE_RATIO) is their merge, not their ancestor."""
 
@@ -44,7 +51,10 @@ def sigmoid(x: float) -> float:
 
 @dataclass(frozen=True)
 class Phylogeny:
-    """One family's tree: root, links child -> ((parent, kind), ...), and each link's confidence."""
+    """One family's tree: root, links child -> ((parent, kind), ...), and each link's confidence.
+
+    kind: "tree" (nearest relative), "merge" (a merge's second parent) or "copy" (the child is a copy of the parent:
+    the same function, so which of the two came first is the direction votes' call alone, 0.5 without any)."""
 
     root: str
     parents: dict[str, tuple[tuple[str, str], ...]]
@@ -107,6 +117,22 @@ def _score(tree: nx.Graph, root: str, log_odds: Mapping[tuple[str, str], float])
     return sum(_lo(log_odds, parent, child) for child, parent in _orient(tree, root).items())
 
 
+def log_rumour_centrality(tree: nx.Graph, root: str) -> float:
+    """log of n! / prod over nodes u of |subtree of u| with the tree rooted at root: the number of orders in which
+    a tree grown by uniform attachment from root reaches this shape (Shah and Zaman's rumour centrality)."""
+    size: dict[str, int] = {}
+    for node in reversed(list(nx.dfs_preorder_nodes(tree, root))):
+        size[node] = 1 + sum(size[c] for c in tree.neighbors(node) if c in size)
+    return math.lgamma(tree.number_of_nodes() + 1) - sum(math.log(s) for s in size.values())
+
+
+def placement_log_likelihood(tree: nx.Graph, log_odds: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    """Each member as root: log prior from the tree's shape plus the log-likelihood of the votes on its links (a
+    vote's log r or log(1 - r) is +-lo/2 around a constant)."""
+    return {r: (log_rumour_centrality(tree, r) if SHAPE_PRIOR else 0.0) + _score(tree, r, log_odds) / 2
+            for r in tree.nodes}
+
+
 def merges(heads: list[str], distance: Mapping[tuple[str, str], float],
            declared: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
     """Merge members -> their two parents: the declared ones, then, greedily by the smallest ratio, members that lie
@@ -132,18 +158,34 @@ def merges(heads: list[str], distance: Mapping[tuple[str, str], float],
         found[m] = (x, y) if distance[_key(x, m)] <= distance[_key(y, m)] else (y, x)
 
 
+def _group_odds(log_odds: Mapping[tuple[str, str], float], head: Mapping[str, str]) -> dict[tuple[str, str], float]:
+    """The evidence between groups of copies, keyed by their heads. Copies are one function: their pairs with another
+    group repeat the same weight evidence, so it is counted once, from the member pair whose votes are the most
+    decisive (a declaration made by one copy's card is not diluted by the others' silence)."""
+    out: dict[tuple[str, str], float] = {}
+    for (a, b), value in log_odds.items():
+        ha, hb = head[a], head[b]
+        if ha != hb:
+            oriented = value if (a < b) == (ha < hb) else -value
+            if abs(oriented) > abs(out.get(_key(ha, hb), 0.0)):
+                out[_key(ha, hb)] = oriented
+    return out
+
+
 def family_phylogeny(
     members: frozenset[str],
     closeness: Mapping[tuple[str, str], float],
     log_odds: Mapping[tuple[str, str], float],
     confirmed: Mapping[str, set[str]],
+    merge_log_odds: Mapping[tuple[str, str], float] | None = None,
 ) -> Phylogeny | None:
     """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
 
     closeness: (a, b) with a < b -> closeness, for the dependent pairs of the family; log_odds: (a, b) with a < b
     -> log-odds that a is b's ancestor (from each pair's direction votes; absent = no evidence); confirmed:
     child -> declared bases that the weights confirm: a single one is linked before any distance, several (a
-    declared merge) are all kept.
+    declared merge) are all kept; merge_log_odds: the votes that still mean something between a merge and its
+    parents (a statistic that averaging reverses, like the activation rank, must be left out; default log_odds).
     """
     if len(members) == 1:
         only = next(iter(members))
@@ -157,11 +199,7 @@ def family_phylogeny(
         ha, hb = head[a], head[b]
         if ha != hb:
             distance[_key(ha, hb)] = min(distance.get(_key(ha, hb), math.inf), 1.0 - c)
-    head_odds: dict[tuple[str, str], float] = {}
-    for (a, b), value in log_odds.items():
-        ha, hb = head[a], head[b]
-        if ha != hb:
-            head_odds[_key(ha, hb)] = head_odds.get(_key(ha, hb), 0.0) + (value if (a < b) == (ha < hb) else -value)
+    head_odds, head_merge_odds = _group_odds(log_odds, head), _group_odds(merge_log_odds or log_odds, head)
     bases = {h: sorted({head[b] for m in members if head[m] == h for b in confirmed.get(m, ()) if b in members}
                        - {h}) for h in heads}
     declared_merges = {h: (b[0], b[1]) for h, b in bases.items() if len(b) >= 2}
@@ -176,7 +214,7 @@ def family_phylogeny(
     if graph.number_of_nodes() == 0 or not nx.is_connected(graph):
         return None
     tree = nx.minimum_spanning_tree(graph, weight="weight", algorithm="kruskal")
-    scores = {r: _score(tree, r, head_odds) for r in tree.nodes}
+    scores = placement_log_likelihood(tree, head_odds)
     spread = {r: sum(nx.single_source_dijkstra_path_length(tree, r, weight="distance").values()) for r in tree.nodes}
     root = max(tree.nodes, key=lambda r: (round(scores[r], 9), -spread[r], r))
     parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in _orient(tree, root).items()}
@@ -185,15 +223,15 @@ def family_phylogeny(
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
-        confidence[(parent, child)] = sigmoid((keep - flip) / 2)  # scores count each vote as +lo or -lo
+        confidence[(parent, child)] = sigmoid(keep - flip)
     for m, (x, y) in merged.items():
         geometry = 0.0 if m in declared_merges else math.log(MERGE_BONUS / (1 - MERGE_BONUS))
         parents[m] = [(x, "tree"), (y, "merge")]
         for p in (x, y):
-            confidence[(p, m)] = sigmoid(geometry + _lo(head_odds, x, m) + _lo(head_odds, y, m))
+            confidence[(p, m)] = sigmoid(geometry + _lo(head_merge_odds, x, m) + _lo(head_merge_odds, y, m))
     for m in members:
         if head[m] != m:
-            parents[m] = [(head[m], "tree")]
+            parents[m] = [(head[m], "copy")]
             lo = _lo(log_odds, head[m], m)
             confidence[(head[m], m)] = sigmoid(lo) if lo else 0.5
     ancestors = _ancestors({c: links[0][0] for c, links in parents.items()})

@@ -51,6 +51,9 @@ RECIPE = {
     "random_seed": 14,
 }
 DERIVATIVES = ("float", "finetune", "camouflage", "prune", "requant", "roundtrip", "random")
+PARENTS = {"float": "original", "requant": "original", "finetune": "float", "camouflage": "float", "prune": "float",
+           "roundtrip": "finetune"}
+"""Each derivative's true parent (what it was made from, as _build makes it); random has none."""
 
 
 def smollm2_gguf(cache: Path) -> Path:
