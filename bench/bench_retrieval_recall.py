@@ -35,7 +35,7 @@ from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
 from scanner.retrieval.hub import family_pairs
 from scanner.retrieval.index import RetrievalIndex
-from scanner.retrieval.signatures import retrieval_entry
+from scanner.retrieval.signatures import SIGNATURE_VERSION, SignatureParams, retrieval_entry
 
 KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
 
@@ -43,7 +43,8 @@ KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune"
 def candidates(entries: dict) -> tuple[set[tuple[str, str]], float]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        index = RetrievalIndex(folder, next(iter(entries.values())).input_set)
+        first = next(iter(entries.values()))
+        index = RetrievalIndex(folder, first.input_set, first.params)
         index.sync({key: (lambda e=e: e) for key, e in entries.items()})
         found = select(scored_pairs(index, entries), MIN_SCORE)
     closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b),
@@ -182,6 +183,8 @@ def main() -> None:
     parser.add_argument("--hub", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-zoo", action="store_true", help="only the synthetic hub")
+    parser.add_argument("--signature-version", type=int, choices=(1, 2), default=SIGNATURE_VERSION,
+                        help="1: whole signatures; 2 (default): less the unit-choosing direction")
     args = parser.parse_args()
     zoo = build_zoo(Path(".hubtrace-cache/zoo"))
     fps = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
@@ -190,7 +193,8 @@ def main() -> None:
 
     hub, origins = grow_hub(fps, {m: zoo[m].family for m in zoo.ids}, args.hub, args.seed)
     started = time.perf_counter()
-    entries = {(name, "r"): retrieval_entry(fp) for name, (fp, _, _) in hub.items()}
+    params = SignatureParams(version=args.signature_version)
+    entries = {(name, "r"): retrieval_entry(fp, params) for name, (fp, _, _) in hub.items()}
     entry_seconds = time.perf_counter() - started
     got, seconds = candidates(entries)
     family = {name: fam for name, (_, fam, _) in hub.items()}

@@ -17,9 +17,10 @@ entry is therefore the same set for a model and any relabelling of its units. Ev
 competes for the block's places (an expert upcycled from a dense MLP brings the dense model's top units).
 
 What is kept of a chosen unit is its signature less its component along that direction, scaled to unit length
-again (version 2). Every chosen unit lies far along the direction, so that component is what unrelated units
-have in common: left in, it raised the cosine of unrelated units by about 0.2 and their chance of passing the
-collision threshold about thirtyfold, which at hub scale buried the related pairs under unrelated ones.
+again (version 2; ``SignatureParams(version=1)`` keeps the whole signature, for comparisons). Every chosen unit
+lies far along the direction, so that component is what unrelated units have in common: left in, it raised the
+cosine of unrelated units by about 0.2 and their chance of passing the collision threshold about thirtyfold,
+which at hub scale buried the related pairs under unrelated ones (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
         signatures = np.concatenate([unit_signatures(e.gate, e.up, params) for e in experts])
         tokens = experts[0].gate.shape[1]
         kept = select_units(signatures, params, tokens, params.query_units_per_block)
-        vectors.append(without_direction(signatures[kept], projection(tokens, params)[1]))
+        chosen = signatures[kept]
+        vectors.append(without_direction(chosen, projection(tokens, params)[1]) if params.version >= 2 else chosen)
         blocks.append(np.full(kept.shape[0], layer, dtype=np.int32))
         indexed.append(np.arange(kept.shape[0]) < params.units_per_block)
     return RetrievalEntry(np.concatenate(vectors), np.concatenate(blocks), np.concatenate(indexed),
