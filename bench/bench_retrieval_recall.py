@@ -12,7 +12,10 @@ camouflaged copies (units permuted, gate and up of each unit rescaled by factors
 random quarter of every block's units dropped), depth prunes (one or two blocks dropped), merges (0.6/0.4 average
 of two members of one family), retrained MLPs (half the blocks replaced by the blocks of an unrelated zoo model
 with fresh noise). Children are grown from any earlier member, so chains form. Recall is measured against the
-planted truth (same family = dependent): an all-pairs φ_MATCH run over ~500,000 pairs does not fit this machine.
+planted truth: an all-pairs φ_MATCH run over ~500,000 pairs does not fit this machine. The hub records where
+every block's weights come from, so there are two truths: pairs that share weights (a block origin), which is
+what testing all pairs can find, and pairs of one planted family, which also counts pairs that share nothing (a
+depth prune that kept only the donor blocks of a retrained-MLP parent is "in the family" of that parent's base).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
 from scanner.retrieval.hub import family_pairs
 from scanner.retrieval.index import RetrievalIndex
-from scanner.retrieval.signatures import retrieval_entry
+from scanner.retrieval.signatures import SIGNATURE_VERSION, SignatureParams, retrieval_entry
 
 KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
 
@@ -40,11 +43,12 @@ KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune"
 def candidates(entries: dict) -> tuple[set[tuple[str, str]], float]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
-        index = RetrievalIndex(folder, next(iter(entries.values())).input_set)
+        first = next(iter(entries.values()))
+        index = RetrievalIndex(folder, first.input_set, first.params)
         index.sync({key: (lambda e=e: e) for key, e in entries.items()})
         found = select(scored_pairs(index, entries), MIN_SCORE)
-    closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b))
-                                                     for p in found)}
+    closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b),
+                                                      p.block_map) for p in found)}
     return closed | {(p.model_a, p.model_b) for p in found}, time.perf_counter() - started
 
 
@@ -86,6 +90,9 @@ def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int,
     from a random member of a random family that is not yet full."""
     rng = np.random.default_rng(seed)
     members = {name: (fp, family_of[name], "zoo") for name, fp in zoo_fps.items()}
+    # where each block's weights come from: a zoo family (its members were trained from one another) or a
+    # synthetic base's block; a pair that shares no origin shares no weights a pair test could see
+    origins = {name: [frozenset({family_of[name]})] * len(fp.blocks) for name, fp in zoo_fps.items()}
     template = next(iter(zoo_fps.values()))
     units, tokens = template.blocks[0][0].gate.shape
     shared = rng.standard_normal((4, tokens)).astype(np.float32)
@@ -97,6 +104,7 @@ def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int,
         blocks = [[MLPActivations(part(), part())] for _ in range(len(template.blocks))]
         name = f"synth/base-{f:04d}"
         members[name] = (Fingerprint(dataclasses.replace(template.meta, model=name), blocks), name, "base")
+        origins[name] = [frozenset({(name, i)}) for i in range(len(blocks))]
         families[name] = 1
     names = list(members)
     while len(members) < n:
@@ -105,6 +113,7 @@ def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int,
         in_family = [m for m in names if members[m][1] == family]
         parent_name = in_family[rng.integers(len(in_family))]
         parent = members[parent_name][0]
+        origin = list(origins[parent_name])
         families[family] += 1
         kind = KINDS[len(members) % len(KINDS)]
         blocks = [[MLPActivations(e.gate.astype(np.float32), e.up.astype(np.float32)) for e in experts]
@@ -120,27 +129,33 @@ def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int,
         elif kind == "depth-prune" and len(blocks) > 2:
             drop = set(rng.permutation(len(blocks))[: 1 + rng.integers(2) if len(blocks) > 3 else 1].tolist())
             blocks = [b for i, b in enumerate(blocks) if i not in drop]
+            origin = [o for i, o in enumerate(origin) if i not in drop]
         elif kind == "merge":
             same = [m for m in names if members[m][1] == family and m != parent_name
                     and len(members[m][0].blocks) == len(blocks)
                     and members[m][0].blocks[0][0].gate.shape == blocks[0][0].gate.shape]
             if same:
-                other = members[same[rng.integers(len(same))]][0]
+                other_name = same[rng.integers(len(same))]
+                other = members[other_name][0]
+                origin = [o | p for o, p in zip(origin, origins[other_name])]
                 blocks = [[MLPActivations(0.6 * e.gate + 0.4 * o.gate.astype(np.float32),
                                           0.6 * e.up + 0.4 * o.up.astype(np.float32))
                            for e, o in zip(experts, other_experts)]
                           for experts, other_experts in zip(blocks, other.blocks)]
         elif kind == "retrained-mlp":
             donors = [m for m in names if members[m][1] != family]
-            donor = members[donors[rng.integers(len(donors))]][0]
+            donor_name = donors[rng.integers(len(donors))]
+            donor = members[donor_name][0]
             for i in range(1, len(blocks), 2):
                 if i < len(donor.blocks) and donor.blocks[i][0].gate.shape == blocks[i][0].gate.shape:
                     blocks[i] = [_noisy(e, 0.5, rng, to_float=True) for e in donor.blocks[i]]
+                    origin[i] = origins[donor_name][i]
         name = f"synth/{kind}-{len(members):05d}"
         meta = dataclasses.replace(parent.meta, model=name, n_layers=len(blocks))
         members[name] = (Fingerprint(meta, blocks), family, kind)
+        origins[name] = origin
         names.append(name)
-    return members
+    return members, origins
 
 
 def _noisy(acts: MLPActivations, level: float, rng: np.random.Generator, to_float: bool = False) -> MLPActivations:
@@ -168,28 +183,35 @@ def main() -> None:
     parser.add_argument("--hub", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-zoo", action="store_true", help="only the synthetic hub")
+    parser.add_argument("--signature-version", type=int, choices=(1, 2), default=SIGNATURE_VERSION,
+                        help="1: whole signatures; 2 (default): less the unit-choosing direction")
     args = parser.parse_args()
     zoo = build_zoo(Path(".hubtrace-cache/zoo"))
     fps = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     if not args.skip_zoo:
         zoo_recall(fps)
 
-    hub = grow_hub(fps, {m: zoo[m].family for m in zoo.ids}, args.hub, args.seed)
+    hub, origins = grow_hub(fps, {m: zoo[m].family for m in zoo.ids}, args.hub, args.seed)
     started = time.perf_counter()
-    entries = {(name, "r"): retrieval_entry(fp) for name, (fp, _, _) in hub.items()}
+    params = SignatureParams(version=args.signature_version)
+    entries = {(name, "r"): retrieval_entry(fp, params) for name, (fp, _, _) in hub.items()}
     entry_seconds = time.perf_counter() - started
     got, seconds = candidates(entries)
     family = {name: fam for name, (_, fam, _) in hub.items()}
     kind = {name: k for name, (_, _, k) in hub.items()}
+    held = {name: frozenset().union(*blocks) for name, blocks in origins.items()}
     truth = {(a, b) for a, b in combinations(sorted(hub), 2) if family[a] == family[b]}
-    missed = truth - got
-    print(f"synthetic hub: {len(hub)} models, {len(hub) * (len(hub) - 1) // 2} pairs possible, {len(truth)} "
-          f"dependent (planted), {len(got)} candidates ({2 * len(got) / len(hub):.1f} per model; mean family "
-          f"size {np.mean([sum(family[m] == family[x] for x in hub) for m in hub]):.1f}), recall "
-          f"{1 - len(missed) / len(truth):.5f}, {len(got - truth)} candidates across families; entries "
-          f"{entry_seconds:.1f} s, retrieval {seconds:.1f} s")
-    print("  missed by kind:", dict(Counter("/".join(sorted((kind[a], kind[b]))) for a, b in missed)))
-
+    sharing = {(a, b) for a, b in combinations(sorted(hub), 2) if held[a] & held[b]}
+    print(f"synthetic hub: {len(hub)} models, {len(hub) * (len(hub) - 1) // 2} pairs possible, {len(got)} candidates "
+          f"({2 * len(got) / len(hub):.1f} per model; mean family size "
+          f"{np.mean([sum(family[m] == family[x] for x in hub) for m in hub]):.1f}), {len(got - sharing)} "
+          f"candidates sharing no weights; entries {entry_seconds:.1f} s, retrieval {seconds:.1f} s")
+    for what, pairs in (("pairs sharing weights (what all-pairs testing can find)", sharing),
+                        ("pairs of one planted family", truth)):
+        missed = pairs - got
+        print(f"  {what}: {len(pairs)}, recall {1 - len(missed) / len(pairs):.5f} ({len(missed)} missed; "
+              f"{len(missed - sharing)} of them share no weights)")
+        print("    missed by kind:", dict(Counter("/".join(sorted((kind[a], kind[b]))) for a, b in missed)))
 
 if __name__ == "__main__":
     main()

@@ -1,21 +1,23 @@
 """Candidate retrieval at hub scale: N 7B-shaped models (32 blocks x 11008 units), planted families.
 
-    PYTHONPATH=. python bench/bench_retrieval_scale.py --models 1000 2000 5000 10000 [--family 8]
+    PYTHONPATH=. python bench/bench_retrieval_scale.py --models 1000 2000 5000 10000 [--family 8] [--index auto]
 
 Each N runs in a fresh process (peak RSS per N). Entries are generated in signature space, not from full
 fingerprints (10,000 of those would be 3.6 TB): a family base draws, per block, the signatures of its
 ``2 * query_units_per_block`` units furthest along the selection direction out of 11008 (unit vectors whose
 projection on the direction is an upper order statistic of 11008 draws); a derivative perturbs them (fine-tune
 noise, a unit permutation is a no-op on a set, width prunes drop a quarter, depth prunes drop blocks, merges
-average two siblings, retrained MLPs redraw half the blocks) and keeps the top ones again, as
-scanner.retrieval.signatures does. Prints wall time (index build + every model's query), peak RSS, index size on
-disk, candidate pairs per model against the planted family size, and pair recall; then the growth exponent.
+average two siblings, retrained MLPs redraw half the blocks) and keeps the top ones again, less their component
+along the direction, as scanner.retrieval.signatures does. Prints wall time (index build + every model's query),
+peak RSS, index size on disk, candidate pairs per model against the planted family size, and pair recall; then
+the growth exponent.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -33,7 +35,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def synthetic_entries(n_models: int, family: int, seed: int = 0):  # noqa: ANN201
-    from scanner.retrieval.signatures import RetrievalEntry, SignatureParams, projection
+    from scanner.retrieval.signatures import RetrievalEntry, SignatureParams, projection, without_direction
 
     params = SignatureParams()
     _, direction = projection(256, params)
@@ -51,10 +53,11 @@ def synthetic_entries(n_models: int, family: int, seed: int = 0):  # noqa: ANN20
     def entry(units: np.ndarray) -> RetrievalEntry:
         units = _unit(units)
         order = np.argsort(-(units @ direction), axis=1)[:, :q]
-        kept = np.take_along_axis(units, order[..., None], axis=1)
+        kept = np.take_along_axis(units, order[..., None], axis=1).reshape(-1, dim)
+        kept = without_direction(kept, direction)
         blocks = np.repeat(np.arange(units.shape[0], dtype=np.int32), q)
         indexed = np.tile(np.arange(q) < s, units.shape[0])
-        return RetrievalEntry(kept.reshape(-1, dim), blocks, indexed, units.shape[0], "bench", params)
+        return RetrievalEntry(kept.astype(np.float32), blocks, indexed, units.shape[0], "bench", params)
 
     kinds = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
     entries, families, kinds_of = [], [], []
@@ -85,32 +88,38 @@ def synthetic_entries(n_models: int, family: int, seed: int = 0):  # noqa: ANN20
     return entries, families, kinds_of
 
 
-def run_one(n_models: int, family: int) -> dict:
+def run_one(n_models: int, family: int, kind: str) -> dict:
     from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
     from scanner.retrieval.hub import family_pairs
-    from scanner.retrieval.index import RetrievalIndex
+    from scanner.retrieval.index import RetrievalIndex, SearchParams
 
+    generated = time.perf_counter()
     entries, families, kinds = synthetic_entries(n_models, family)
+    generated = time.perf_counter() - generated
     keys = [(f"m{i:06d}", "r") for i in range(n_models)]
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        index = RetrievalIndex(folder, "bench")
+        index = RetrievalIndex(folder, "bench", search=SearchParams(kind=kind))
         index.sync({key: (lambda e=e: e) for key, e in zip(keys, entries)})
         built = time.perf_counter()
         found = select(scored_pairs(index, dict(zip(keys, entries))), MIN_SCORE)
         searched = time.perf_counter()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         index.save()
         size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
     number = {key[0]: i for i, key in enumerate(keys)}
     direct = {(number[p.model_a], number[p.model_b]) for p in found}
     got = {(number[a[0]], number[b[0]]) for a, b in
-           family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b)) for p in found)}
+           family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b), p.block_map) for p in found)} | direct
     planted = {(i, j) for i in range(n_models) for j in range(i + 1, min(n_models, i + family))
                if families[i] == families[j]}
     missed = sorted(planted - got)
     per_model = 2 * len(got) / n_models
-    return {"models": n_models, "kind": index.kind, "vectors": index.ntotal, "build_s": round(built - started, 1),
+    return {"models": n_models, "kind": index.kind, "load_avg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+            "entries_s": round(generated, 1), "vectors": index.ntotal, "build_s": round(built - started, 1),
             "query_s": round(searched - built, 1), "total_s": round(searched - started, 1),
+            "cpu_s_incl_entries": round(usage.ru_utime + usage.ru_stime, 1),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             "index_mib": round(size / 2**20, 1), "candidates_per_model": round(per_model, 2),
             "family_size": family, "planted_pairs": len(planted), "recall": round(1 - len(missed) / len(planted), 5),
@@ -130,15 +139,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", type=int, nargs="+", default=[1000, 2000, 5000, 10000])
     parser.add_argument("--family", type=int, default=8)
+    parser.add_argument("--index", choices=("auto", "flat", "ivf"), default="auto")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.models[0], args.family)))
+        print(json.dumps(run_one(args.models[0], args.family, args.index)))
         return
     rows = []
     for n in args.models:
-        out = subprocess.run([sys.executable, __file__, "--one", "--models", str(n), "--family", str(args.family)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, "--one", "--models", str(n), "--family", str(args.family),
+                              "--index", args.index], capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     if len(rows) > 1:

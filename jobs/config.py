@@ -101,6 +101,7 @@ class PairsConfig(_Strict):
 
     select: Literal["candidates", "all"] = "candidates"
     min_score: int = Field(default=4, ge=1)
+    index: Literal["auto", "flat", "ivf"] = "auto"   # the faiss index a (re)build makes (docs/retrieval.md)
     comparable: bool = True
     declared: bool = True
     batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch

@@ -14,7 +14,7 @@ from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.retrieval.candidates import scored_pairs, select
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
-from scanner.retrieval.index import RetrievalIndex, entry_path, read_entry, write_entry
+from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
 from scanner.retrieval.signatures import retrieval_entry
 from scanner.zoo import Zoo
 
@@ -51,7 +51,8 @@ def test_every_dependent_zoo_pair_is_a_candidate_and_no_independent_family_joins
     index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
     retrieved = select(scored_pairs(index, zoo_entries))
     direct = {(p.model_a, p.model_b) for p in retrieved}
-    closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, "r1"), (p.model_b, "r1")) for p in retrieved)}
+    closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, "r1"), (p.model_b, "r1"), p.block_map)
+                                                     for p in retrieved)}
     dependent = {tuple(sorted(pair)) for pair in zoo.pairs(dependent=True)}
     assert dependent <= closed | direct, sorted(dependent - closed - direct)
     assert not (closed | direct) - dependent, "an independent pair was retrieved"
@@ -59,6 +60,20 @@ def test_every_dependent_zoo_pair_is_a_candidate_and_no_independent_family_joins
     lite = next(p for p in retrieved if {p.model_a, p.model_b} == {"aurora-labs/aurora-base", "kestrel/aurora-lite"})
     assert [a for a, _ in lite.block_map] == zoo["kestrel/aurora-lite"].details["kept_blocks"]
     assert [b for _, b in lite.block_map] == [0, 1, 2]
+
+
+def test_a_forced_ivf_index_retrieves_the_pairs_exact_search_does(zoo_entries, tmp_path) -> None:
+    found = {}
+    for kind in ("flat", "ivf"):
+        index = RetrievalIndex(tmp_path / kind, next(iter(zoo_entries.values())).input_set,
+                               search=SearchParams(kind=kind))
+        index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
+        assert index.kind.startswith(kind)
+        found[kind] = {(p.model_a, p.model_b) for p in select(scored_pairs(index, zoo_entries))}
+    # an IVF probes 16 lists of few: on 16 models it sees nearly everything, so it may lose at most a pair
+    assert found["flat"] and len(found["flat"] - found["ivf"]) <= 1 and found["ivf"] <= found["flat"]
+    with pytest.raises(ValueError, match="index kind"):
+        SearchParams(kind="hnsw")
 
 
 def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged(zoo: Zoo, zoo_entries,
@@ -87,9 +102,12 @@ def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged
     assert rebuilt.queried == 6 and "does not match" in rebuilt.rebuilt[changed.input_set]
 
 
-def test_family_pairs_close_components() -> None:
+def test_family_pairs_close_over_blocks() -> None:
     a, b, c, d = (("a", "1"), ("b", "1"), ("c", "1"), ("d", "1"))
-    assert family_pairs([(a, b), (b, c)]) == {(a, b), (a, c), (b, c)}
-    assert family_pairs([(a, b), (c, d)]) == {(a, b), (c, d)}
-    assert len(family_pairs([(x, y) for x, y in combinations([a, b, c, d], 2)])) == 6
-    assert family_pairs([(a, b), (b, c), (c, d)], max_component=3) == set(), "a chained giant adds no closure"
+    assert family_pairs([(a, b, [(0, 0)]), (b, c, [(0, 1)])]) == {(a, b), (a, c), (b, c)}
+    assert family_pairs([(a, b, [(0, 0)]), (c, d, [(0, 0)])]) == {(a, b), (c, d)}
+    assert len(family_pairs([(x, y, [(0, 0), (1, 1)]) for x, y in combinations([a, b, c, d], 2)])) == 6
+    # b holds block 0 of a's family and block 1 of d's (an MLP retrained from d): a and d share nothing
+    assert family_pairs([(a, b, [(0, 0)]), (b, d, [(1, 1)])]) == {(a, b), (b, d)}
+    assert family_pairs([(a, b, [(0, 0)]), (b, c, [(0, 0)]), (c, d, [(0, 0)])], max_component=3) == set(), \
+        "a chained giant adds no closure"

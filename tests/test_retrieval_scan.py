@@ -54,6 +54,9 @@ def test_candidates_test_every_dependent_pair_and_declared_pair_but_not_the_twin
     notes = query(config.db_path, "SELECT notes FROM current_pair_tests WHERE model_b = 'kestrel/aurora-lite' "
                                   "AND model_a = 'aurora-labs/aurora-base'")["notes"][0]
     assert any("candidate retrieval maps" in n for n in notes)
+    # every scanned revision's tensor hashes are in the store: shared tensors are found by a join, not by reading
+    stored = query(config.db_path, "SELECT model_id, count(*) AS n FROM model_tensors GROUP BY model_id")
+    assert set(stored["model_id"]) == set(SUBSET) and min(stored["n"]) > 1
 
 
 def test_a_rerun_queries_nothing_and_a_lost_index_is_rebuilt(candidate_scan) -> None:

@@ -3,6 +3,7 @@ single-writer locking across processes, and the investigator queries."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -284,3 +285,34 @@ def test_what_changed_and_errors_per_run(db: Path) -> None:
         overview = queries.runs(store)
         assert overview.select("run_id", "new_model_rows", "pair_tests", "errors").rows() == [
             (night2, 2, 2, 2), (night1, 5, 6, 1)]
+
+
+# tensor hashes --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HashedMeta(Meta):
+    tensor_hashes: dict = field(default_factory=dict)
+
+
+def test_shared_tensor_pairs_are_a_join_over_current_revisions(db: Path) -> None:
+    embed, own = "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"
+    with Store(db) as store:
+        run = store.start_run({})
+        for model, hashes in {"org/base": {embed: "e1", own: "u1", "model.norm.weight": "ones"},
+                              "org/copy": {embed: "e1", own: "u2", "model.norm.weight": "ones"},
+                              "org/other": {embed: "e2", own: "u3", "model.norm.weight": "ones"}}.items():
+            store.upsert_model(record(model), HashedMeta(tensor_hashes=hashes), run, "ok")
+        assert count(store, "model_tensors") == 9
+        skip = ("norm", "bias")
+        both = (("org/base", "r1"), ("org/copy", "r1"))
+        assert store.shared_tensor_pairs([("org/copy", "r1")], skip) == {both}
+        assert store.shared_tensor_pairs([("org/other", "r1")], skip) == set(), "only a norm is shared"
+        assert len(store.shared_tensor_pairs([("org/other", "r1")])) == 2, "without skip words the norm counts"
+        assert store.shared_tensor_pairs([], skip) == set()
+        # a new revision of the copy no longer shares the embedding: the old revision's rows stay, not current
+        store.upsert_model(record("org/copy", "r2"), HashedMeta(tensor_hashes={embed: "e3", own: "u2"}), run, "ok")
+        assert store.shared_tensor_pairs([("org/copy", "r2"), ("org/base", "r1")], skip) == set()
+        assert store.revisions_with_tensor_hashes() == {("org/base", "r1"), ("org/copy", "r1"), ("org/copy", "r2"),
+                                                        ("org/other", "r1")}
+        store.put_tensor_hashes("org/other", "r1", {embed: "e1"})   # replaced, not added to
+        assert count(store, "model_tensors WHERE model_id = 'org/other'") == 1
+        assert store.shared_tensor_pairs([("org/other", "r1")], skip) == {(("org/base", "r1"), ("org/other", "r1"))}

@@ -7,16 +7,16 @@ next to this one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scanner.retrieval.candidates import CandidatePair, scored_pairs, select
-from scanner.retrieval.index import ModelKey, RetrievalIndex, load_or_make_entry
+from scanner.retrieval.index import DEFAULT_SEARCH, ModelKey, RetrievalIndex, SearchParams, load_or_make_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams
 
 MAX_FAMILY = 64
-"""Largest connected component of retrieved pairs whose every pair becomes a candidate."""
+"""Most models in one connected component of retrieved blocks whose every pair becomes a candidate."""
 #: Weight tensors whose byte-identity says nothing (a freshly initialised norm is all ones in every model).
 UNINFORMATIVE_TENSOR_WORDS = ("norm", "bias", "rotary", "inv_freq")
 
@@ -42,6 +42,7 @@ class RetrievalRun:
     pairs: list[tuple[str, CandidatePair]] = field(default_factory=list)   # (input set, pair)
     queried: int = 0
     removed: int = 0
+    added: set[ModelKey] = field(default_factory=set)                      # revisions that queried, any set
     rebuilt: dict[str, str] = field(default_factory=dict)                  # input set -> why it was rebuilt
 
 
@@ -52,7 +53,8 @@ def index_folder(db_path: str | Path) -> Path:
 
 
 def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_score: int,
-                   params: SignatureParams = DEFAULT_PARAMS, before_save=None) -> RetrievalRun:
+                   params: SignatureParams = DEFAULT_PARAMS, search: SearchParams = DEFAULT_SEARCH,
+                   before_save=None) -> RetrievalRun:
     """For each input set: drop superseded or vanished revisions from its index, add and query the new ones,
     return the pairs scoring at least ``min_score``. ``before_save(run)`` is called before an index is written
     (the scan stores the pairs there first, so a crash in between only repeats the query next time)."""
@@ -61,7 +63,7 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
     for model in models:
         by_set.setdefault(model.input_set, {})[model.key] = model
     for input_set, members in sorted(by_set.items()):
-        index = RetrievalIndex(folder, input_set, params)
+        index = RetrievalIndex(folder, input_set, params, search)
         if index.rebuilt_because and index.rebuilt_because != "no index yet":
             run.rebuilt[input_set] = index.rebuilt_because
         entries = {}
@@ -75,6 +77,7 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
         removed, added = index.sync({key: loader(model) for key, model in members.items()})
         run.removed += len(removed)
         run.queried += len(added)
+        run.added |= set(added)
         run.pairs += [(input_set, pair) for pair in select(scored_pairs(index, entries), min_score)]
         if before_save is not None:
             before_save(run)
@@ -94,38 +97,34 @@ def similar_models(folder: str | Path, model: IndexedModel, *, params: Signature
     return sorted(pairs, key=lambda p: (-p.score, p.key))[:limit]
 
 
-def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey]],
+def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey, Sequence[tuple[int, int]]]],
                  max_component: int = MAX_FAMILY) -> set[tuple[ModelKey, ModelKey]]:
-    """Every pair inside a connected component of the candidate graph: retrieval finds each derivative's
-    nearest relatives, and its siblings and cousins (dependent too) are tested through the family. A component
-    larger than ``max_component`` (false collisions chaining families together) adds nothing: its direct
-    edges stay candidates, its closure would cost quadratically."""
-    parent: dict[ModelKey, ModelKey] = {}
+    """Pairs of models that hold the same weights through a chain of retrieved pairs: the closure runs over
+    *blocks*, not models. Each retrieved pair (a, b, block map) joins block x of a with block y of b for every
+    (x, y) its collisions map; two models become a pair when some block of one and some block of the other end
+    in one connected component. A sibling or cousin of a retrieved derivative (dependent too, but perhaps too far
+    drifted to collide directly) is reached through the blocks they share; a model that holds blocks of two
+    families (an MLP retrained from another model, a merge across families) joins each family only through
+    the blocks that came from it, so it does not chain whole families together (a model-level closure did:
+    bench/bench_retrieval_recall.py, BENCHMARKS.md). A component of more than ``max_component`` models adds
+    nothing beyond its direct edges: its closure would cost quadratically."""
+    parent: dict[tuple[ModelKey, int], tuple[ModelKey, int]] = {}
 
-    def root(x: ModelKey) -> ModelKey:
+    def root(x: tuple[ModelKey, int]) -> tuple[ModelKey, int]:
         while parent.setdefault(x, x) != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    for a, b in edges:
-        parent[root(a)] = root(b)
-    components: dict[ModelKey, list[ModelKey]] = {}
+    for a, b, blocks in edges:
+        for x, y in blocks:
+            parent[root((a, x))] = root((b, y))
+    components: dict[tuple[ModelKey, int], set[ModelKey]] = {}
     for node in list(parent):
-        components.setdefault(root(node), []).append(node)
-    return {(min(x, y), max(x, y)) for members in components.values() if len(members) <= max_component
-            for i, x in enumerate(members) for y in members[i + 1:]}
-
-
-def identical_tensor_pairs(hashes: Mapping[ModelKey, Mapping[str, str]]) -> set[tuple[ModelKey, ModelKey]]:
-    """Pairs of models that share a byte-identical weight tensor (sha256), norms and biases aside."""
-    holders: dict[str, set[ModelKey]] = {}
-    for key, tensors in hashes.items():
-        for name, digest in tensors.items():
-            if not any(word in name.lower() for word in UNINFORMATIVE_TENSOR_WORDS):
-                holders.setdefault(digest, set()).add(key)
+        components.setdefault(root(node), set()).add(node[0])
     pairs = set()
-    for models in holders.values():
-        ordered = sorted(models)
-        pairs |= {(x, y) for i, x in enumerate(ordered) for y in ordered[i + 1:]}
+    for models in components.values():
+        if len(models) <= max_component:
+            ordered = sorted(models)
+            pairs |= {(x, y) for i, x in enumerate(ordered) for y in ordered[i + 1:]}
     return pairs

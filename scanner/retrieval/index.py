@@ -7,10 +7,11 @@ describe the index file next to it (a driver killed between the two writes, a fi
 next open rebuild the index from the entry files, which sit beside the fingerprints (``*.retrieval.safetensors``)
 and are recomputed from a fingerprint when they are missing.
 
-Index kind: an exact inner-product index (faiss ``IndexIDMap2`` over ``IndexFlatIP``) while it holds at most
-``FLAT_LIMIT`` vectors, an inverted-file index (``IVF`` over the same inner product, ``nprobe`` lists searched)
-above; both take ids, so a superseded revision's vectors are removed by id range. BENCHMARKS.md has the
-measurements behind the choice (HNSW was measured too; faiss's HNSW cannot remove vectors).
+Index kind (``SearchParams.kind``, the scan's ``pairs.index``): ``auto`` builds an exact inner-product index (faiss
+``IndexIDMap2`` over ``IndexFlatIP``) when a build starts with at most ``FLAT_LIMIT`` vectors and an inverted-file
+index (``IVF`` over the same inner product, ``nprobe`` lists searched) above; ``flat`` and ``ivf`` force one. Both
+take ids, so a superseded revision's vectors are removed by id range. BENCHMARKS.md has the measurements behind
+the choice (bench/bench_retrieval_index.py; HNSW was measured too, but faiss's HNSW cannot remove vectors).
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from scanner.errors import FingerprintError
 from scanner.retrieval.collisions import ROW_BITS, close_pairs, vector_id
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
-FLAT_LIMIT = 65_536
-"""Above this many vectors the index is an IVF; below, exact search is cheaper than training one."""
+FLAT_LIMIT = 16_384
+"""A build with more indexed vectors than this makes an IVF (``kind="auto"``): at 49,664 vectors an IVF answered
+10.5x faster than exact search and found all of its candidate pairs (bench/bench_retrieval_index.py)."""
 NPROBE = 16
 ENTRY_SUFFIX = ".retrieval.safetensors"
 SEARCH_CHUNK = 65_536
 
 ModelKey = tuple[str, str]   # (model_id, revision)
+INDEX_KINDS = ("auto", "flat", "ivf")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class SearchParams:
 
     neighbours: int = 32
     threshold: float = 0.6
+    kind: str = "auto"     # the index a (re)build makes: "flat" (exact), "ivf", or "auto" (flat up to FLAT_LIMIT)
+
+    def __post_init__(self) -> None:
+        if self.kind not in INDEX_KINDS:
+            raise ValueError(f"retrieval index kind must be one of {', '.join(INDEX_KINDS)}, not {self.kind!r}")
 
 
 DEFAULT_SEARCH = SearchParams()
@@ -191,7 +199,9 @@ class RetrievalIndex:
         for entry in entries:
             if entry.input_set != self.input_set or entry.params != self.params:
                 raise ValueError(f"a retrieval entry of {entry.input_set} cannot join the index of {self.input_set}")
-        if self.index is None and sum(e.vectors.shape[0] for e in entries) > FLAT_LIMIT:
+        new_vectors = sum(int(e.indexed.sum()) for e in entries)
+        kind = self.search_params.kind
+        if self.index is None and new_vectors and (kind == "ivf" or (kind == "auto" and new_vectors > FLAT_LIMIT)):
             self.index = self._trained_ivf(np.concatenate([e.vectors[e.indexed] for e in entries]))
         for key, entry in zip(added, entries):
             number = self.next_number
@@ -207,7 +217,7 @@ class RetrievalIndex:
         return removed, added
 
     def _trained_ivf(self, sample_from: np.ndarray):  # noqa: ANN202 - a faiss index
-        nlist = int(2 ** round(np.log2(4 * np.sqrt(sample_from.shape[0]))))
+        nlist = min(int(2 ** round(np.log2(4 * np.sqrt(sample_from.shape[0])))), sample_from.shape[0])
         index = self._faiss.index_factory(self.dim, f"IVF{nlist},Flat", self._faiss.METRIC_INNER_PRODUCT)
         rng = np.random.default_rng(0)
         sample = sample_from[rng.choice(sample_from.shape[0], min(sample_from.shape[0], 64 * nlist), replace=False)]

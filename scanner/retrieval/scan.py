@@ -1,11 +1,13 @@
 """The scan's candidate step: update the indexes beside the database, store what they retrieve in
 ``candidate_pairs``, and hand back the pairs to test with their block maps.
 
-A pair is a candidate when retrieval scores it (``retrieval``), when it lies in a connected component of
-retrieved pairs (``family``: siblings and cousins of a retrieved derivative), when it shares a byte-identical weight
-tensor (``identical_tensor``), or when a card declares it (``declared_base``; the planner tests declared pairs
-whether retrieved or not). Every pair is stored before the index that found it is saved, so a driver killed in
-between repeats the query on the next run and loses nothing.
+A pair is a candidate when retrieval scores it (``retrieval``), when the two hold blocks joined by a chain of
+retrieved pairs' block maps (``family``: siblings and cousins of a retrieved derivative, scanner.retrieval.hub),
+when it shares a byte-identical weight tensor (``identical_tensor``: a join on the store's ``model_tensors``
+table, run for the revisions new to the index), or when a card declares it (``declared_base``; the planner tests
+declared pairs whether retrieved or not).
+Every pair is stored before the index that found it is saved, so a driver killed in between repeats the query
+on the next run and loses nothing.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from typing import Protocol
 from scanner.errors import FingerprintError
 from scanner.fingerprint_store import read_fingerprint_meta_at
 from scanner.retrieval.hub import (
+    UNINFORMATIVE_TENSOR_WORDS,
     IndexedModel,
     RetrievalRun,
     family_pairs,
-    identical_tensor_pairs,
     index_folder,
     update_indexes,
 )
+from scanner.retrieval.index import SearchParams
 from scanner.store import CandidateRow, Store
 
 PairKey = tuple[str, str, str, str]
@@ -55,14 +58,15 @@ class Retrieved:
 
 
 def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[ScannedModel], run_id: str, *,
-                        min_score: int) -> Retrieved:
+                        min_score: int, index_kind: str = "auto") -> Retrieved:
     indexed = [IndexedModel(m.model_id, m.revision, m.input_set, m.path) for m in models]
 
     def store_retrieved(run: RetrievalRun) -> None:
         store.put_candidate_pairs([CandidateRow(*pair.key, input_set, pair.score, pair.rank, "retrieval",
                                                 pair.block_map) for input_set, pair in run.pairs], run_id)
 
-    run = update_indexes(index_folder(db_path), indexed, min_score=min_score, before_save=store_retrieved)
+    run = update_indexes(index_folder(db_path), indexed, min_score=min_score, search=SearchParams(kind=index_kind),
+                         before_save=store_retrieved)
     out = Retrieved(queried=run.queried, removed=run.removed, min_score=min_score, rebuilt=run.rebuilt)
     by_set: dict[str, list[ScannedModel]] = {}
     for model in models:
@@ -73,12 +77,14 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
                   and (r.model_a, r.revision_a) in current and (r.model_b, r.revision_b) in current]
         known = {r.key for r in stored}
         extra = [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "family")
-                 for a, b in family_pairs(((r.model_a, r.revision_a), (r.model_b, r.revision_b)) for r in stored)
+                 for a, b in family_pairs(((r.model_a, r.revision_a), (r.model_b, r.revision_b), r.block_map)
+                                          for r in stored)
                  if (*a, *b) not in known]
         known |= {r.key for r in extra}
-        if run.queried or run.removed or run.rebuilt:
-            extra += [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "identical_tensor")
-                      for a, b in identical_tensor_pairs(_tensor_hashes(members)) if (*a, *b) not in known]
+        new = {key for key in current if key in run.added} | _backfill_tensor_hashes(store, members)
+        extra += [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "identical_tensor")
+                  for a, b in store.shared_tensor_pairs(new, UNINFORMATIVE_TENSOR_WORDS)
+                  if a in current and b in current and (*a, *b) not in known]
         store.put_candidate_pairs(extra, run_id)
         by_id = {m.model_id: m for m in members}
         declared = [CandidateRow(m.model_id, m.revision, base.model_id, base.revision, input_set, None, None,
@@ -93,14 +99,23 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
     return out
 
 
-def _tensor_hashes(models: Sequence[ScannedModel]) -> dict[tuple[str, str], dict[str, str]]:
-    hashes = {}
+def _backfill_tensor_hashes(store: Store, models: Sequence[ScannedModel]) -> set[tuple[str, str]]:
+    """Store the tensor hashes of models fingerprinted before ``model_tensors`` existed (read once from their
+    fingerprint headers; a scan stores them with the model since); returns the revisions filled in."""
+    have = store.revisions_with_tensor_hashes()
+    filled = set()
     for model in models:
+        key = (model.model_id, model.revision)
+        if key in have:
+            continue
         try:
-            hashes[(model.model_id, model.revision)] = read_fingerprint_meta_at(model.path).tensor_hashes
+            hashes = read_fingerprint_meta_at(model.path).tensor_hashes
         except FingerprintError:
             continue   # a damaged file fails its pair tests with a clear error; here it only has no hashes
-    return hashes
+        if hashes:
+            store.put_tensor_hashes(model.model_id, model.revision, hashes)
+            filled.add(key)
+    return filled
 
 
 def similar(store: Store, db_path: str | Path, model_id: str, *, limit: int = 20):  # noqa: ANN201 - polars frame

@@ -89,6 +89,16 @@ CANDIDATE_DDL: tuple[str, ...] = (
 )
 
 
+TENSOR_HASH_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS model_tensors (
+        model_id VARCHAR NOT NULL, revision VARCHAR NOT NULL, tensor VARCHAR NOT NULL, sha256 VARCHAR NOT NULL,
+        PRIMARY KEY (model_id, revision, tensor))""",
+    "CREATE INDEX IF NOT EXISTS model_tensors_sha256 ON model_tensors (sha256)",
+)
+"""Every weight tensor's sha256 (the validation pass computes them), so pairs sharing a byte-identical tensor are a
+join, not a read of every fingerprint header; migration 5."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -108,6 +118,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: CLOSENESS_DDL),
     Migration(4, "candidate_pairs (pairs candidate retrieval chose for a test) and current_candidate_pairs",
               lambda: CANDIDATE_DDL),
+    Migration(5, "model_tensors: each model revision's weight tensor sha256s (pairs sharing a tensor by a join)",
+              lambda: TENSOR_HASH_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -10,6 +10,7 @@ leaves one row.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -322,6 +323,9 @@ class Store:
                 "(model_b = $m AND revision_b = $r AND (model_a, revision_a) IN "
                 "  (SELECT (model_id, revision) FROM current_models)))",
                 {"m": record.model_id, "r": record.revision})
+            hashes = getattr(meta, "tensor_hashes", None)
+            if hashes:
+                self._put_tensor_hashes(con, record.model_id, record.revision, hashes)
 
     def put_fingerprint(self, model_id: str, revision: str, input_set: str, path: str | Path,
                         file_sha256: str | None, n_tokens: int | None, run_id: str | None) -> None:
@@ -442,6 +446,56 @@ class Store:
                           "FROM current_candidate_pairs WHERE input_set = ?", [input_set])
         return [CandidateRow(a, ra, b, rb, s, score, rank, source, tuple(tuple(p) for p in json.loads(bm or "[]")))
                 for a, ra, b, rb, s, score, rank, source, bm in rows]
+
+    # tensor hashes --------------------------------------------------------------------------------------------
+    def put_tensor_hashes(self, model_id: str, revision: str, hashes: dict[str, str]) -> None:
+        """Store a revision's weight tensor sha256s (replacing any stored for it): a backfill for models that were
+        fingerprinted before the table existed; a scan stores them with the model (upsert_model)."""
+        with self.transaction() as con:
+            self._put_tensor_hashes(con, model_id, revision, hashes)
+
+    @staticmethod
+    def _put_tensor_hashes(con: duckdb.DuckDBPyConnection, model_id: str, revision: str,
+                           hashes: dict[str, str]) -> None:
+        names = sorted(hashes)
+        table = pa.table({"model_id": [model_id] * len(names), "revision": [revision] * len(names),
+                          "tensor": names, "sha256": [hashes[n] for n in names]})
+        con.execute("DELETE FROM model_tensors WHERE model_id = ? AND revision = ?", [model_id, revision])
+        con.register("_tensor_batch", table)
+        try:
+            con.execute("INSERT INTO model_tensors SELECT model_id, revision, tensor, sha256 FROM _tensor_batch")
+        finally:
+            with suppress(duckdb.TransactionException):
+                con.unregister("_tensor_batch")
+
+    def revisions_with_tensor_hashes(self) -> set[tuple[str, str]]:
+        """(model_id, revision) of every revision whose tensor hashes are stored."""
+        return {(m, r) for m, r in self._rows("SELECT DISTINCT model_id, revision FROM model_tensors")}
+
+    def shared_tensor_pairs(self, new: Iterable[tuple[str, str]],
+                            skip_words: Iterable[str] = ()) -> set[tuple[tuple[str, str], tuple[str, str]]]:
+        """Pairs of current revisions, at least one of them in ``new``, that hold a byte-identical tensor whose
+        name contains none of ``skip_words`` (case-insensitive): one join on the sha256 index, so a nightly
+        increment costs what its new revisions hold, not what the hub holds. Each pair ((a), (b)) with a < b."""
+        new = sorted(set(new))
+        if not new:
+            return set()
+        keys = pa.table({"model_id": [k[0] for k in new], "revision": [k[1] for k in new]})
+        skip = "|".join(re.escape(w.lower()) for w in skip_words)
+        with self.transaction() as con:
+            con.register("_new_revisions", keys)
+            try:
+                rows = con.execute(
+                    "WITH cur AS (SELECT t.* FROM model_tensors t JOIN current_models m USING (model_id, revision) "
+                    "  WHERE $skip = '' OR NOT regexp_matches(lower(t.tensor), $skip)),"
+                    " fresh AS (SELECT c.* FROM cur c JOIN _new_revisions n USING (model_id, revision)) "
+                    "SELECT DISTINCT f.model_id, f.revision, c.model_id, c.revision FROM fresh f "
+                    "JOIN cur c ON c.sha256 = f.sha256 AND (c.model_id, c.revision) <> (f.model_id, f.revision)",
+                    {"skip": skip}).fetchall()
+            finally:
+                with suppress(duckdb.TransactionException):
+                    con.unregister("_new_revisions")
+        return {(min((a, ra), (b, rb)), max((a, ra), (b, rb))) for a, ra, b, rb in rows}
 
     # errors ---------------------------------------------------------------------------------------------------
     def record_error(self, run_id: str, model_id: str, revision: str | None, location: str | None, stage: str,
