@@ -14,11 +14,8 @@ import csv
 import io
 import json
 import shutil
-import signal
 import subprocess
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 from xml.sax.saxutils import escape as xml_escape
@@ -49,6 +46,7 @@ from scanner.testing.hostile import (
 )
 from scanner.text_safety import csv_cell, dot_string, markdown_text, script_json, terminal, visible, xml_text
 from scanner.zoo import Zoo
+from tests.hang_support import hang_guard
 from tests.scan_support import query, scan_config
 from tests.store_support import HOLD_READER, writer_holding
 
@@ -60,23 +58,8 @@ TERMINAL_ACTIVE = ("\x1b", "\x07", "\x9b", "\u202e", "\u202a", "\u2066", "\u2069
 HANG_GUARD_S = 120
 
 
-@contextmanager
-def hang_guard() -> Iterator[None]:
-    """Fail, rather than hang the suite, if a command blocks (a FIFO opened for reading waits forever)."""
-    def expire(*_: object) -> None:
-        raise TimeoutError(f"blocked for {HANG_GUARD_S} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(HANG_GUARD_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def hubtrace(*args: str | Path) -> Result:
-    with hang_guard():
+    with hang_guard(HANG_GUARD_S):
         result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output
     return result
@@ -84,7 +67,7 @@ def hubtrace(*args: str | Path) -> Result:
 
 def refusal(*args: str | Path) -> str:
     """The one line a refused command prints (exit 2, no traceback)."""
-    with hang_guard():
+    with hang_guard(HANG_GUARD_S):
         result = runner.invoke(app, [str(a) for a in args])
     assert result.exit_code == EXIT_REFUSED, (args, result.output, result.exception)
     assert isinstance(result.exception, SystemExit), result.exception
@@ -193,7 +176,7 @@ def test_a_second_scan_names_the_reader_before_ray_starts(scanned, tmp_path: Pat
             run_scan(config, console=Console(file=io.StringIO()))
         assert not ray.is_initialized()
         (tmp_path / "scan.yaml").write_text(yaml.safe_dump(config.to_json_dict()))
-        with hang_guard():
+        with hang_guard(HANG_GUARD_S):
             result = runner.invoke(app, ["scan", "--config", str(tmp_path / "scan.yaml")])
         assert result.exit_code == EXIT_REFUSED and result.stderr.count("\n") == 1, result.output
         assert f"open read-only by process {reader.pid}" in result.stderr
@@ -264,7 +247,7 @@ def test_lineage_page_draws_every_model_and_nothing_injected(scanned, tmp_path: 
     assert chromium, "Debian's chromium is needed: apt-get install chromium (make browser)"
     page = _exported(scanned, "html")
     nodes = {n["id"] for n in json.loads(_exported(scanned, "json").read_text())["nodes"]}
-    with hang_guard():
+    with hang_guard(HANG_GUARD_S):
         dom = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
              "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'p'}",

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,6 +31,7 @@ from scanner.errors import CheckpointError, FingerprintError
 from scanner.fingerprint import Fingerprint, read_fingerprint, read_fingerprint_meta, write_fingerprint
 from scanner.store import Store
 from scanner.text_safety import xml_text
+from tests.hang_support import hang_guard
 from tests.synthetic_fingerprints import template_fingerprint
 from tests.tiny_models import FAMILIES, save_random
 
@@ -141,21 +139,6 @@ def test_an_honest_fingerprint_still_reads_with_its_types(fingerprint: Fingerpri
 
 # -- files swapped for a FIFO between a check and an open ---------------------------------------------------------
 
-@contextmanager
-def hang_guard() -> Iterator[None]:
-    """Fail, rather than hang the suite, when an open blocks (a FIFO with no writer waits forever)."""
-    def expire(*_: object) -> None:
-        raise TimeoutError(f"blocked for {HANG_GUARD_S} s: a FIFO was opened")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(HANG_GUARD_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 @pytest.fixture
 def swap_on_stat(monkeypatch: pytest.MonkeyPatch):
     """Arm a race: the first os.stat of the given path answers for the regular file, then replaces it by a FIFO
@@ -179,14 +162,14 @@ def test_a_card_swapped_for_a_fifo_after_its_check_is_not_opened_blocking(tmp_pa
     readme = tmp_path / "README.md"
     readme.write_text("---\nlicense: mit\n---\n")
     swap_on_stat(readme)
-    with hang_guard():
+    with hang_guard(HANG_GUARD_S):
         card = read_card(tmp_path)
     assert card.license == "mit" and not card.notes  # read from the file it checked
 
 
 def test_a_card_that_is_a_fifo_is_a_note(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "README.md")
-    with hang_guard():
+    with hang_guard(HANG_GUARD_S):
         assert read_card(tmp_path).notes == ("README.md is not a regular file",)
 
 
@@ -199,7 +182,7 @@ def test_a_tokenizer_file_swapped_for_a_fifo_after_its_check_is_not_opened_block
     checkpoint = open_checkpoint(tmp_path)
     expected = checkpoint.tokenizer_hash()
     swap_on_stat(tokenizer)
-    with hang_guard():
+    with hang_guard(HANG_GUARD_S):
         assert checkpoint.tokenizer_hash() == expected
 
 
@@ -207,6 +190,6 @@ def test_a_tokenizer_file_that_is_a_fifo_is_a_one_line_error(tmp_path: Path) -> 
     save_random(FAMILIES["llama"].config(), tmp_path)
     checkpoint = open_checkpoint(tmp_path)
     os.mkfifo(tmp_path / "tokenizer.json")
-    with hang_guard(), pytest.raises(CheckpointError, match="not a regular file") as caught:
+    with hang_guard(HANG_GUARD_S), pytest.raises(CheckpointError, match="not a regular file") as caught:
         checkpoint.tokenizer_hash()
     assert "\n" not in str(caught.value)
