@@ -61,7 +61,8 @@ similarity matrix on the GPU in the first place.
 
 Modules, by role: ``sources`` (where the matrix lives: the ``SimilaritySource`` protocol, numpy and torch),
 ``candidates`` (the candidate graph in CSR: growing it, checking matchings against it), ``certificate``
-(potentials and the checks (a)-(c)), ``solve`` (the rounds, the sparse solvers, the repair, the dense fallback).
+(potentials and the checks (a)-(c)), ``solve`` (the rounds, the sparse solvers, the repair, the dense fallback),
+``auction`` (many square problems at once on a GPU, each certified by the same weak duality, else left to ``solve``).
 """
 
 from scanner.stats.assignment.solve import AssignmentResult, AssignmentStats, max_weight_assignment, solve_assignment
