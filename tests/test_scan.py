@@ -129,23 +129,37 @@ def test_rerun_is_incremental_and_a_new_revision_supersedes_its_old_tests(first_
 
 
 class _KillFirstBusyWorker(ScanObserver):
-    """SIGKILLs the worker process that is fingerprinting a just-submitted model, once."""
+    """SIGKILLs the first worker process it sees fingerprinting a model, once.
+
+    Each actor is polled on its own (an actor still importing torch answers late and must not hold up the others),
+    and the watch at a submission ends only when every model submitted so far is done: no model is fingerprinted
+    unwatched, so on any machine the kill lands while a model is in a worker.
+    """
 
     def __init__(self) -> None:
         self.killed: tuple[int, str] | None = None
+        self.submitted = 0
 
     def on_fingerprint_submitted(self, pool: FingerprintPool, record: ModelRecord) -> None:
+        self.submitted += 1
         if self.killed:
             return
-        for _ in range(2000):
-            for status in ray.get([a.status.remote() for a in pool.actors]):
-                if status.current == record.model_id:
+        asked = [actor.status.remote() for actor in pool.actors]
+        done: dict[int, int] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ready, _ = ray.wait(asked, num_returns=1, timeout=0.05)
+            for ref in ready:
+                index = asked.index(ref)
+                status = ray.get(ref)
+                if status.current is not None:
                     os.kill(status.pid, signal.SIGKILL)
-                    self.killed = (status.pid, record.model_id)
+                    self.killed = (status.pid, status.current)
                     return
-                if status.done:
-                    return  # this model was too quick to catch; try the next one
-            time.sleep(0.005)
+                done[index] = status.done
+                asked[index] = pool.actors[index].status.remote()
+            if len(done) == len(pool.actors) and sum(done.values()) >= self.submitted:
+                return  # every submitted model finished between two polls: watch the next submission
 
 
 def test_a_worker_killed_mid_fingerprint_is_retried_and_the_scan_completes(zoo, local_ray, tmp_path):
