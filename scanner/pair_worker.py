@@ -81,7 +81,7 @@ class PairWorker:
         import torch
 
         def on_device(x: MLPActivations) -> MLPActivations:
-            return MLPActivations(torch.from_numpy(x.gate).to(self.device), torch.from_numpy(x.up).to(self.device))
+            return MLPActivations(torch.tensor(x.gate, device=self.device), torch.tensor(x.up, device=self.device))
 
         return dataclasses.replace(fingerprint, blocks=[[on_device(x) for x in block] for block in fingerprint.blocks])
 
