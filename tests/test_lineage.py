@@ -177,10 +177,10 @@ def test_declared_finetune_that_dropped_blocks_is_flagged() -> None:
 
 
 @pytest.fixture(scope="session")
-def zoo_inputs(zoo: Zoo) -> tuple[list[PairTest], list[ModelInfo]]:
+def zoo_inputs(zoo: Zoo, zoo_fingerprints) -> tuple[list[PairTest], list[ModelInfo]]:
     """phi_MATCH (with closeness) of all 120 zoo pairs from one fingerprint per model, and the models as a scan
     sees them with no dates (local folders carry none): shapes, cards, activation effective ranks."""
-    return zoo_lineage_inputs(zoo)
+    return zoo_lineage_inputs(zoo, zoo_fingerprints)
 
 
 @pytest.fixture(scope="session")
