@@ -3,6 +3,7 @@ after another, each in its own process (so its CPU time is its own), with its wa
 
     python bench/bench_cold_cache.py                       # all of them (about half an hour of CPU)
     python bench/bench_cold_cache.py chain seed1           # some
+    python bench/bench_cold_cache.py --threads 1 smollm2   # torch threads per build (the suite's share on 2 cores)
 
 The SmolLM2 family reads the wheel from .hubtrace-cache/pypi when it is there (the download is not timed).
 Artefacts and their builders are those of tests/conftest.py (`_artefacts`), so this measures what the suite builds.
@@ -25,9 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("chain", "seed1", "seed2", "seed3", "independent", "zoo", "smollm2")
 
 
-def build_one(name: str, cache: Path) -> dict[str, float]:
-    """Build one artefact under cache (in this process) and return its wall and CPU seconds."""
+def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, float]:
+    """Build one artefact under cache (in this process, on `threads` torch threads) and return its wall and CPU
+    seconds."""
     sys.path.insert(0, str(ROOT))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     from scanner.zoo import ChainSpec, build_chain, build_zoo, train_independent_models
     from tests.lineage_support import seed_zoo
 
@@ -44,9 +50,9 @@ def build_one(name: str, cache: Path) -> dict[str, float]:
         wheels = ROOT / ".hubtrace-cache" / "pypi"
         if wheels.is_dir():
             os.symlink(wheels.resolve(), cache / "pypi")
-        from scanner.testing.real_model import smollm2_family, smollm2_fingerprints, smollm2_gguf
+        from scanner.testing.real_model import smollm2_family, smollm2_gguf
 
-        smollm2_fingerprints(smollm2_family(smollm2_gguf(cache), cache))
+        smollm2_family(smollm2_gguf(cache), cache)
     else:
         raise SystemExit(f"unknown artefact {name!r}; choose from {', '.join(NAMES)}")
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -57,10 +63,11 @@ def build_one(name: str, cache: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", default=list(NAMES))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per build (default: torch's own)")
     parser.add_argument("--one", nargs=2, metavar=("NAME", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(build_one(args.one[0], Path(args.one[1]))))
+        print(json.dumps(build_one(args.one[0], Path(args.one[1]), args.threads)))
         return
     print(f"load average at start: {os.getloadavg()[0]:.1f}")
     print(f"{'artefact':<12} {'wall s':>8} {'CPU s':>8} {'disk MB':>8}")
@@ -68,7 +75,8 @@ def main() -> None:
     for name in args.names:
         cache = Path(tempfile.mkdtemp(prefix=f"cold-{name}-"))
         try:
-            done = subprocess.run([sys.executable, __file__, "--one", name, str(cache)], check=True,
+            done = subprocess.run([sys.executable, __file__, "--one", name, str(cache), "--threads", str(args.threads)],
+                                  check=True,
                                   capture_output=True, text=True)
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             disk = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6

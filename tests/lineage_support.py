@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from lineage_graph.evidence import ModelInfo, PairTest
-from scanner.fingerprint import fingerprint_model
+from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.zoo import Zoo, read_card
 
 
-def zoo_lineage_inputs(zoo: Zoo) -> tuple[list[PairTest], list[ModelInfo]]:
-    """phi_MATCH of all pairs (sorted ids, as scans order them) and the models with their cards, no dates."""
-    prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
+def zoo_lineage_inputs(zoo: Zoo, prints: Mapping[str, Fingerprint] | None = None
+                       ) -> tuple[list[PairTest], list[ModelInfo]]:
+    """phi_MATCH of all pairs (sorted ids, as scans order them) and the models with their cards, no dates; prints:
+    the models' fingerprints on the default inputs when the caller has them (taken here otherwise)."""
+    prints = prints if prints is not None else {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     tests = []
     for a, b in itertools.combinations(sorted(zoo.ids), 2):
         r = compare_fingerprints(prints[a], prints[b], "match")

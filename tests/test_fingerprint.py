@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import weakref
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,7 +31,7 @@ from scanner.activations import MLPActivations, glu_activations, load_causal_lm,
 from scanner.adapters import ArchitectureAdapter, adapter_for
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.compare import compare_models
-from scanner.errors import FingerprintError, IncomparableError
+from scanner.errors import CheckpointError, FingerprintError, IncomparableError
 from scanner.fingerprint import (
     FINGERPRINT_FORMAT,
     Fingerprint,
@@ -260,6 +262,55 @@ def test_the_validation_pass_hashes_exactly_what_the_fingerprint_would(tiny: Cal
     assert rehashed.meta.tensor_hashes == valid.tensor_hashes
     with pytest.raises(ValueError, match="not those of this checkpoint"):
         fingerprint_model(folder, inputs=SPEC, tensor_hashes={"model.norm.weight": "0" * 64})
+
+
+def test_the_fingerprint_command_reads_each_tensor_once(tiny: Callable[[str], Path], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given no hashes, the value check rides on the forward pass's reads: a spy on the checkpoint's two ways of
+    reading a whole tensor (the value pass's chunked file read, the forward pass's get) sees no tensor read by both,
+    and every tensor read by one of them (hashed and checked all the same)."""
+    folder, out = tiny("llama"), tmp_path / "llama.fp"
+    reads: Counter[tuple[str, str]] = Counter()
+    real_get, real_stored = Checkpoint.get, Checkpoint._stored_bytes
+
+    def get(self: Checkpoint, name: str) -> torch.Tensor:
+        reads[name, "forward"] += 1
+        return real_get(self, name)
+
+    def stored_bytes(self: Checkpoint, name: str, chunk_bytes: int):
+        reads[name, "value pass"] += 1
+        yield from real_stored(self, name, chunk_bytes)
+
+    monkeypatch.setattr(Checkpoint, "get", get)
+    monkeypatch.setattr(Checkpoint, "_stored_bytes", stored_bytes)
+    result = runner.invoke(app, ["fingerprint", str(folder), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    monkeypatch.undo()
+    forward = {name for name, kind in reads if kind == "forward"}
+    checked = {name for name, kind in reads if kind == "value pass"}
+    names = set(open_checkpoint(folder).tensor_names())
+    assert forward & checked == set() and forward | checked == names
+    assert any(".layers." in n for n in forward) and {"model.embed_tokens.weight", "model.norm.weight"} <= checked
+    assert all(reads[name, "value pass"] == 1 for name in checked)
+    assert read_fingerprint(out).meta.tensor_hashes == validate_checkpoint(folder).tensor_hashes
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"])
+def test_the_one_pass_value_check_refuses_a_nan_as_the_value_pass_does(tiny: Callable[[str], Path], tmp_path: Path,
+                                                                       tensor: str) -> None:
+    """A NaN in a block (found as the forward pass reads it) or outside the blocks (checked before): the same
+    refusal as the separate value pass gives, and no fingerprint file."""
+    folder = tmp_path / "nan"
+    shutil.copytree(tiny("llama"), folder)
+    weights = load_file(folder / "model.safetensors")
+    weights[tensor].view(-1)[5] = float("nan")
+    save_torch_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as separate:
+        validate_checkpoint(folder)
+    result = runner.invoke(app, ["fingerprint", str(folder), "--out", str(tmp_path / "x.fp")])
+    assert result.exit_code == EXIT_REFUSED and not (tmp_path / "x.fp").exists()
+    assert f"tensor {tensor} contains NaN (first at flat index 5 " in str(separate.value)
+    assert str(separate.value).split(": ", 1)[1] in " ".join(result.output.split())
 
 
 @pytest.fixture(scope="module")

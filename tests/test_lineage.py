@@ -12,7 +12,9 @@ import json
 import math
 import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
+from xml.etree import ElementTree
 
 import networkx as nx
 import numpy as np
@@ -175,10 +177,10 @@ def test_declared_finetune_that_dropped_blocks_is_flagged() -> None:
 
 
 @pytest.fixture(scope="session")
-def zoo_inputs(zoo: Zoo) -> tuple[list[PairTest], list[ModelInfo]]:
+def zoo_inputs(zoo: Zoo, zoo_fingerprints) -> tuple[list[PairTest], list[ModelInfo]]:
     """phi_MATCH (with closeness) of all 120 zoo pairs from one fingerprint per model, and the models as a scan
     sees them with no dates (local folders carry none): shapes, cards, activation effective ranks."""
-    return zoo_lineage_inputs(zoo)
+    return zoo_lineage_inputs(zoo, zoo_fingerprints)
 
 
 @pytest.fixture(scope="session")
@@ -273,3 +275,98 @@ def test_html_shows_every_model_in_headless_chromium(zoo_pairs, zoo_models, tmp_
             drawn.add(model)
     assert drawn == set(graph.nodes)
     assert dom.count("<line") >= sum(1 for *_, a in graph.edges(data=True) if a["tree_link"])
+
+
+def _copy_and_tree() -> nx.DiGraph:
+    """Three models: a copy of a base (closeness above CLONE_CLOSENESS) and a fine-tune: one copy link, one tree
+    link (synthetic p-values: no zoo, the fast tier)."""
+    models = [ModelInfo(m, "r0", "LlamaForCausalLM", 4, 64, 256) for m in ("org/base", "org/copy", "org/tuned")]
+    pairs = [PairTest("org/base", "org/copy", "match", -300.0, 4, closeness=0.99995),
+             PairTest("org/base", "org/tuned", "match", -200.0, 4, closeness=0.95),
+             PairTest("org/copy", "org/tuned", "match", -200.0, 4, closeness=0.949)]
+    graph = lineage_graph(compute_lineage(models, pairs))
+    assert sorted(a["tree_link"] for *_, a in graph.edges(data=True)) == ["", "copy", "tree"]
+    return graph
+
+
+def _link(graph: nx.DiGraph, kind: str) -> tuple[str, str]:
+    return next((u, v) for u, v, a in graph.edges(data=True) if a["tree_link"] == kind)
+
+
+def test_copy_links_are_drawn_dashed_without_an_arrow_in_every_format(tmp_path: Path) -> None:
+    import pydot
+    from matplotlib.colors import to_rgba
+
+    from lineage_graph.export import draw_tree
+    from lineage_graph.link_styles import LINK_STYLES
+
+    graph = _copy_and_tree()
+    copy, tree = _link(graph, "copy"), _link(graph, "tree")
+    assert graph.edges[copy]["directed"]  # the tree stored an orientation: the drawings must not claim it
+    paths = {fmt: write_graph(graph, fmt, tmp_path / f"lineage.{fmt}") for fmt in ("dot", "graphml", "gexf")}
+
+    dot_edges = {(e.get_source().strip('"'), e.get_destination().strip('"')): e.get_attributes()
+                 for e in pydot.graph_from_dot_file(paths["dot"])[0].get_edges()}
+    assert (dot_edges[copy]["style"], dot_edges[copy].get("dir")) == ("dashed", "none")
+    assert (dot_edges[tree]["style"], dot_edges[tree].get("dir")) == ("bold", None)
+
+    graphml = nx.read_graphml(paths["graphml"])
+    assert (graphml.edges[copy]["line_style"], graphml.edges[copy]["arrow"]) == ("dashed", False)
+    assert (graphml.edges[tree]["line_style"], graphml.edges[tree]["arrow"]) == ("solid", True)
+    assert nx.read_gexf(paths["gexf"]).number_of_edges() == graph.number_of_edges()
+    viz = "{http://www.gexf.net/1.2draft/viz}"
+    gexf = {(e.get("source"), e.get("target")): e for e in ElementTree.parse(paths["gexf"]).iter()
+            if e.tag.endswith("}edge")}
+    assert gexf[copy].find(f"{viz}shape").get("value") == "dashed"
+    assert gexf[tree].find(f"{viz}shape").get("value") == "solid"
+
+    figure = draw_tree(graph)
+    axes = figure.axes[0]
+    assert "copy: same function, no direction" in [t.get_text() for t in axes.get_legend().get_texts()]
+    arrows = {type(a.arrow_patch.get_arrowstyle()).__name__: a.arrow_patch for a in axes.texts
+              if getattr(a, "arrow_patch", None) is not None}
+    assert set(arrows) == {"Curve", "CurveFilledB"}  # "-": the copy, no head; "-|>": the tree link
+    assert arrows["Curve"].get_linestyle() == "--" and arrows["CurveFilledB"].get_linestyle() == "-"
+    assert arrows["Curve"].get_edgecolor() == pytest.approx(to_rgba(LINK_STYLES["copy"].color))
+
+
+class _WorldLines(HTMLParser):
+    """The attributes of every <line> the page's script drew (inside <g id="world">; the legend's are outside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth, self.lines = 0, []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "g" and (self.depth or dict(attrs).get("id") == "world"):
+            self.depth += 1
+        elif tag == "line" and self.depth:
+            self.lines.append(dict(attrs))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "g" and self.depth:
+            self.depth -= 1
+
+
+def _drawn_lines(dom: str) -> list[dict]:
+    parser = _WorldLines()
+    parser.feed(dom)
+    return parser.lines
+
+
+def test_copy_links_in_the_page_in_headless_chromium(tmp_path: Path) -> None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is needed: apt-get install chromium"
+    graph = _copy_and_tree()
+    page = write_graph(graph, "html", tmp_path / "lineage.html")
+    dom = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True,
+    ).stdout
+    drawn = _drawn_lines(dom)
+    assert sorted(a["class"] for a in drawn) == ["edge copy", "edge tree"]
+    assert [a.get("marker-end", "") for a in drawn if a["class"] == "edge copy"] == [""]
+    assert [a["marker-end"] for a in drawn if a["class"] == "edge tree"] == ["url(#arrow)"]
+    assert "copy: same function, no direction" in dom
+    assert ".edge.copy{stroke:#6a3d9a;stroke-dasharray:6 4}" in dom

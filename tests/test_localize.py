@@ -41,8 +41,8 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def fingerprints(zoo: Zoo) -> dict[str, Fingerprint]:
-    return {m: fingerprint_model(zoo[m].path) for m in (BASE, TWIN, LITE, COBALT, PYLON, CHAT, NIMBUS, SLIM)}
+def fingerprints(zoo_fingerprints) -> dict[str, Fingerprint]:
+    return {m: zoo_fingerprints[m] for m in (BASE, TWIN, LITE, COBALT, PYLON, CHAT, NIMBUS, SLIM)}
 
 
 def test_depth_pruned_model_maps_to_exactly_its_kept_blocks(zoo: Zoo, fingerprints) -> None:

