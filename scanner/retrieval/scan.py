@@ -81,7 +81,7 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
                                           for r in stored)
                  if (*a, *b) not in known]
         known |= {r.key for r in extra}
-        new = {key for key in current if key in run.added} | _backfill_tensor_hashes(store, members)
+        new = {key for key in current if key in run.added} | backfill_tensor_hashes(store, members)
         extra += [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "identical_tensor")
                   for a, b in store.shared_tensor_pairs(new, UNINFORMATIVE_TENSOR_WORDS)
                   if a in current and b in current and (*a, *b) not in known]
@@ -99,21 +99,22 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
     return out
 
 
-def _backfill_tensor_hashes(store: Store, models: Sequence[ScannedModel]) -> set[tuple[str, str]]:
-    """Store the tensor hashes of models fingerprinted before ``model_tensors`` existed (read once from their
-    fingerprint headers; a scan stores them with the model since); returns the revisions filled in."""
-    have = store.revisions_with_tensor_hashes()
+def backfill_tensor_hashes(store: Store, models: Sequence[ScannedModel]) -> set[tuple[str, str]]:
+    """Store the tensor hashes of models fingerprinted before ``model_tensors`` existed (a scan stores them with
+    the model since); returns the revisions filled in. Each header is read once: a fingerprint that holds no hashes
+    is recorded as such in the store and not read again."""
+    known = store.revisions_with_known_tensor_hashes()
     filled = set()
     for model in models:
         key = (model.model_id, model.revision)
-        if key in have:
+        if key in known:
             continue
         try:
             hashes = read_fingerprint_meta_at(model.path).tensor_hashes
         except FingerprintError:
             continue   # a damaged file fails its pair tests with a clear error; here it only has no hashes
+        store.put_tensor_hashes(model.model_id, model.revision, hashes or {})
         if hashes:
-            store.put_tensor_hashes(model.model_id, model.revision, hashes)
             filled.add(key)
     return filled
 
