@@ -13,6 +13,7 @@ import pytest
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.retrieval.candidates import scored_pairs, select
+from scanner.retrieval.collisions import map_counts
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
 from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
 from scanner.retrieval.signatures import retrieval_entry
@@ -100,6 +101,25 @@ def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged
     (index.folder / "index.faiss").write_bytes(b"damaged")
     rebuilt = update_indexes(folder, [changed, *models[1:]], min_score=4)
     assert rebuilt.queried == 6 and "does not match" in rebuilt.rebuilt[changed.input_set]
+
+
+def test_the_map_threshold_changes_block_maps_never_scores(zoo_entries, tmp_path) -> None:
+    found = {}
+    for map_threshold in (0.6, 0.45):
+        index = RetrievalIndex(tmp_path / str(map_threshold), next(iter(zoo_entries.values())).input_set,
+                               search=SearchParams(map_threshold=map_threshold))
+        index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
+        found[map_threshold] = {p.key: p.score for p in scored_pairs(index, zoo_entries)}
+    assert found[0.6] and found[0.6] == found[0.45], "the selection score counts collisions at 0.6 only"
+    with pytest.raises(ValueError, match="map threshold"):
+        SearchParams(map_threshold=0.7)
+
+
+def test_a_selected_pair_maps_blocks_with_a_collision_or_enough_hits_at_the_map_threshold() -> None:
+    strong = {(0, 0): 3, (1, 2): 1}
+    loose = {(0, 0): 5, (1, 2): 1, (2, 2): 2, (3, 3): 1}   # every strong hit is a loose one too
+    assert map_counts(strong, loose, min_loose_hits=2) == {(0, 0): 5, (1, 2): 1, (2, 2): 2}
+    assert map_counts(strong, loose, min_loose_hits=1) == {(0, 0): 5, (1, 2): 1, (2, 2): 2, (3, 3): 1}
 
 
 def test_family_pairs_close_over_blocks() -> None:

@@ -35,12 +35,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scanner.retrieval.collisions import block_map, collisions_by_pair
+from scanner.retrieval.collisions import block_map, collisions_by_pair, hits_between, map_counts
 from scanner.retrieval.index import ModelKey, RetrievalIndex
 from scanner.retrieval.signatures import RetrievalEntry
 
 MIN_SCORE = 4
 """Collisions that make a candidate. Independent zoo and synthetic-hub pairs stay at or below 2 (BENCHMARKS.md)."""
+MAP_MIN_HITS = 2
+"""Hits at the map threshold (``SearchParams.map_threshold``) that join a block pair to a selected pair's block map
+when none of them reaches the collision threshold (BENCHMARKS.md: one such hit chained unrelated families)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,16 @@ class CandidatePair:
 
 def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntry]) -> list[CandidatePair]:
     """Every pair with at least one collision between a queried model (``entries``, all held by the index) and
-    any held model, scored and ranked."""
-    numbers = index.key_of()
-    found = collisions_by_pair(index.search(entries), index.blocks)
+    any held model, scored and ranked; its block map drawn from its collisions and its hits down to the map
+    threshold (``map_counts``)."""
+    numbers, search = index.key_of(), index.search_params
+    hits, cosines = index.search_hits(entries, search.map_threshold)
+    found = collisions_by_pair(hits[cosines >= search.threshold], index.blocks)
+    loose = collisions_by_pair(hits[hits_between(hits, found)], index.blocks) if found else {}
     pairs = []
     for (x, y), collisions in found.items():
-        (key_x, key_y), counts = (numbers[x], numbers[y]), collisions.block_counts
+        counts = map_counts(collisions.block_counts, loose[(x, y)].block_counts, MAP_MIN_HITS)
+        key_x, key_y = numbers[x], numbers[y]
         if key_x > key_y:
             key_x, key_y = key_y, key_x
             counts = {(b, a): n for (a, b), n in counts.items()}

@@ -11,7 +11,7 @@ depth-changed pairs are tested on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,13 +47,34 @@ def close_pairs(query_ids: np.ndarray, similarities: np.ndarray, neighbour_ids: 
                 threshold: float) -> np.ndarray:
     """The (id, id) pairs, smaller id first, of signatures of two different models at cosine >= threshold;
     each pair once. ``similarities`` and ``neighbour_ids`` are faiss's (queries, k) answers (-1 = none)."""
+    return close_hits(query_ids, similarities, neighbour_ids, threshold)[0]
+
+
+def close_hits(query_ids: np.ndarray, similarities: np.ndarray, neighbour_ids: np.ndarray,
+               threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """``close_pairs`` with each pair's cosine: (pairs (n, 2), cosines (n,))."""
     q = np.broadcast_to(np.asarray(query_ids, dtype=np.int64)[:, None], neighbour_ids.shape)
     keep = (similarities >= threshold) & (neighbour_ids >= 0)
-    q, n = q[keep], neighbour_ids[keep]
+    q, n, cosines = q[keep], neighbour_ids[keep], similarities[keep]
     other = split_id(q)[0] != split_id(n)[0]
-    q, n = q[other], n[other]
+    q, n, cosines = q[other], n[other], cosines[other]
     pairs = np.stack([np.minimum(q, n), np.maximum(q, n)], axis=1)
-    return np.unique(pairs, axis=0) if pairs.size else pairs.reshape(0, 2)
+    return unique_hits(pairs, cosines)
+
+
+def unique_hits(pairs: np.ndarray, cosines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each (id, id) pair once (a pair found from both sides keeps its larger cosine)."""
+    if not pairs.size:
+        return pairs.reshape(0, 2).astype(np.int64), cosines.reshape(0).astype(np.float32)
+    order = np.argsort(-cosines, kind="stable")
+    pairs, first = np.unique(pairs[order], axis=0, return_index=True)
+    return pairs, cosines[order][first]
+
+
+def hits_between(pairs: np.ndarray, model_pairs: Iterable[tuple[int, int]]) -> np.ndarray:
+    """Which of the (id, id) ``pairs`` join two models of one of ``model_pairs`` (numbers, smaller first)."""
+    wanted = np.array([(a << 32) | b for a, b in model_pairs], dtype=np.int64)
+    return np.isin((split_id(pairs[:, 0])[0] << 32) | split_id(pairs[:, 1])[0], wanted)
 
 
 def collisions_by_pair(pairs: np.ndarray, blocks: Mapping[int, np.ndarray]) -> dict[tuple[int, int], PairCollisions]:
@@ -85,6 +106,16 @@ def _blocks_of(models: np.ndarray, rows: np.ndarray, blocks: Mapping[int, np.nda
         picked = order[start:end]
         out[picked] = blocks[int(sorted_models[start])][rows[picked]]
     return out
+
+
+def map_counts(strong: Mapping[tuple[int, int], int], loose: Mapping[tuple[int, int], int],
+               min_loose_hits: int) -> dict[tuple[int, int], int]:
+    """The block-pair counts a selected pair's block map is drawn from: every block pair with a collision
+    (``strong``, cosine >= the collision threshold), and every block pair with at least ``min_loose_hits`` hits at
+    the lower map threshold (``loose``, which includes the strong hits), counted at the lower threshold. Blocks
+    that a derivative moved further (a merge averaging a donor's block with an unrelated one) join the map, and so
+    the family closure, through the pair that was selected on its other blocks."""
+    return {pair: max(n, strong.get(pair, 0)) for pair, n in loose.items() if n >= min_loose_hits or pair in strong}
 
 
 def block_map(block_counts: Mapping[tuple[int, int], int]) -> list[tuple[int, int]]:
