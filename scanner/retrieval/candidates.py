@@ -7,6 +7,14 @@ signature of the other within cosine ``threshold`` (scanner.retrieval.collisions
 changed revision queries the index of everything scanned before, so the work grows like N log N. Declared pairs
 (a card's base) and pairs sharing a byte-identical tensor are added by the scan whatever their score.
 
+A selected pair's block map (which block of one model holds weights of which block of the other: what
+depth-changed pairs are tested on, and what the family closure of scanner.retrieval.hub joins) is drawn from its
+collisions and from its signature hits down to a lower cosine, ``SearchParams.map_threshold`` (0.5): a block pair
+with ``MAP_MIN_HITS`` such hits joins the map. Those hits never change a score; they count only for a pair already
+selected on its collisions. A merge that averaged a donor's block with an unrelated one keeps units at cosine
+0.45-0.55 to the donor's relatives: its selected parent maps that block now, and the closure reaches the donor's
+family through it (BENCHMARKS.md, "Synthetic hub grown from the zoo").
+
 Why the φ_MATCH p-value of a selected pair stays valid
 -------------------------------------------------------
 The pairs that get a p-value are chosen by looking at the same fingerprints, so the question is whether
@@ -23,7 +31,9 @@ P(p <= a | selected) <= a whenever the unconditional p-value is valid given the 
 looked at labels (say, how often unit i of one model resembles unit i of the other, or a φ statistic of one block)
 would not have this property, and `tests/test_retrieval_validity.py` shows that such a selection does distort
 the selected pairs' p-values while the collision count does not (KS against uniform over >= 200 selected
-independent pairs).
+independent pairs). The rest of the selection is label-free too: block maps come from the same hits (at the
+collision and the map threshold, both counts over sets of signatures), and the family closure joins pairs by
+those block maps, so a pair selected through its relatives is selected on unordered unit sets as well.
 
 Depth-changed pairs are tested on the block pairs the collisions map (scanner.retrieval.collisions.block_map) as
 well as by index, and report twice the smaller of the two p-values (Bonferroni over the two block pairings; the
@@ -43,7 +53,8 @@ MIN_SCORE = 4
 """Collisions that make a candidate. Independent zoo and synthetic-hub pairs stay at or below 2 (BENCHMARKS.md)."""
 MAP_MIN_HITS = 2
 """Hits at the map threshold (``SearchParams.map_threshold``) that join a block pair to a selected pair's block map
-when none of them reaches the collision threshold (BENCHMARKS.md: one such hit chained unrelated families)."""
+when none of them reaches the collision threshold (one hit at 0.5 joined so many blocks on the synthetic hub that
+family components passed the closure's cap and recall fell to 98%: BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True)
