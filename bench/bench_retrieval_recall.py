@@ -38,21 +38,22 @@ import numpy as np
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
+from scanner.retrieval.candidates import MAP_THRESHOLD, MIN_SCORE, scored_pairs, select, with_wide_block_maps
 from scanner.retrieval.hub import family_pairs
-from scanner.retrieval.index import RetrievalIndex, SearchParams
+from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import SIGNATURE_VERSION, SignatureParams, retrieval_entry
 
 KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
 
 
-def candidates(entries: dict, search: SearchParams | None = None) -> tuple[set[tuple[str, str]], float]:
+def candidates(entries: dict, map_threshold: float = MAP_THRESHOLD) -> tuple[set[tuple[str, str]], float]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         first = next(iter(entries.values()))
-        index = RetrievalIndex(folder, first.input_set, first.params, search or SearchParams())
+        index = RetrievalIndex(folder, first.input_set, first.params)
         index.sync({key: (lambda e=e: e) for key, e in entries.items()})
-        found = select(scored_pairs(index, entries), MIN_SCORE)
+        found = with_wide_block_maps(select(scored_pairs(index, entries), MIN_SCORE), entries.__getitem__,
+                                     threshold=index.search_params.threshold, map_threshold=map_threshold)
     closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b),
                                                       p.block_map) for p in found)}
     return closed | {(p.model_a, p.model_b) for p in found}, time.perf_counter() - started
@@ -212,7 +213,7 @@ def main() -> None:
     parser.add_argument("--skip-zoo", action="store_true", help="only the synthetic hub")
     parser.add_argument("--signature-version", type=int, choices=(1, 2), default=SIGNATURE_VERSION,
                         help="1: whole signatures; 2 (default): less the unit-choosing direction")
-    parser.add_argument("--map-thresholds", type=float, nargs="+", default=[SearchParams().map_threshold],
+    parser.add_argument("--map-thresholds", type=float, nargs="+", default=[MAP_THRESHOLD],
                         help="cosines down to which selected pairs' hits draw their block maps; one run each "
                              "(0.6, the collision threshold: the rule before the map threshold)")
     args = parser.parse_args()
@@ -235,7 +236,7 @@ def main() -> None:
           f"{np.mean([sum(family[m] == family[x] for x in hub) for m in hub]):.1f}, entries {entry_seconds:.1f} s, "
           f"load average {os.getloadavg()[0]:.1f}")
     for map_threshold in args.map_thresholds:
-        got, seconds = candidates(entries, SearchParams(map_threshold=map_threshold))
+        got, seconds = candidates(entries, map_threshold)
         print(f"map threshold {map_threshold}: {len(got)} candidates ({2 * len(got) / len(hub):.2f} per model), "
               f"{len(got - sharing)} candidates sharing no weights, {len(got - truth)} outside the planted families; "
               f"retrieval {seconds:.1f} s, load average {os.getloadavg()[0]:.1f}")

@@ -18,6 +18,7 @@ from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line
 from scanner.fingerprint_compare import FingerprintStatistic
 from scanner.inputs import InputSpec
+from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.index import DEFAULT_SEARCH
 from scanner.sources import SOURCE_KINDS
 from scanner.stats.matching import AssignmentSolver
@@ -104,7 +105,7 @@ class PairsConfig(_Strict):
 
     select: Literal["candidates", "all"] = "candidates"
     min_score: int = Field(default=4, ge=1)
-    map_threshold: float = Field(default=DEFAULT_SEARCH.map_threshold, gt=0, le=DEFAULT_SEARCH.threshold)
+    map_threshold: float = Field(default=MAP_THRESHOLD, gt=0, le=DEFAULT_SEARCH.threshold)
     index: Literal["auto", "flat", "ivf"] = "auto"   # the faiss index a (re)build makes (docs/retrieval.md)
     comparable: bool = True
     declared: bool = True

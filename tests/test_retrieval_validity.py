@@ -63,7 +63,7 @@ def null_pairs(tmp_path_factory):
     models = _independent_models(template)
     entries = {(name, "r"): retrieval_entry(fp) for name, fp in models.items()}
     index = RetrievalIndex(tmp_path_factory.mktemp("index"), template.meta.input_set,
-                           search=SearchParams(neighbours=64, threshold=0.45, map_threshold=0.45))
+                           search=SearchParams(neighbours=64, threshold=0.45))
     index.sync({key: (lambda e=entry: e) for key, entry in entries.items()})
     scored = scored_pairs(index, entries)
     min_score = sorted((p.score for p in scored), reverse=True)[SELECTED - 1]   # the threshold, lowered to this

@@ -9,11 +9,13 @@ changed revision queries the index of everything scanned before, so the work gro
 
 A selected pair's block map (which block of one model holds weights of which block of the other: what
 depth-changed pairs are tested on, and what the family closure of scanner.retrieval.hub joins) is drawn from its
-collisions and from its signature hits down to a lower cosine, ``SearchParams.map_threshold`` (0.5): a block pair
-with ``MAP_MIN_HITS`` such hits joins the map. Those hits never change a score; they count only for a pair already
-selected on its collisions. A merge that averaged a donor's block with an unrelated one keeps units at cosine
-0.45-0.55 to the donor's relatives: its selected parent maps that block now, and the closure reaches the donor's
-family through it (BENCHMARKS.md, "Synthetic hub grown from the zoo").
+collisions and from its signature hits down to a lower cosine, ``MAP_THRESHOLD`` (0.5): a block pair with
+``MAP_MIN_HITS`` such hits joins the map. Those hits never change a score; they count only for a pair already
+selected on its collisions, and they are counted between the two entries compared in full (exact whatever the
+index: an IVF loses many hits near 0.5), one small matrix product per selected pair. A merge that averaged a
+donor's block with an unrelated one keeps units at cosine 0.45-0.55 to the donor's relatives: its selected parent
+maps that block now, and the closure reaches the donor's family through it (BENCHMARKS.md, "Synthetic hub grown
+from the zoo").
 
 Why the φ_MATCH p-value of a selected pair stays valid
 -------------------------------------------------------
@@ -32,7 +34,7 @@ looked at labels (say, how often unit i of one model resembles unit i of the oth
 would not have this property, and `tests/test_retrieval_validity.py` shows that such a selection does distort
 the selected pairs' p-values while the collision count does not (KS against uniform over >= 200 selected
 independent pairs). The rest of the selection is label-free too: block maps come from the same hits (at the
-collision and the map threshold, both counts over sets of signatures), and the family closure joins pairs by
+collision and the map threshold, counts over the two sets of signatures), and the family closure joins pairs by
 those block maps, so a pair selected through its relatives is selected on unordered unit sets as well.
 
 Depth-changed pairs are tested on the block pairs the collisions map (scanner.retrieval.collisions.block_map) as
@@ -42,15 +44,19 @@ map itself is chosen by the same label-free collision counts, so each pairing's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
-from scanner.retrieval.collisions import block_map, collisions_by_pair, hits_between, map_counts
+import numpy as np
+
+from scanner.retrieval.collisions import block_map, collisions_by_pair, map_counts
 from scanner.retrieval.index import ModelKey, RetrievalIndex
 from scanner.retrieval.signatures import RetrievalEntry
 
 MIN_SCORE = 4
 """Collisions that make a candidate. Independent zoo and synthetic-hub pairs stay at or below 2 (BENCHMARKS.md)."""
+MAP_THRESHOLD = 0.5
+"""Cosine down to which a selected pair's signature hits draw its block map (the scan's ``pairs.map_threshold``)."""
 MAP_MIN_HITS = 2
 """Hits at the map threshold (``SearchParams.map_threshold``) that join a block pair to a selected pair's block map
 when none of them reaches the collision threshold (one hit at 0.5 joined so many blocks on the synthetic hub that
@@ -77,16 +83,12 @@ class CandidatePair:
 
 def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntry]) -> list[CandidatePair]:
     """Every pair with at least one collision between a queried model (``entries``, all held by the index) and
-    any held model, scored and ranked; its block map drawn from its collisions and its hits down to the map
-    threshold (``map_counts``)."""
-    numbers, search = index.key_of(), index.search_params
-    hits, cosines = index.search_hits(entries, search.map_threshold)
-    found = collisions_by_pair(hits[cosines >= search.threshold], index.blocks)
-    loose = collisions_by_pair(hits[hits_between(hits, found)], index.blocks) if found else {}
+    any held model, scored and ranked."""
+    numbers = index.key_of()
+    found = collisions_by_pair(index.search(entries), index.blocks)
     pairs = []
     for (x, y), collisions in found.items():
-        counts = map_counts(collisions.block_counts, loose[(x, y)].block_counts, MAP_MIN_HITS)
-        key_x, key_y = numbers[x], numbers[y]
+        (key_x, key_y), counts = (numbers[x], numbers[y]), collisions.block_counts
         if key_x > key_y:
             key_x, key_y = key_y, key_x
             counts = {(b, a): n for (a, b), n in counts.items()}
@@ -106,3 +108,32 @@ def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntr
 
 def select(pairs: Iterable[CandidatePair], min_score: int = MIN_SCORE) -> list[CandidatePair]:
     return [p for p in pairs if p.score >= min_score]
+
+
+def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, map_threshold: float,
+                      min_hits: int = MAP_MIN_HITS) -> dict[tuple[int, int], int]:
+    """The block-pair counts of two entries compared in full (every signature of one against every signature
+    of the other, at least one of them indexed, as the index compares them): the block pairs with a hit at
+    ``threshold``, and those with ``min_hits`` hits at ``map_threshold`` (``map_counts``). Exact whatever the
+    index (an IVF misses hits near the lower cosine), and a function of the two signature sets."""
+    cosines = a.vectors @ b.vectors.T
+    counted = a.indexed[:, None] | b.indexed[None, :]
+
+    def per_block(cut: float) -> dict[tuple[int, int], int]:
+        rows_a, rows_b = np.nonzero(counted & (cosines >= cut))
+        keys, counts = np.unique(np.stack([a.blocks[rows_a], b.blocks[rows_b]], axis=1), axis=0, return_counts=True)
+        return {(int(x), int(y)): int(n) for (x, y), n in zip(keys, counts)}
+
+    return map_counts(per_block(threshold), per_block(map_threshold), min_hits)
+
+
+def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[ModelKey], RetrievalEntry], *,
+                         threshold: float, map_threshold: float = MAP_THRESHOLD) -> list[CandidatePair]:
+    """Selected pairs with their block maps drawn from both entries compared in full down to ``map_threshold``
+    (``pair_block_counts``); unchanged when ``map_threshold`` is the collision ``threshold``. Scores and ranks
+    stay those of the search."""
+    if map_threshold >= threshold:
+        return list(pairs)
+    return [replace(p, block_map=tuple(block_map(pair_block_counts(
+                entry_of((p.model_a, p.revision_a)), entry_of((p.model_b, p.revision_b)), threshold, map_threshold))))
+            for p in pairs]

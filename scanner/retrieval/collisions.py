@@ -11,7 +11,7 @@ depth-changed pairs are tested on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,34 +47,13 @@ def close_pairs(query_ids: np.ndarray, similarities: np.ndarray, neighbour_ids: 
                 threshold: float) -> np.ndarray:
     """The (id, id) pairs, smaller id first, of signatures of two different models at cosine >= threshold;
     each pair once. ``similarities`` and ``neighbour_ids`` are faiss's (queries, k) answers (-1 = none)."""
-    return close_hits(query_ids, similarities, neighbour_ids, threshold)[0]
-
-
-def close_hits(query_ids: np.ndarray, similarities: np.ndarray, neighbour_ids: np.ndarray,
-               threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """``close_pairs`` with each pair's cosine: (pairs (n, 2), cosines (n,))."""
     q = np.broadcast_to(np.asarray(query_ids, dtype=np.int64)[:, None], neighbour_ids.shape)
     keep = (similarities >= threshold) & (neighbour_ids >= 0)
-    q, n, cosines = q[keep], neighbour_ids[keep], similarities[keep]
+    q, n = q[keep], neighbour_ids[keep]
     other = split_id(q)[0] != split_id(n)[0]
-    q, n, cosines = q[other], n[other], cosines[other]
+    q, n = q[other], n[other]
     pairs = np.stack([np.minimum(q, n), np.maximum(q, n)], axis=1)
-    return unique_hits(pairs, cosines)
-
-
-def unique_hits(pairs: np.ndarray, cosines: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each (id, id) pair once (a pair found from both sides keeps its larger cosine)."""
-    if not pairs.size:
-        return pairs.reshape(0, 2).astype(np.int64), cosines.reshape(0).astype(np.float32)
-    order = np.argsort(-cosines, kind="stable")
-    pairs, first = np.unique(pairs[order], axis=0, return_index=True)
-    return pairs, cosines[order][first]
-
-
-def hits_between(pairs: np.ndarray, model_pairs: Iterable[tuple[int, int]]) -> np.ndarray:
-    """Which of the (id, id) ``pairs`` join two models of one of ``model_pairs`` (numbers, smaller first)."""
-    wanted = np.array([(a << 32) | b for a, b in model_pairs], dtype=np.int64)
-    return np.isin((split_id(pairs[:, 0])[0] << 32) | split_id(pairs[:, 1])[0], wanted)
+    return np.unique(pairs, axis=0) if pairs.size else pairs.reshape(0, 2)
 
 
 def collisions_by_pair(pairs: np.ndarray, blocks: Mapping[int, np.ndarray]) -> dict[tuple[int, int], PairCollisions]:

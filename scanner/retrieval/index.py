@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from scanner.errors import FingerprintError
-from scanner.retrieval.collisions import ROW_BITS, close_hits, unique_hits, vector_id
+from scanner.retrieval.collisions import ROW_BITS, close_pairs, vector_id
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
 FLAT_LIMIT = 16_384
@@ -45,20 +45,15 @@ INDEX_KINDS = ("auto", "flat", "ivf")
 
 @dataclass(frozen=True)
 class SearchParams:
-    """How hits are found: ``neighbours`` per signature, counted when cosine >= ``threshold``; hits down to
-    ``map_threshold`` are gathered too, for the block maps of selected pairs (scanner.retrieval.candidates)."""
+    """How hits are found: ``neighbours`` per signature, counted when cosine >= ``threshold``."""
 
     neighbours: int = 32
     threshold: float = 0.6
-    map_threshold: float = 0.5
     kind: str = "auto"     # the index a (re)build makes: "flat" (exact), "ivf", or "auto" (flat up to FLAT_LIMIT)
 
     def __post_init__(self) -> None:
         if self.kind not in INDEX_KINDS:
             raise ValueError(f"retrieval index kind must be one of {', '.join(INDEX_KINDS)}, not {self.kind!r}")
-        if not 0 < self.map_threshold <= self.threshold:
-            raise ValueError(f"the map threshold must lie in (0, {self.threshold}] (the collision threshold), "
-                             f"not {self.map_threshold}")
 
 
 DEFAULT_SEARCH = SearchParams()
@@ -239,24 +234,21 @@ class RetrievalIndex:
     # search ---------------------------------------------------------------------------------------------------
     def search(self, entries: Mapping[ModelKey, RetrievalEntry]) -> np.ndarray:
         """Close signature pairs (id, id) of the given held models' query signatures against everything held."""
-        return self.search_hits(entries, self.search_params.threshold)[0]
-
-    def search_hits(self, entries: Mapping[ModelKey, RetrievalEntry],
-                    threshold: float) -> tuple[np.ndarray, np.ndarray]:
-        """``search`` down to cosine ``threshold``, with each pair's cosine: (pairs (n, 2), cosines (n,))."""
         queries, ids = [], []
         for key, entry in entries.items():
             queries.append(entry.vectors)
             ids.append(vector_id(self.number_of(key), np.arange(entry.vectors.shape[0])))
         if not queries:
-            return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float32)
+            return np.zeros((0, 2), dtype=np.int64)
         queries_all, ids_all = np.concatenate(queries).astype(np.float32), np.concatenate(ids)
         k = min(self.search_params.neighbours, max(self.ntotal, 1))
         found = []
         for start in range(0, queries_all.shape[0], SEARCH_CHUNK):
             similarities, neighbours = self._index().search(queries_all[start:start + SEARCH_CHUNK], k)
-            found.append(close_hits(ids_all[start:start + SEARCH_CHUNK], similarities, neighbours, threshold))
-        return unique_hits(np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found]))
+            found.append(close_pairs(ids_all[start:start + SEARCH_CHUNK], similarities, neighbours,
+                                     self.search_params.threshold))
+        pairs = np.concatenate(found)
+        return np.unique(pairs, axis=0) if pairs.size else pairs
 
 
 def _sha256(file: Path) -> str:

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from scanner.errors import FingerprintError
 from scanner.fingerprint_store import read_fingerprint_meta_at
+from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.hub import (
     UNINFORMATIVE_TENSOR_WORDS,
     IndexedModel,
@@ -27,7 +28,7 @@ from scanner.retrieval.hub import (
     index_folder,
     update_indexes,
 )
-from scanner.retrieval.index import DEFAULT_SEARCH, SearchParams
+from scanner.retrieval.index import SearchParams
 from scanner.store import CandidateRow, Store
 
 PairKey = tuple[str, str, str, str]
@@ -59,7 +60,7 @@ class Retrieved:
 
 def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[ScannedModel], run_id: str, *,
                         min_score: int, index_kind: str = "auto",
-                        map_threshold: float = DEFAULT_SEARCH.map_threshold) -> Retrieved:
+                        map_threshold: float = MAP_THRESHOLD) -> Retrieved:
     indexed = [IndexedModel(m.model_id, m.revision, m.input_set, m.path) for m in models]
 
     def store_retrieved(run: RetrievalRun) -> None:
@@ -67,7 +68,8 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
                                                 pair.block_map) for input_set, pair in run.pairs], run_id)
 
     run = update_indexes(index_folder(db_path), indexed, min_score=min_score,
-                         search=SearchParams(kind=index_kind, map_threshold=map_threshold), before_save=store_retrieved)
+                         search=SearchParams(kind=index_kind), map_threshold=map_threshold,
+                         before_save=store_retrieved)
     out = Retrieved(queried=run.queried, removed=run.removed, min_score=min_score, rebuilt=run.rebuilt)
     by_set: dict[str, list[ScannedModel]] = {}
     for model in models:
