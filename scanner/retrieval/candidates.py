@@ -116,15 +116,23 @@ def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, ma
     of the other, at least one of them indexed, as the index compares them): the block pairs with a hit at
     ``threshold``, and those with ``min_hits`` hits at ``map_threshold`` (``map_counts``). Exact whatever the
     index (an IVF misses hits near the lower cosine), and a function of the two signature sets."""
-    cosines = a.vectors @ b.vectors.T
-    counted = a.indexed[:, None] | b.indexed[None, :]
+    order_a, order_b = np.argsort(a.blocks, kind="stable"), np.argsort(b.blocks, kind="stable")
+    cosines = a.vectors[order_a] @ b.vectors[order_b].T
+    counted = a.indexed[order_a][:, None] | b.indexed[order_b][None, :]
+    (starts_a, blocks_a), (starts_b, blocks_b) = _block_starts(a.blocks[order_a]), _block_starts(b.blocks[order_b])
 
     def per_block(cut: float) -> dict[tuple[int, int], int]:
-        rows_a, rows_b = np.nonzero(counted & (cosines >= cut))
-        keys, counts = np.unique(np.stack([a.blocks[rows_a], b.blocks[rows_b]], axis=1), axis=0, return_counts=True)
-        return {(int(x), int(y)): int(n) for (x, y), n in zip(keys, counts)}
+        hits = (counted & (cosines >= cut)).astype(np.int32)
+        counts = np.add.reduceat(np.add.reduceat(hits, starts_a, axis=0), starts_b, axis=1)
+        return {(int(blocks_a[i]), int(blocks_b[j])): int(counts[i, j]) for i, j in zip(*np.nonzero(counts))}
 
     return map_counts(per_block(threshold), per_block(map_threshold), min_hits)
+
+
+def _block_starts(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of one block starts in rows sorted by block, and that block."""
+    starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
+    return starts, blocks[starts]
 
 
 def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[ModelKey], RetrievalEntry], *,
