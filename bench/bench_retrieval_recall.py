@@ -16,12 +16,18 @@ planted truth: an all-pairs φ_MATCH run over ~500,000 pairs does not fit this m
 every block's weights come from, so there are two truths: pairs that share weights (a block origin), which is
 what testing all pairs can find, and pairs of one planted family, which also counts pairs that share nothing (a
 depth prune that kept only the donor blocks of a retrained-MLP parent is "in the family" of that parent's base).
+A zoo block's origin is its base's block at the same depth (a depth prune's kept blocks, from the zoo's ground
+truth; an MLP the zoo retrained is an origin of its own): block 0 and block 1 of one family are different weights.
+
+Each rule of ``--map-thresholds`` (the cosine down to which a selected pair's hits draw its block map; equal to
+the collision threshold 0.6 is the rule before the map threshold existed) runs on the same hub and entries.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import tempfile
 import time
 from collections import Counter
@@ -32,7 +38,7 @@ import numpy as np
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select
+from scanner.retrieval.candidates import MAP_THRESHOLD, MIN_SCORE, scored_pairs, select, with_wide_block_maps
 from scanner.retrieval.hub import family_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import SIGNATURE_VERSION, SignatureParams, retrieval_entry
@@ -40,13 +46,14 @@ from scanner.retrieval.signatures import SIGNATURE_VERSION, SignatureParams, ret
 KINDS = ("finetune", "long-finetune", "camouflage", "width-prune", "depth-prune", "merge", "retrained-mlp")
 
 
-def candidates(entries: dict) -> tuple[set[tuple[str, str]], float]:
+def candidates(entries: dict, map_threshold: float = MAP_THRESHOLD) -> tuple[set[tuple[str, str]], float]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         first = next(iter(entries.values()))
         index = RetrievalIndex(folder, first.input_set, first.params)
         index.sync({key: (lambda e=e: e) for key, e in entries.items()})
-        found = select(scored_pairs(index, entries), MIN_SCORE)
+        found = with_wide_block_maps(select(scored_pairs(index, entries), MIN_SCORE), entries.__getitem__,
+                                     threshold=index.search_params.threshold, map_threshold=map_threshold)
     closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b),
                                                       p.block_map) for p in found)}
     return closed | {(p.model_a, p.model_b) for p in found}, time.perf_counter() - started
@@ -83,16 +90,37 @@ def _components(edges: set[tuple[str, str]], models) -> set[frozenset[str]]:
     return groups
 
 
-def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], n: int, seed: int,
-             family_size: int = 10):  # noqa: ANN201
+def zoo_block_origins(zoo) -> dict[str, list[frozenset]]:  # noqa: ANN001 - a scanner.zoo.Zoo
+    """Where each zoo block's weights come from: (base, depth) of the family base's block it descends from, the
+    union of both parents' for a merge, an origin of its own for an MLP the zoo retrained."""
+    origins: dict[str, list[frozenset]] = {}
+    for name in zoo.ids:   # parents come before their children
+        model = zoo[name]
+        parent = [origins[p] for p in model.parents]
+        if model.relation == "base":
+            origins[name] = [frozenset({(name, i)}) for i in range(model.arch.num_layers)]
+        elif model.relation == "merge":
+            origins[name] = [a | b for a, b in zip(*parent)]
+        elif model.relation == "prune_depth":
+            origins[name] = [parent[0][i] for i in model.details["kept_blocks"]]
+        elif model.relation == "retrained_mlp":
+            retrained = set(model.details["retrain"]["blocks"])
+            origins[name] = [frozenset({(name, i)}) if i in retrained else o for i, o in enumerate(parent[0])]
+        else:
+            origins[name] = list(parent[0])
+    return origins
+
+
+def grow_hub(zoo_fps: dict[str, Fingerprint], family_of: dict[str, str], zoo_origins: dict[str, list[frozenset]],
+             n: int, seed: int, family_size: int = 10):  # noqa: ANN201
     """The zoo plus independent synthetic bases (units iid given the model, a shared low-rank component as
     training on the same data gives) until there is one family per ``family_size`` models; each new model grows
     from a random member of a random family that is not yet full."""
     rng = np.random.default_rng(seed)
     members = {name: (fp, family_of[name], "zoo") for name, fp in zoo_fps.items()}
-    # where each block's weights come from: a zoo family (its members were trained from one another) or a
-    # synthetic base's block; a pair that shares no origin shares no weights a pair test could see
-    origins = {name: [frozenset({family_of[name]})] * len(fp.blocks) for name, fp in zoo_fps.items()}
+    # where each block's weights come from: a zoo base's block or a synthetic base's block; a pair that shares no
+    # origin shares no weights a pair test could see
+    origins = {name: list(zoo_origins[name]) for name in zoo_fps}
     template = next(iter(zoo_fps.values()))
     units, tokens = template.blocks[0][0].gate.shape
     shared = rng.standard_normal((4, tokens)).astype(np.float32)
@@ -185,33 +213,40 @@ def main() -> None:
     parser.add_argument("--skip-zoo", action="store_true", help="only the synthetic hub")
     parser.add_argument("--signature-version", type=int, choices=(1, 2), default=SIGNATURE_VERSION,
                         help="1: whole signatures; 2 (default): less the unit-choosing direction")
+    parser.add_argument("--map-thresholds", type=float, nargs="+", default=[MAP_THRESHOLD],
+                        help="cosines down to which selected pairs' hits draw their block maps; one run each "
+                             "(0.6, the collision threshold: the rule before the map threshold)")
     args = parser.parse_args()
     zoo = build_zoo(Path(".hubtrace-cache/zoo"))
     fps = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     if not args.skip_zoo:
         zoo_recall(fps)
 
-    hub, origins = grow_hub(fps, {m: zoo[m].family for m in zoo.ids}, args.hub, args.seed)
+    hub, origins = grow_hub(fps, {m: zoo[m].family for m in zoo.ids}, zoo_block_origins(zoo), args.hub, args.seed)
     started = time.perf_counter()
     params = SignatureParams(version=args.signature_version)
     entries = {(name, "r"): retrieval_entry(fp, params) for name, (fp, _, _) in hub.items()}
     entry_seconds = time.perf_counter() - started
-    got, seconds = candidates(entries)
     family = {name: fam for name, (_, fam, _) in hub.items()}
     kind = {name: k for name, (_, _, k) in hub.items()}
     held = {name: frozenset().union(*blocks) for name, blocks in origins.items()}
     truth = {(a, b) for a, b in combinations(sorted(hub), 2) if family[a] == family[b]}
     sharing = {(a, b) for a, b in combinations(sorted(hub), 2) if held[a] & held[b]}
-    print(f"synthetic hub: {len(hub)} models, {len(hub) * (len(hub) - 1) // 2} pairs possible, {len(got)} candidates "
-          f"({2 * len(got) / len(hub):.1f} per model; mean family size "
-          f"{np.mean([sum(family[m] == family[x] for x in hub) for m in hub]):.1f}), {len(got - sharing)} "
-          f"candidates sharing no weights; entries {entry_seconds:.1f} s, retrieval {seconds:.1f} s")
-    for what, pairs in (("pairs sharing weights (what all-pairs testing can find)", sharing),
-                        ("pairs of one planted family", truth)):
-        missed = pairs - got
-        print(f"  {what}: {len(pairs)}, recall {1 - len(missed) / len(pairs):.5f} ({len(missed)} missed; "
-              f"{len(missed - sharing)} of them share no weights)")
-        print("    missed by kind:", dict(Counter("/".join(sorted((kind[a], kind[b]))) for a, b in missed)))
+    print(f"synthetic hub: {len(hub)} models, {len(hub) * (len(hub) - 1) // 2} pairs possible, mean family size "
+          f"{np.mean([sum(family[m] == family[x] for x in hub) for m in hub]):.1f}, entries {entry_seconds:.1f} s, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    for map_threshold in args.map_thresholds:
+        got, seconds = candidates(entries, map_threshold)
+        print(f"map threshold {map_threshold}: {len(got)} candidates ({2 * len(got) / len(hub):.2f} per model), "
+              f"{len(got - sharing)} candidates sharing no weights, {len(got - truth)} outside the planted families; "
+              f"retrieval {seconds:.1f} s, load average {os.getloadavg()[0]:.1f}")
+        for what, pairs in (("pairs sharing weights (what all-pairs testing can find)", sharing),
+                            ("pairs of one planted family", truth)):
+            missed = pairs - got
+            print(f"  {what}: {len(pairs)}, recall {1 - len(missed) / len(pairs):.5f} ({len(missed)} missed; "
+                  f"{len(missed - sharing)} of them share no weights)")
+            print("    missed by kind:", dict(Counter("/".join(sorted((kind[a], kind[b]))) for a, b in missed)))
+
 
 if __name__ == "__main__":
     main()

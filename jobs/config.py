@@ -18,6 +18,8 @@ from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line
 from scanner.fingerprint_compare import FingerprintStatistic
 from scanner.inputs import InputSpec
+from scanner.retrieval.candidates import MAP_THRESHOLD
+from scanner.retrieval.index import DEFAULT_SEARCH
 from scanner.sources import SOURCE_KINDS
 from scanner.stats.matching import AssignmentSolver
 from scanner.stats.sequential import SequentialDesign
@@ -97,10 +99,13 @@ class PairsConfig(_Strict):
     """Which pairs are tested: every comparable pair, and/or each model with the bases its card declares;
     ``sequential: null`` compares every block of every pair. ``select: candidates`` (default) tests of the
     comparable pairs only those candidate retrieval finds (scanner.retrieval: unit collisions of at least
-    ``min_score``, their families, pairs sharing a byte-identical tensor); ``all`` tests every one."""
+    ``min_score``, their families, pairs sharing a byte-identical tensor); ``all`` tests every one.
+    ``map_threshold``: the cosine down to which a retrieved pair's signature hits draw its block map (and so the
+    family closure), at most the collision cosine 0.6 (0.6 itself: block maps from collisions only)."""
 
     select: Literal["candidates", "all"] = "candidates"
     min_score: int = Field(default=4, ge=1)
+    map_threshold: float = Field(default=MAP_THRESHOLD, gt=0, le=DEFAULT_SEARCH.threshold)
     index: Literal["auto", "flat", "ivf"] = "auto"   # the faiss index a (re)build makes (docs/retrieval.md)
     comparable: bool = True
     declared: bool = True

@@ -198,7 +198,8 @@ class _Scan:
         from scanner.retrieval.scan import retrieve_candidates
 
         outcome = retrieve_candidates(self.store, self.config.db_path, candidates, self.run_id,
-                                      min_score=self.config.pairs.min_score, index_kind=self.config.pairs.index)
+                                      min_score=self.config.pairs.min_score, index_kind=self.config.pairs.index,
+                                      map_threshold=self.config.pairs.map_threshold)
         self.summary.retrieval = outcome.to_json_dict()
         for input_set, why in outcome.rebuilt.items():
             self.say(f"[retrieval] index of {input_set} rebuilt from the fingerprints: {why}")

@@ -12,7 +12,8 @@ import pytest
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
-from scanner.retrieval.candidates import scored_pairs, select
+from scanner.retrieval.candidates import scored_pairs, select, with_wide_block_maps
+from scanner.retrieval.collisions import map_counts
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
 from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
 from scanner.retrieval.signatures import retrieval_entry
@@ -100,6 +101,25 @@ def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged
     (index.folder / "index.faiss").write_bytes(b"damaged")
     rebuilt = update_indexes(folder, [changed, *models[1:]], min_score=4)
     assert rebuilt.queried == 6 and "does not match" in rebuilt.rebuilt[changed.input_set]
+
+
+def test_the_map_threshold_redraws_block_maps_and_never_scores(zoo_entries, tmp_path) -> None:
+    index = RetrievalIndex(tmp_path, next(iter(zoo_entries.values())).input_set)
+    index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
+    selected = select(scored_pairs(index, zoo_entries))
+    wide = with_wide_block_maps(selected, zoo_entries.__getitem__, threshold=0.6, map_threshold=0.5)
+    assert selected and [(p.key, p.score, p.rank) for p in wide] == [(p.key, p.score, p.rank) for p in selected]
+    assert with_wide_block_maps(selected, zoo_entries.__getitem__, threshold=0.6, map_threshold=0.6) == selected
+    # compared in full down to 0.5 the depth prune still maps its kept blocks [0, 1, 3] onto its own
+    lite = next(p for p in wide if {p.model_a, p.model_b} == {"aurora-labs/aurora-base", "kestrel/aurora-lite"})
+    assert lite.block_map == ((0, 0), (1, 1), (3, 2))
+
+
+def test_a_selected_pair_maps_blocks_with_a_collision_or_enough_hits_at_the_map_threshold() -> None:
+    strong = {(0, 0): 3, (1, 2): 1}
+    loose = {(0, 0): 5, (1, 2): 1, (2, 2): 2, (3, 3): 1}   # every strong hit is a loose one too
+    assert map_counts(strong, loose, min_loose_hits=2) == {(0, 0): 5, (1, 2): 1, (2, 2): 2}
+    assert map_counts(strong, loose, min_loose_hits=1) == {(0, 0): 5, (1, 2): 1, (2, 2): 2, (3, 3): 1}
 
 
 def test_family_pairs_close_over_blocks() -> None:

@@ -35,6 +35,16 @@ def test_config_errors_name_the_file_the_key_path_and_what_is_allowed(tmp_path):
     assert "devices.assignment_solver: Input should be 'auto', 'host' or 'auction'" in message
 
 
+def test_pairs_map_threshold_is_a_cosine_up_to_the_collision_threshold(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("sources: [{kind: local, path: models}]\npairs: {map_threshold: 0.45}\n")
+    assert load_config(path).pairs.map_threshold == 0.45
+    for bad in ("0.7", "0", "high"):
+        path.write_text(f"sources: [{{kind: local, path: models}}]\npairs: {{map_threshold: {bad}}}\n")
+        with pytest.raises(ConfigError, match="pairs.map_threshold"):
+            load_config(path)
+
+
 def test_config_rejects_non_mappings_and_broken_yaml(tmp_path):
     for text, expected in (
         ("- a\n- b\n", "must be a mapping"), ("sources: [\n", "not valid YAML"), ("{}", "sources: required")

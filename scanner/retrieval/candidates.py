@@ -7,6 +7,16 @@ signature of the other within cosine ``threshold`` (scanner.retrieval.collisions
 changed revision queries the index of everything scanned before, so the work grows like N log N. Declared pairs
 (a card's base) and pairs sharing a byte-identical tensor are added by the scan whatever their score.
 
+A selected pair's block map (which block of one model holds weights of which block of the other: what
+depth-changed pairs are tested on, and what the family closure of scanner.retrieval.hub joins) is drawn from its
+collisions and from its signature hits down to a lower cosine, ``MAP_THRESHOLD`` (0.5): a block pair with
+``MAP_MIN_HITS`` such hits joins the map. Those hits never change a score; they count only for a pair already
+selected on its collisions, and they are counted between the two entries compared in full (exact whatever the
+index: an IVF loses many hits near 0.5), one small matrix product per selected pair. A merge that averaged a
+donor's block with an unrelated one keeps units at cosine 0.45-0.55 to the donor's relatives: its selected parent
+maps that block now, and the closure reaches the donor's family through it (BENCHMARKS.md, "Synthetic hub grown
+from the zoo").
+
 Why the φ_MATCH p-value of a selected pair stays valid
 -------------------------------------------------------
 The pairs that get a p-value are chosen by looking at the same fingerprints, so the question is whether
@@ -23,7 +33,9 @@ P(p <= a | selected) <= a whenever the unconditional p-value is valid given the 
 looked at labels (say, how often unit i of one model resembles unit i of the other, or a φ statistic of one block)
 would not have this property, and `tests/test_retrieval_validity.py` shows that such a selection does distort
 the selected pairs' p-values while the collision count does not (KS against uniform over >= 200 selected
-independent pairs).
+independent pairs). The rest of the selection is label-free too: block maps come from the same hits (at the
+collision and the map threshold, counts over the two sets of signatures), and the family closure joins pairs by
+those block maps, so a pair selected through its relatives is selected on unordered unit sets as well.
 
 Depth-changed pairs are tested on the block pairs the collisions map (scanner.retrieval.collisions.block_map) as
 well as by index, and report twice the smaller of the two p-values (Bonferroni over the two block pairings; the
@@ -32,15 +44,23 @@ map itself is chosen by the same label-free collision counts, so each pairing's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
-from scanner.retrieval.collisions import block_map, collisions_by_pair
+import numpy as np
+
+from scanner.retrieval.collisions import block_map, collisions_by_pair, map_counts
 from scanner.retrieval.index import ModelKey, RetrievalIndex
 from scanner.retrieval.signatures import RetrievalEntry
 
 MIN_SCORE = 4
 """Collisions that make a candidate. Independent zoo and synthetic-hub pairs stay at or below 2 (BENCHMARKS.md)."""
+MAP_THRESHOLD = 0.5
+"""Cosine down to which a selected pair's signature hits draw its block map (the scan's ``pairs.map_threshold``)."""
+MAP_MIN_HITS = 2
+"""Hits at the map threshold (``SearchParams.map_threshold``) that join a block pair to a selected pair's block map
+when none of them reaches the collision threshold (one hit at 0.5 joined so many blocks on the synthetic hub that
+family components passed the closure's cap and recall fell to 98%: BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True)
@@ -88,3 +108,40 @@ def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntr
 
 def select(pairs: Iterable[CandidatePair], min_score: int = MIN_SCORE) -> list[CandidatePair]:
     return [p for p in pairs if p.score >= min_score]
+
+
+def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, map_threshold: float,
+                      min_hits: int = MAP_MIN_HITS) -> dict[tuple[int, int], int]:
+    """The block-pair counts of two entries compared in full (every signature of one against every signature
+    of the other, at least one of them indexed, as the index compares them): the block pairs with a hit at
+    ``threshold``, and those with ``min_hits`` hits at ``map_threshold`` (``map_counts``). Exact whatever the
+    index (an IVF misses hits near the lower cosine), and a function of the two signature sets."""
+    order_a, order_b = np.argsort(a.blocks, kind="stable"), np.argsort(b.blocks, kind="stable")
+    cosines = a.vectors[order_a] @ b.vectors[order_b].T
+    counted = a.indexed[order_a][:, None] | b.indexed[order_b][None, :]
+    (starts_a, blocks_a), (starts_b, blocks_b) = _block_starts(a.blocks[order_a]), _block_starts(b.blocks[order_b])
+
+    def per_block(cut: float) -> dict[tuple[int, int], int]:
+        hits = (counted & (cosines >= cut)).astype(np.int32)
+        counts = np.add.reduceat(np.add.reduceat(hits, starts_a, axis=0), starts_b, axis=1)
+        return {(int(blocks_a[i]), int(blocks_b[j])): int(counts[i, j]) for i, j in zip(*np.nonzero(counts))}
+
+    return map_counts(per_block(threshold), per_block(map_threshold), min_hits)
+
+
+def _block_starts(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of one block starts in rows sorted by block, and that block."""
+    starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
+    return starts, blocks[starts]
+
+
+def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[ModelKey], RetrievalEntry], *,
+                         threshold: float, map_threshold: float = MAP_THRESHOLD) -> list[CandidatePair]:
+    """Selected pairs with their block maps drawn from both entries compared in full down to ``map_threshold``
+    (``pair_block_counts``); unchanged when ``map_threshold`` is the collision ``threshold``. Scores and ranks
+    stay those of the search."""
+    if map_threshold >= threshold:
+        return list(pairs)
+    return [replace(p, block_map=tuple(block_map(pair_block_counts(
+                entry_of((p.model_a, p.revision_a)), entry_of((p.model_b, p.revision_b)), threshold, map_threshold))))
+            for p in pairs]

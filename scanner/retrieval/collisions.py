@@ -87,6 +87,16 @@ def _blocks_of(models: np.ndarray, rows: np.ndarray, blocks: Mapping[int, np.nda
     return out
 
 
+def map_counts(strong: Mapping[tuple[int, int], int], loose: Mapping[tuple[int, int], int],
+               min_loose_hits: int) -> dict[tuple[int, int], int]:
+    """The block-pair counts a selected pair's block map is drawn from: every block pair with a collision
+    (``strong``, cosine >= the collision threshold), and every block pair with at least ``min_loose_hits`` hits at
+    the lower map threshold (``loose``, which includes the strong hits), counted at the lower threshold. Blocks
+    that a derivative moved further (a merge averaging a donor's block with an unrelated one) join the map, and so
+    the family closure, through the pair that was selected on its other blocks."""
+    return {pair: max(n, strong.get(pair, 0)) for pair, n in loose.items() if n >= min_loose_hits or pair in strong}
+
+
 def block_map(block_counts: Mapping[tuple[int, int], int]) -> list[tuple[int, int]]:
     """One-to-one (block of a, block of b) pairs with the most collisions in total (maximum-weight assignment),
     ordered by a's block; only block pairs that collide at all."""

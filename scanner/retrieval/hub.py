@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scanner.retrieval.candidates import CandidatePair, scored_pairs, select
+from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, select, with_wide_block_maps
 from scanner.retrieval.index import DEFAULT_SEARCH, ModelKey, RetrievalIndex, SearchParams, load_or_make_entry
-from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams
+from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
 MAX_FAMILY = 64
 """Most models in one connected component of retrieved blocks whose every pair becomes a candidate."""
@@ -54,10 +54,11 @@ def index_folder(db_path: str | Path) -> Path:
 
 def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_score: int,
                    params: SignatureParams = DEFAULT_PARAMS, search: SearchParams = DEFAULT_SEARCH,
-                   before_save=None) -> RetrievalRun:
+                   map_threshold: float = MAP_THRESHOLD, before_save=None) -> RetrievalRun:
     """For each input set: drop superseded or vanished revisions from its index, add and query the new ones,
-    return the pairs scoring at least ``min_score``. ``before_save(run)`` is called before an index is written
-    (the scan stores the pairs there first, so a crash in between only repeats the query next time)."""
+    return the pairs scoring at least ``min_score`` with block maps drawn down to ``map_threshold``
+    (scanner.retrieval.candidates). ``before_save(run)`` is called before an index is written (the scan stores
+    the pairs there first, so a crash in between only repeats the query next time)."""
     run = RetrievalRun()
     by_set: dict[str, dict[ModelKey, IndexedModel]] = {}
     for model in models:
@@ -78,7 +79,13 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
         run.removed += len(removed)
         run.queried += len(added)
         run.added |= set(added)
-        run.pairs += [(input_set, pair) for pair in select(scored_pairs(index, entries), min_score)]
+        selected = select(scored_pairs(index, entries), min_score)
+
+        def entry_of(key: ModelKey, loaded: dict = entries, members: dict = members) -> RetrievalEntry:
+            return loaded[key] if key in loaded else loader(members[key])()
+
+        run.pairs += [(input_set, pair) for pair in with_wide_block_maps(
+            selected, entry_of, threshold=search.threshold, map_threshold=map_threshold)]
         if before_save is not None:
             before_save(run)
         index.save()

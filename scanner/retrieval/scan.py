@@ -19,6 +19,7 @@ from typing import Protocol
 
 from scanner.errors import FingerprintError
 from scanner.fingerprint_store import read_fingerprint_meta_at
+from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.hub import (
     UNINFORMATIVE_TENSOR_WORDS,
     IndexedModel,
@@ -58,14 +59,16 @@ class Retrieved:
 
 
 def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[ScannedModel], run_id: str, *,
-                        min_score: int, index_kind: str = "auto") -> Retrieved:
+                        min_score: int, index_kind: str = "auto",
+                        map_threshold: float = MAP_THRESHOLD) -> Retrieved:
     indexed = [IndexedModel(m.model_id, m.revision, m.input_set, m.path) for m in models]
 
     def store_retrieved(run: RetrievalRun) -> None:
         store.put_candidate_pairs([CandidateRow(*pair.key, input_set, pair.score, pair.rank, "retrieval",
                                                 pair.block_map) for input_set, pair in run.pairs], run_id)
 
-    run = update_indexes(index_folder(db_path), indexed, min_score=min_score, search=SearchParams(kind=index_kind),
+    run = update_indexes(index_folder(db_path), indexed, min_score=min_score,
+                         search=SearchParams(kind=index_kind), map_threshold=map_threshold,
                          before_save=store_retrieved)
     out = Retrieved(queried=run.queried, removed=run.removed, min_score=min_score, rebuilt=run.rebuilt)
     by_set: dict[str, list[ScannedModel]] = {}
@@ -81,7 +84,7 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
                                           for r in stored)
                  if (*a, *b) not in known]
         known |= {r.key for r in extra}
-        new = {key for key in current if key in run.added} | _backfill_tensor_hashes(store, members)
+        new = {key for key in current if key in run.added} | backfill_tensor_hashes(store, members)
         extra += [CandidateRow(a[0], a[1], b[0], b[1], input_set, None, None, "identical_tensor")
                   for a, b in store.shared_tensor_pairs(new, UNINFORMATIVE_TENSOR_WORDS)
                   if a in current and b in current and (*a, *b) not in known]
@@ -99,21 +102,22 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
     return out
 
 
-def _backfill_tensor_hashes(store: Store, models: Sequence[ScannedModel]) -> set[tuple[str, str]]:
-    """Store the tensor hashes of models fingerprinted before ``model_tensors`` existed (read once from their
-    fingerprint headers; a scan stores them with the model since); returns the revisions filled in."""
-    have = store.revisions_with_tensor_hashes()
+def backfill_tensor_hashes(store: Store, models: Sequence[ScannedModel]) -> set[tuple[str, str]]:
+    """Store the tensor hashes of models fingerprinted before ``model_tensors`` existed (a scan stores them with
+    the model since); returns the revisions filled in. Each header is read once: a fingerprint that holds no hashes
+    is recorded as such in the store and not read again."""
+    known = store.revisions_with_known_tensor_hashes()
     filled = set()
     for model in models:
         key = (model.model_id, model.revision)
-        if key in have:
+        if key in known:
             continue
         try:
             hashes = read_fingerprint_meta_at(model.path).tensor_hashes
         except FingerprintError:
             continue   # a damaged file fails its pair tests with a clear error; here it only has no hashes
+        store.put_tensor_hashes(model.model_id, model.revision, hashes or {})
         if hashes:
-            store.put_tensor_hashes(model.model_id, model.revision, hashes)
             filled.add(key)
     return filled
 

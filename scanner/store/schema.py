@@ -98,6 +98,14 @@ TENSOR_HASH_DDL: tuple[str, ...] = (
 """Every weight tensor's sha256 (the validation pass computes them), so pairs sharing a byte-identical tensor are a
 join, not a read of every fingerprint header; migration 5."""
 
+NO_TENSOR_HASH_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS no_tensor_hashes (
+        model_id VARCHAR NOT NULL, revision VARCHAR NOT NULL, read_at TIMESTAMPTZ,
+        PRIMARY KEY (model_id, revision))""",
+)
+"""Revisions whose fingerprint header was read and carries no tensor hashes (written before the validation pass
+hashed tensors), so the scan's backfill of ``model_tensors`` reads each such header once; migration 6."""
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -120,6 +128,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: CANDIDATE_DDL),
     Migration(5, "model_tensors: each model revision's weight tensor sha256s (pairs sharing a tensor by a join)",
               lambda: TENSOR_HASH_DDL),
+    Migration(6, "no_tensor_hashes: revisions whose fingerprint was read and holds no tensor hashes (read once)",
+              lambda: NO_TENSOR_HASH_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -450,9 +450,13 @@ class Store:
     # tensor hashes --------------------------------------------------------------------------------------------
     def put_tensor_hashes(self, model_id: str, revision: str, hashes: dict[str, str]) -> None:
         """Store a revision's weight tensor sha256s (replacing any stored for it): a backfill for models that were
-        fingerprinted before the table existed; a scan stores them with the model (upsert_model)."""
+        fingerprinted before the table existed; a scan stores them with the model (upsert_model). Empty
+        ``hashes`` records that the revision's fingerprint holds none, so the backfill never reads it again."""
         with self.transaction() as con:
             self._put_tensor_hashes(con, model_id, revision, hashes)
+            if not hashes:
+                con.execute("INSERT INTO no_tensor_hashes VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                            [model_id, revision, _now()])
 
     @staticmethod
     def _put_tensor_hashes(con: duckdb.DuckDBPyConnection, model_id: str, revision: str,
@@ -471,6 +475,12 @@ class Store:
     def revisions_with_tensor_hashes(self) -> set[tuple[str, str]]:
         """(model_id, revision) of every revision whose tensor hashes are stored."""
         return {(m, r) for m, r in self._rows("SELECT DISTINCT model_id, revision FROM model_tensors")}
+
+    def revisions_with_known_tensor_hashes(self) -> set[tuple[str, str]]:
+        """(model_id, revision) of every revision whose tensor hashes are stored or known to be absent: those the
+        backfill need not read."""
+        return {(m, r) for m, r in self._rows("SELECT DISTINCT model_id, revision FROM model_tensors UNION "
+                                              "SELECT model_id, revision FROM no_tensor_hashes")}
 
     def shared_tensor_pairs(self, new: Iterable[tuple[str, str]],
                             skip_words: Iterable[str] = ()) -> set[tuple[tuple[str, str], tuple[str, str]]]:
