@@ -141,8 +141,10 @@ def _alive_nodes() -> set[str]:
 
 def test_a_node_that_joins_later_probes_the_store_on_first_use(cluster, tmp_path):
     """Raylets added after the start probe: on one that cannot reach the store (another endpoint), the real pair
-    task returns a ``store`` error for each pair of its batch, naming the node, and the probe runs once for the
-    node (its answer is a file the node's later tasks read); on one that can, the probe passes. Called through
+    task returns a ``store`` error for each pair of its batch, naming the node, the probe runs once for the node
+    (its answer is a file the node's later tasks read); on a late node that can reach the store, the probe passes.
+    (Fingerprint actors call the same check, `jobs.actors._unreachable_store`; an actor is not started here: its
+    torch import would double this test's time.) Called through
     the real task on the real nodes, not through a whole scan: which node a scan's tasks land on is Ray's choice."""
     ray_cluster, _ = cluster
     bucket = f"{BUCKET}-late"
