@@ -11,7 +11,7 @@ Ray) with the scan's default sequential design, four ways, each in a fresh proce
 
 Bytes are what the server sent, counted by a relay between it and the client (tests/s3_support.py).
 
-    python bench/bench_remote_pair.py [--blocks 32] [--units 11008] [--sequences 4]
+    python bench/bench_remote_pair.py [--blocks 32] [--units 11008] [--sequences 4] [--pairs both]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=32)
     parser.add_argument("--units", type=int, default=11008)
     parser.add_argument("--sequences", type=int, default=4, help="canonical sequences of 64 tokens")
+    parser.add_argument("--pairs", choices=("dependent", "independent", "both"), default="both")
     args = parser.parse_args()
     design = SequentialDesign()
     with tempfile.TemporaryDirectory(prefix="hubtrace-bench-") as tmp, s3_server() as variables, \
@@ -54,7 +55,7 @@ def main() -> None:
               f"{design.stop_above_log10_p}; moto S3; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
         print("| pair | read | bytes from the server | blocks compared | log10 p | seconds |")
         print("| --- | --- | ---: | ---: | ---: | ---: |")
-        for dependent in (True, False):
+        for dependent in {"dependent": [True], "independent": [False], "both": [True, False]}[args.pairs]:
             parents = {layer: layer for layer in range(args.blocks)} if dependent else {}
             a, b = synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent, noise=1.0, up_scale=2.5)
             name = "dependent" if dependent else "independent"
