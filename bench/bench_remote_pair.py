@@ -1,6 +1,6 @@
 """Bytes a scan's pair task reads from an object store for one 7B-shaped pair, with the sequential design.
 
-Two pairs of Llama-2-7B-shaped fingerprints (32 blocks x 11008 units x 256 tokens, float16 on disk: ~360 MB each),
+Two pairs of Llama-2-7B-shaped fingerprints (32 blocks x 11008 units x 256 tokens, float16 on disk: ~361 MB each),
 dependent (B derived from A in every block) and independent, as bench_7b_pair.py synthesizes them, are written to a
 moto S3 server started here. Each pair is then tested by the real pair task (`jobs.actors.compare_batch`, without
 Ray) with the scan's default sequential design, four ways, each in a fresh process state (new pair worker):
@@ -17,17 +17,22 @@ Bytes are what the server sent, counted by a relay between it and the client (te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from synthetic_checkpoint import tiny_template  # noqa: E402
 
 from jobs.actors import DiskCacheSpec, PairJob, compare_batch  # noqa: E402
+from scanner.activations import MLPActivations  # noqa: E402
+from scanner.fingerprint import Fingerprint  # noqa: E402
 from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
 from scanner.fingerprint_store import FingerprintStore, read_fingerprint_at  # noqa: E402
 from scanner.stats.sequential import SequentialDesign  # noqa: E402
@@ -57,7 +62,8 @@ def main() -> None:
         print("| --- | --- | ---: | ---: | ---: | ---: |")
         for dependent in {"dependent": [True], "independent": [False], "both": [True, False]}[args.pairs]:
             parents = {layer: layer for layer in range(args.blocks)} if dependent else {}
-            a, b = synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent, noise=1.0, up_scale=2.5)
+            a, b = (as_float16(fp) for fp in synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent,
+                                                             noise=1.0, up_scale=2.5))
             name = "dependent" if dependent else "independent"
             (path_a, sha_a), (path_b, sha_b) = (store.write(fp, f"org/{name}-{x}", REVISION, scratch=Path(tmp))
                                                 for x, fp in zip("ab", (a, b), strict=True))
@@ -66,6 +72,12 @@ def main() -> None:
                           sha256_a=sha_a, sha256_b=sha_b)
             measure(name, job, design, Path(tmp))
         print(f"# load average after: {os.getloadavg()[0]:.1f}")
+
+
+def as_float16(fingerprint: Fingerprint) -> Fingerprint:
+    """Stored as a real fingerprint is (float16 where the values fit, as here): ~365 MB for a 7B shape."""
+    return dataclasses.replace(fingerprint, blocks=[[MLPActivations(x.gate.astype(np.float16), x.up.astype(np.float16))
+                                                     for x in block] for block in fingerprint.blocks])
 
 
 def measure(name: str, job: PairJob, design: SequentialDesign, tmp: Path) -> None:
