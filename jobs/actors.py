@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from jobs.cluster import StoreProbe, StoreUnreachableError
 from jobs.scratch import default_scratch, download_folder, remove_orphans
 from scanner.errors import one_line
+from scanner.fingerprint_cache import FingerprintCache
 from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 class WorkFailure:
     """Why one model (or pair) failed: the stage it reached, the exception type and a one-line reason."""
 
-    stage: str        # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "worker" | "discover"
+    stage: str        # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "worker" | "discover" | "store"
     error_type: str
     reason: str
 
@@ -86,6 +88,8 @@ class PairJob:
     input_set: str
     reason: str       # "comparable" | "declared_base"
     block_map: tuple[tuple[int, int], ...] = ()   # retrieval's block pairs, used when the depths differ
+    sha256_a: str | None = None   # the fingerprint files' recorded sha256 (the node disk cache's key)
+    sha256_b: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ class FingerprintWorker:
     """
 
     def __init__(self, fingerprint_store: str, inputs: dict, threads: int, scratch: str | None,
-                 token: str | None) -> None:
+                 token: str | None, probe: StoreProbe | None = None) -> None:
         import torch
         from transformers.utils import logging as transformers_logging
 
@@ -169,6 +173,7 @@ class FingerprintWorker:
         self._scratch = Path(scratch) if scratch else default_scratch()
         remove_orphans(self._scratch)
         self._token = token
+        self._probe = probe
         self._device = pick_device()
         self._lock = threading.Lock()
         self._current: str | None = None
@@ -184,6 +189,9 @@ class FingerprintWorker:
         with self._lock:
             self._current = record.model_id
         try:
+            unreachable = _unreachable_store(self._probe)
+            if unreachable is not None:  # a node that joined later and cannot reach the store: not even a download
+                return FingerprintOutcome(record, error=unreachable)
             return fingerprint_record(record, self._store, self._inputs, device=self._device, scratch=self._scratch,
                                       token=self._token)
         finally:
@@ -193,31 +201,67 @@ class FingerprintWorker:
 
 
 def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
-                  workers: int = 1, solver: AssignmentSolver = "auto") -> list[PairOutcome]:
+                  workers: int = 1, solver: AssignmentSolver = "auto", cache: DiskCacheSpec | None = None,
+                  probe: StoreProbe | None = None) -> list[PairOutcome]:
     """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
     gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing
     pair becomes an error value. A GPU task's worker outlives the task in Ray's reused worker process, so the next
-    batches find their fingerprints resident (scanner.pair_worker)."""
+    batches find their fingerprints resident (scanner.pair_worker). ``cache``: the node's disk cache of parts of
+    remote fingerprints (scanner.fingerprint_cache), shared by every pair task on the node; None: no disk cache.
+    ``probe``: on a node that joined after the scan started, the store probe runs first (once per node); if the
+    node cannot reach the store, every pair of the batch comes back as a ``store`` error (the driver retries them
+    on a node probed at start)."""
     from scanner.pair_worker import PairWorker
 
+    unreachable = _unreachable_store(probe)
+    if unreachable is not None:
+        return [PairOutcome(job, error=unreachable) for job in jobs]
     device = pick_device()
-    worker = (_resident_pair_worker(device, statistic, design, workers, solver) if device != "cpu"
-              else PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver))
+    worker = (_resident_pair_worker(device, statistic, design, workers, solver, cache) if device != "cpu"
+              else PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver,
+                              disk_cache=_disk_cache(cache)))
     out = []
     for job in jobs:
         try:
-            out.append(PairOutcome(job, result=worker.compare(job.path_a, job.path_b, job.block_map)))
+            out.append(PairOutcome(job, result=worker.compare(job.path_a, job.path_b, job.block_map,
+                                                              sha256_a=job.sha256_a, sha256_b=job.sha256_b)))
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e, REASON_CHARS))))
     return out
 
 
+def _unreachable_store(probe: StoreProbe | None) -> WorkFailure | None:
+    """None when this node may use the store (or there is nothing to probe), else the ``store`` failure."""
+    if probe is None:
+        return None
+    try:
+        probe.check()
+    except StoreUnreachableError as e:
+        return WorkFailure("store", type(e).__name__, one_line(e, REASON_CHARS))
+    return None
+
+
+@dataclass(frozen=True)
+class DiskCacheSpec:
+    """Where each node keeps its disk cache of remote fingerprint parts (None: the node's default) and its budget."""
+
+    folder: str | None
+    max_bytes: int
+
+
+def _disk_cache(spec: DiskCacheSpec | None) -> FingerprintCache | None:
+    if spec is None or spec.max_bytes <= 0:
+        return None
+    return FingerprintCache(spec.folder, spec.max_bytes)
+
+
 @functools.cache
 def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int,
-                          solver: AssignmentSolver) -> PairWorker:
+                          solver: AssignmentSolver, cache: DiskCacheSpec | None) -> PairWorker:
     from scanner.pair_worker import PairWorker
 
-    return PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver)
+    return PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver,
+                      disk_cache=_disk_cache(cache))
 
 
 compare_batch_task = ray.remote(compare_batch)

@@ -1,8 +1,15 @@
-"""What the scan must know about the Ray cluster it runs on before it starts work."""
+"""What the scan must know about the Ray cluster it runs on: before it starts work, and on nodes that join later."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
 import ray
+from filelock import FileLock
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jobs.config import ConfigError
@@ -32,8 +39,9 @@ def check_fingerprint_store(store: FingerprintStore, nodes: int, shared: bool) -
             "URL (s3://bucket/prefix), or, if every node mounts this path, set fingerprint_store_shared: true")
 
 
-def check_store_from_every_node(location: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Refuse to start unless every alive node can write to the object store at ``location``.
+def check_store_from_every_node(location: str, timeout_s: float = PROBE_TIMEOUT_S) -> frozenset[str]:
+    """Refuse to start unless every alive node can write to the object store at ``location``; returns the ids of
+    the nodes probed (a `StoreProbe` lets nodes that join later probe themselves on first use).
 
     Each node runs `FingerprintStore.prepare` (a probe object written and removed) in a zero-CPU task pinned to it,
     so a node started without the AWS variables, or one that cannot reach the endpoint, is one message naming the
@@ -53,11 +61,56 @@ def check_store_from_every_node(location: str, timeout_s: float = PROBE_TIMEOUT_
     if failures:
         raise ConfigError(f"fingerprint_store {location} is not writable from {len(failures)} of {len(nodes)} "
                           f"nodes (set the AWS_* variables on every node before `ray start`): " + "; ".join(failures))
+    return frozenset(str(node["NodeID"]) for node in nodes)
+
+
+class StoreUnreachableError(HubtraceError):
+    """This node joined after the scan started and cannot write to the fingerprint store."""
+
+
+@dataclass(frozen=True)
+class StoreProbe:
+    """The start-up store probe, again, on a node that was not there at start: once per node per scan.
+
+    Every fingerprint actor and pair task calls `check` before it touches the store. On a node probed at start it
+    returns at once; on a node that joined later the first caller writes and removes a probe object (as the start
+    did), under a node-local file lock, and leaves the outcome in a node-local file named after the scan, so the
+    node's other processes read the answer instead of probing again. A failure raises `StoreUnreachableError`,
+    which the caller turns into an error row for the models or pairs it was given (stage ``store``).
+    """
+
+    location: str
+    scan_id: str
+    probed: frozenset[str]
+    folder: str | None = None   # node-local; default <system temp>/hubtrace-scratch/store-probes
+
+    def check(self, node_id: str | None = None) -> None:
+        node_id = node_id or ray.get_runtime_context().get_node_id()
+        if node_id in self.probed:
+            return
+        folder = Path(self.folder) if self.folder else Path(tempfile.gettempdir()) / "hubtrace-scratch" / "store-probes"
+        folder.mkdir(parents=True, exist_ok=True)
+        answer = folder / hashlib.sha256(f"{self.scan_id}\0{self.location}\0{node_id}".encode()).hexdigest()[:32]
+        with FileLock(f"{answer}.lock"):
+            if not answer.exists():
+                why = _probe_here(self.location)
+                temp = answer.with_name(f"{answer.name}.{os.getpid()}.tmp")
+                temp.write_text(why or "")
+                os.replace(temp, answer)
+            why = answer.read_text()
+        if why:
+            raise StoreUnreachableError(
+                f"node {node_id[:12]} joined after the scan started and cannot write to fingerprint_store "
+                f"{self.location} (set the AWS_* variables before `ray start` on it): {why}")
 
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _probe_store(location: str) -> str | None:
     """On the node this task is pinned to: None if it can write to the store, else why not (one line)."""
+    return _probe_here(location)
+
+
+def _probe_here(location: str) -> str | None:
     try:
         FingerprintStore(location).prepare()
     except HubtraceError as e:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from lineage_graph.export import ExportFormat
 from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line
+from scanner.fingerprint_cache import DEFAULT_CACHE_BYTES
 from scanner.fingerprint_compare import FingerprintStatistic
 from scanner.inputs import InputSpec
 from scanner.retrieval.candidates import MAP_THRESHOLD
@@ -156,6 +157,13 @@ class LineageConfig(_Strict):
     method: Method = "bh"
 
 
+class FingerprintCacheConfig(_Strict):
+    """Each node's disk cache of fingerprint parts read from a remote fingerprint_store (scanner.fingerprint_cache)."""
+
+    dir: str | None = None            # node-local folder; default <system temp>/hubtrace-scratch/fingerprint-cache
+    max_bytes: int = Field(default=DEFAULT_CACHE_BYTES, ge=0)   # per node; least recently used parts go first; 0: off
+
+
 class ScanConfig(_Strict):
     """One scan: sources, the canonical inputs and statistic, pair policy, Ray, devices, lineage, outputs."""
 
@@ -164,6 +172,7 @@ class ScanConfig(_Strict):
     db: Path | None = None            # default <output_dir>/hubtrace.duckdb
     fingerprint_store: str | None = None  # path or URL (s3://bucket/prefix); default <output_dir>/fingerprints
     fingerprint_store_shared: bool = False  # a local fingerprint_store that every node of the cluster mounts
+    fingerprint_cache: FingerprintCacheConfig = FingerprintCacheConfig()  # used when fingerprint_store is a URL
     inputs: InputsConfig = InputsConfig()
     statistic: FingerprintStatistic = "match"
     pairs: PairsConfig = PairsConfig()

@@ -25,6 +25,7 @@ class Candidate:
     input_set: str
     path: str
     declared_base_models: tuple[str, ...] = ()
+    file_sha256: str | None = None
 
 
 @dataclass
@@ -98,7 +99,7 @@ def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, compara
                 continue
             plan.jobs.append(PairJob(a.model_id, a.revision, a.path, b.model_id, b.revision, b.path, a.input_set,
                                      "declared_base" if declared and is_declared else "comparable",
-                                     (retrieved or {}).get(key, ())))
+                                     (retrieved or {}).get(key, ()), a.file_sha256, b.file_sha256))
     plan.jobs.sort(key=lambda j: (j.model_a, j.model_b))
     return plan
 

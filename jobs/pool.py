@@ -14,6 +14,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from jobs.actors import FingerprintOutcome, FingerprintWorker, WorkFailure
+from jobs.cluster import StoreProbe
 from jobs.config import ScanConfig
 from scanner.errors import HubtraceError, one_line
 
@@ -80,13 +81,14 @@ def pool_shape(config: ScanConfig, cluster: dict[str, float]) -> PoolShape:
 class FingerprintPool:
     """``shape.actors`` FingerprintWorkers that restart after a crash and retry the task they were running."""
 
-    def __init__(self, shape: PoolShape, config: ScanConfig, store_location: str, token: str | None) -> None:
+    def __init__(self, shape: PoolShape, config: ScanConfig, store_location: str, token: str | None,
+                 probe: StoreProbe | None = None) -> None:
         self.shape = shape
         self._options = dict(num_cpus=shape.num_cpus, num_gpus=shape.num_gpus,
                              max_restarts=config.ray.max_restarts, max_task_retries=config.ray.max_task_retries)
         download = next((s.download_dir for s in config.sources if getattr(s, "download_dir", None)), None)
         self._args = (store_location, asdict(config.inputs.spec()), max(1, int(shape.num_cpus)),
-                      str(download) if download else None, token)
+                      str(download) if download else None, token, probe)
         self.actors = [self._new_actor() for _ in range(shape.actors)]
         self._load = [0] * len(self.actors)
         self._where: dict[ray.ObjectRef, tuple[int, object]] = {}

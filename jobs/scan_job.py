@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rich.console import Console
 
-from jobs.actors import FingerprintOutcome, PairOutcome, WorkFailure, compare_batch_task
-from jobs.cluster import alive_nodes, check_fingerprint_store, check_store_from_every_node
+from jobs.actors import DiskCacheSpec, FingerprintOutcome, PairJob, PairOutcome, WorkFailure, compare_batch_task
+from jobs.cluster import StoreProbe, alive_nodes, check_fingerprint_store, check_store_from_every_node
 from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from scanner.store import PairKey, Store
 
 #: Error stages worth retrying on the next run even at an unchanged revision (the model may be fine).
-TRANSIENT_STAGES = frozenset({"fetch", "worker"})
+TRANSIENT_STAGES = frozenset({"fetch", "worker", "store"})
 
 
 class ScanObserver:
@@ -115,10 +116,12 @@ class _Scan:
     """One run: owns the store connection, the console and the counters that become the summary."""
 
     def __init__(self, config: ScanConfig, store: Store, fingerprints: FingerprintStore, observer: ScanObserver,
-                 console: Console) -> None:
+                 console: Console, probed: frozenset[str] | None = None) -> None:
         self.config, self.store, self.observer, self.console = config, store, observer, console
         self.fingerprints = fingerprints
         self.run_id = store.start_run(config.to_json_dict())
+        #: Nodes that join later probe an object store on first use (None: a local store, nothing to probe).
+        self.probe = None if probed is None else StoreProbe(fingerprints.location, self.run_id, probed)
         self.summary = ScanSummary(run_id=self.run_id, db=str(config.db_path))
         self.prefix = input_set_prefix(config)
 
@@ -206,8 +209,6 @@ class _Scan:
         return outcome.block_maps
 
     def pair_stage(self, plan: PairPlan, shape: PoolShape) -> None:
-        from scanner.store import PairTestRow
-
         total, stored = len(plan.jobs), 0
         gpus = self.config.devices.gpus_per_pair_task if shape.num_gpus else 0.0
         task = compare_batch_task.options(num_cpus=self.config.ray.cpus_per_pair_task, num_gpus=gpus)
@@ -216,24 +217,45 @@ class _Scan:
         design = sequential.design() if sequential is not None else None
         workers = max(1, int(self.config.ray.cpus_per_pair_task))  # blocks compared at once: the task's CPUs
         solver = self.config.devices.assignment_solver
-        for _batch, ref in windowed(work, lambda b: task.remote(b, self.config.statistic, design, workers, solver),
-                                    shape.max_in_flight):
+        cache = None if self.fingerprints.is_local else DiskCacheSpec(self.config.fingerprint_cache.dir,
+                                                                      self.config.fingerprint_cache.max_bytes)
+        args = (self.config.statistic, design, workers, solver, cache, self.probe)
+        unreachable: list[PairJob] = []   # pairs sent to a late-joining node that cannot reach the store
+        for _batch, ref in windowed(work, lambda b: task.remote(b, *args), shape.max_in_flight):
             outcomes: list[PairOutcome] = ray.get(ref)
-            rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
-                                self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
-                                [asdict(layer) for layer in o.result.layers], list(o.result.notes), o.job.reason,
-                                self.run_id, o.result.closeness)
-                    for o in outcomes if o.error is None]
-            self.store.put_pair_tests(rows)
-            for o in outcomes:
-                if o.error is not None:
-                    self.summary.pairs_failed += 1
-                    self.store.record_error(self.run_id, f"{o.job.model_a} | {o.job.model_b}", o.job.revision_b,
-                                            o.job.path_b, "compare", o.error.error_type, o.error.reason)
-            stored += len(outcomes)
-            self.summary.pairs_tested += len(rows)
-            self.say(f"[pairs] stored {stored}/{total} pair tests")
-            self.observer.on_pairs_stored(stored, total)
+            unreachable += [o.job for o in outcomes if o.error is not None and o.error.stage == "store"]
+            outcomes = [o for o in outcomes if o.error is None or o.error.stage != "store"]
+            stored = self._store_pair_outcomes(outcomes, stored, total)
+        if unreachable:  # once more, each batch pinned (softly) to a node the scan probed at start
+            nodes = sorted(self.probe.probed) if self.probe else []
+            retry = [(b, task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)],
+                                                                                         soft=True)))
+                     for i, b in enumerate(batches(unreachable, self.config.pairs.batch_size))]
+            self.say(f"[pairs] {len(unreachable)} pairs landed on nodes that cannot reach the store: retrying them "
+                     "on nodes probed at start")
+            for b, pinned in retry:
+                stored = self._store_pair_outcomes(ray.get(pinned.remote(b, *args)), stored, total)
+
+    def _store_pair_outcomes(self, outcomes: list[PairOutcome], stored: int, total: int) -> int:
+        """Store one batch's tests and errors; returns the pairs stored so far."""
+        from scanner.store import PairTestRow
+
+        rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
+                            self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
+                            [asdict(layer) for layer in o.result.layers], list(o.result.notes), o.job.reason,
+                            self.run_id, o.result.closeness)
+                for o in outcomes if o.error is None]
+        self.store.put_pair_tests(rows)
+        for o in outcomes:
+            if o.error is not None:
+                self.summary.pairs_failed += 1
+                self.store.record_error(self.run_id, f"{o.job.model_a} | {o.job.model_b}", o.job.revision_b,
+                                        o.job.path_b, o.error.stage, o.error.error_type, o.error.reason)
+        stored += len(outcomes)
+        self.summary.pairs_tested += len(rows)
+        self.say(f"[pairs] stored {stored}/{total} pair tests")
+        self.observer.on_pairs_stored(stored, total)
+        return stored
 
     # lineage and exports ----------------------------------------------------------------------------------
     def lineage_stage(self) -> None:
@@ -269,10 +291,9 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
         check_fingerprint_store(fingerprints, alive_nodes(), config.fingerprint_store_shared)
         config.db_path.parent.mkdir(parents=True, exist_ok=True)
         fingerprints.prepare()
-        if not fingerprints.is_local:
-            check_store_from_every_node(fingerprints.location)
+        probed = None if fingerprints.is_local else check_store_from_every_node(fingerprints.location)
         with Store(config.db_path) as store:
-            scan = _Scan(config, store, fingerprints, observer or ScanObserver(), console)
+            scan = _Scan(config, store, fingerprints, observer or ScanObserver(), console, probed)
             try:
                 shape = pool_shape(config, ray.cluster_resources())
                 scan.summary.actors, scan.summary.device = shape.actors, shape.device
@@ -282,7 +303,7 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
                 token = next((os.environ.get(s.token_env) for s in config.sources if isinstance(s, HubSourceConfig)),
                              None)
                 with scan.timed("fingerprint"):
-                    pool = FingerprintPool(shape, config, fingerprints.location, token)
+                    pool = FingerprintPool(shape, config, fingerprints.location, token, scan.probe)
                     try:
                         scan.fingerprint_stage(pool)
                     finally:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from scanner.fingerprint import (
     read_fingerprint_meta,
     write_fingerprint,
 )
+from scanner.fingerprint_cache import PartReader
 from scanner.fingerprint_ranges import RangedFingerprint
 
 FINGERPRINT_SUFFIX = ".safetensors"
@@ -147,6 +148,42 @@ def read_fingerprint_block_at(address: str | Path, layer: int) -> tuple[Fingerpr
     with _remote(address) as (fs, key):
         ranged = RangedFingerprint(fs, key, str(address))
         return ranged.meta, ranged.block(layer)
+
+
+def open_fingerprint_at(address: str, *, parts: PartReader | None = None,
+                        place: Callable[[list[MLPActivations]], list[MLPActivations]] | None = None) -> Fingerprint:
+    """The fingerprint at an object store URL with only its header fetched now: each block is fetched when a test
+    first reads it (`LazyBlocks`), so a sequential test reads the header and its screening blocks, not the file.
+
+    ``parts`` serves the header and blocks (a node's disk cache, scanner.fingerprint_cache); ``place`` moves each
+    fetched block where the test runs (a GPU). Blocks are checked as `read_fingerprint_block_at` checks them."""
+    with _remote(address) as (fs, key):
+        ranged = RangedFingerprint(fs, key, address, parts)
+    return Fingerprint(ranged.meta, LazyBlocks(ranged, place))
+
+
+class LazyBlocks(Sequence[list[MLPActivations]]):
+    """A remote fingerprint's blocks, each fetched (through its part reader) on first access and then kept."""
+
+    def __init__(self, ranged: RangedFingerprint,
+                 place: Callable[[list[MLPActivations]], list[MLPActivations]] | None = None) -> None:
+        self._ranged, self._place = ranged, place or (lambda block: block)
+        self._loaded: dict[int, list[MLPActivations]] = {}
+
+    def __len__(self) -> int:
+        return self._ranged.meta.n_layers
+
+    def __getitem__(self, layer):  # noqa: ANN001 - an index (slices are not needed by any reader)
+        if not isinstance(layer, int) or not 0 <= layer < len(self):
+            raise IndexError(f"block {layer} of {len(self)}")
+        if layer not in self._loaded:
+            with _remote(self._ranged.address):
+                self._loaded[layer] = self._place(self._ranged.block(layer))
+        return self._loaded[layer]
+
+    def fetched(self) -> list[list[MLPActivations]]:
+        """The blocks fetched so far (what the fingerprint holds in memory)."""
+        return list(self._loaded.values())
 
 
 def fingerprint_side(side: str | Path) -> Fingerprint | Path:

@@ -5,6 +5,11 @@ tokens) from an object store and copying it to the GPU can cost more than that. 
 first model, so one worker that keeps recently used fingerprints on its device (least recently used dropped
 first, within a byte budget) reads and uploads each about once per batch of its pairs.
 
+From an object store, fingerprints are opened lazily (scanner.fingerprint_store.open_fingerprint_at): the header
+first, then only the blocks the test compares (with the sequential design, the screening blocks of most pairs),
+each through the node's disk cache when one is given (scanner.fingerprint_cache), so the node's later pair tasks
+download none of them again.
+
 Ray-free on purpose: the scan's pair tasks (jobs.actors) wrap it, and a machine without Ray (a bench on a GPU
 host, a notebook) runs the same code path. Failures are raised; the caller decides what a failed pair becomes.
 """
@@ -13,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
+from scanner.fingerprint_cache import FingerprintCache
 from scanner.fingerprint_compare import compare_fingerprints
-from scanner.fingerprint_store import read_fingerprint_at
+from scanner.fingerprint_store import LazyBlocks, is_url, open_fingerprint_at, read_fingerprint_at
 from scanner.results import PairTestResult
 from scanner.stats.matching import AssignmentSolver
 from scanner.stats.sequential import SequentialDesign
@@ -44,53 +49,72 @@ class PairWorker:
         workers: int = 1,
         solver: AssignmentSolver = "auto",
         cache_bytes: int | None = None,
-        reader: Callable[[str], Fingerprint] = read_fingerprint_at,
+        disk_cache: FingerprintCache | None = None,
     ) -> None:
         self.device, self.statistic, self.design, self.workers, self.solver = device, statistic, design, workers, solver
         self.cache_bytes = _default_cache_bytes(device) if cache_bytes is None else cache_bytes
-        self._read = reader
-        self._cache: OrderedDict[str, tuple[Fingerprint, int]] = OrderedDict()
+        self.disk_cache = disk_cache
+        self._cache: OrderedDict[str, Fingerprint] = OrderedDict()
         self.reads = 0  # fingerprints read from the store (a cache miss each)
 
-    def compare(self, address_a: str, address_b: str, block_map: tuple[tuple[int, int], ...] = ()) -> PairTestResult:
-        """The pair's test, as ``compare_fingerprints`` gives it, from the fingerprints at the two addresses."""
-        return compare_fingerprints(self.fingerprint(address_a), self.fingerprint(address_b), self.statistic,
-                                    device=self.device, design=self.design, workers=self.workers,
-                                    block_map=block_map or None, solver=self.solver)
+    def compare(self, address_a: str, address_b: str, block_map: tuple[tuple[int, int], ...] = (), *,
+                sha256_a: str | None = None, sha256_b: str | None = None) -> PairTestResult:
+        """The pair's test, as ``compare_fingerprints`` gives it, from the fingerprints at the two addresses
+        (``sha256_*``: the files' recorded sha256, the disk cache's key besides the address)."""
+        result = compare_fingerprints(self.fingerprint(address_a, sha256_a), self.fingerprint(address_b, sha256_b),
+                                      self.statistic, device=self.device, design=self.design, workers=self.workers,
+                                      block_map=block_map or None, solver=self.solver)
+        self._evict()  # lazily opened fingerprints have grown by the blocks the test fetched
+        return result
 
-    def fingerprint(self, address: str) -> Fingerprint:
-        """The fingerprint at ``address``, from the cache or read (and made resident) now."""
+    def fingerprint(self, address: str, file_sha256: str | None = None) -> Fingerprint:
+        """The fingerprint at ``address``, from the cache or read (and made resident) now; from an object store,
+        only its header now and its blocks as a test reads them."""
         if address in self._cache:
             self._cache.move_to_end(address)
-            return self._cache[address][0]
-        fingerprint = self._resident(self._read(address))
+            return self._cache[address]
+        if is_url(address):
+            parts = self.disk_cache.reader(address, file_sha256) if self.disk_cache and file_sha256 else None
+            fingerprint = open_fingerprint_at(address, parts=parts, place=self._place)
+        else:
+            fingerprint = self._resident(read_fingerprint_at(address))
         self.reads += 1
-        size = _nbytes(fingerprint)
-        self._cache[address] = (fingerprint, size)
-        while len(self._cache) > 1 and sum(s for _, s in self._cache.values()) > self.cache_bytes:
-            self._cache.popitem(last=False)
+        self._cache[address] = fingerprint
+        self._evict()
         return fingerprint
 
     @property
     def cached_bytes(self) -> int:
-        return sum(size for _, size in self._cache.values())
+        return sum(_nbytes(fingerprint) for fingerprint in self._cache.values())
+
+    def _evict(self) -> None:
+        while len(self._cache) > 1 and self.cached_bytes > self.cache_bytes:
+            self._cache.popitem(last=False)
+
+    def _place(self, block: list[MLPActivations]) -> list[MLPActivations]:
+        """A block fetched from an object store, on this worker's device when dense fingerprints live there."""
+        if self.device == "cpu" or self.statistic != "match" or len(block) != 1:
+            return block
+        return [self._on_device(x) for x in block]
+
+    def _on_device(self, x: MLPActivations) -> MLPActivations:
+        import torch
+
+        return MLPActivations(torch.tensor(x.gate, device=self.device), torch.tensor(x.up, device=self.device))
 
     def _resident(self, fingerprint: Fingerprint) -> Fingerprint:
         if self.device == "cpu" or self.statistic != "match" or any(len(block) != 1 for block in fingerprint.blocks):
             return fingerprint
-        import torch
-
-        def on_device(x: MLPActivations) -> MLPActivations:
-            return MLPActivations(torch.tensor(x.gate, device=self.device), torch.tensor(x.up, device=self.device))
-
-        return dataclasses.replace(fingerprint, blocks=[[on_device(x) for x in block] for block in fingerprint.blocks])
+        return dataclasses.replace(fingerprint, blocks=[[self._on_device(x) for x in block]
+                                                        for block in fingerprint.blocks])
 
 
 def _nbytes(fingerprint: Fingerprint) -> int:
     def size(x) -> int:
         return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
 
-    return sum(size(x.gate) + size(x.up) for block in fingerprint.blocks for x in block)
+    blocks = fingerprint.blocks.fetched() if isinstance(fingerprint.blocks, LazyBlocks) else fingerprint.blocks
+    return sum(size(x.gate) + size(x.up) for block in blocks for x in block)
 
 
 def _default_cache_bytes(device: str) -> int:

@@ -14,6 +14,8 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from jobs.actors import PairJob, compare_batch_task
+from jobs.cluster import StoreProbe
 from jobs.config import ConfigError
 from jobs.pool import FingerprintPool
 from jobs.scan_job import ScanObserver, run_scan
@@ -135,3 +137,42 @@ def test_a_node_that_cannot_write_to_the_store_is_refused_at_start(cluster, tmp_
 
 def _alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def test_a_node_that_joins_later_probes_the_store_on_first_use(cluster, tmp_path):
+    """Raylets added after the start probe: on one that cannot reach the store (another endpoint), the real pair
+    task returns a ``store`` error for each pair of its batch, naming the node, the probe runs once for the node
+    (its answer is a file the node's later tasks read); on a late node that can reach the store, the probe passes.
+    (Fingerprint actors call the same check, `jobs.actors._unreachable_store`; an actor is not started here: its
+    torch import would double this test's time.) Called through
+    the real task on the real nodes, not through a whole scan: which node a scan's tasks land on is Ray's choice."""
+    ray_cluster, _ = cluster
+    bucket = f"{BUCKET}-late"
+    make_bucket(bucket)
+    location = f"s3://{bucket}/late"
+    probe = StoreProbe(location, "scan-late", frozenset(_alive_nodes()), folder=str(tmp_path / "probes"))
+    bad = ray_cluster.add_node(num_cpus=1, resources={"late_bad": 1},
+                               env_vars={"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"})
+    good = ray_cluster.add_node(num_cpus=1, resources={"late_good": 1})
+    ray_cluster.wait_for_nodes()
+    job = PairJob("org/a", "r", f"{location}/org/a/r/s.safetensors", "org/b", "r", f"{location}/org/b/r/s.safetensors",
+                  "s", "comparable")
+    try:
+        on_bad = compare_batch_task.options(num_cpus=0, resources={"late_bad": 1})
+        first, second = ray.get([on_bad.remote([job, job], "match", probe=probe) for _ in range(2)])
+        for outcome in first + second:
+            assert outcome.error is not None and outcome.error.stage == "store"
+            assert f"node {bad.node_id[:12]} joined after the scan started" in outcome.error.reason
+            assert location in outcome.error.reason and "\n" not in outcome.error.reason
+        answers = sorted(p for p in (tmp_path / "probes").iterdir() if not p.name.endswith(".lock"))
+        assert len(answers) == 1 and answers[0].read_text()  # one probe for the node, its failure kept
+
+        on_good = compare_batch_task.options(num_cpus=0, resources={"late_good": 1})
+        outcome, = ray.get(on_good.remote([job], "match", probe=probe))
+        assert outcome.error is not None and outcome.error.stage == "compare"  # past the probe: the pair is missing
+        assert "does not exist" in outcome.error.reason
+        answers = sorted(p for p in (tmp_path / "probes").iterdir() if not p.name.endswith(".lock"))
+        assert len(answers) == 2 and "" in {p.read_text() for p in answers}
+    finally:
+        ray_cluster.remove_node(bad)
+        ray_cluster.remove_node(good)

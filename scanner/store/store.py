@@ -357,11 +357,12 @@ class Store:
             "SELECT model_id, revision, stage FROM scan_errors "
             "QUALIFY row_number() OVER (PARTITION BY model_id, revision ORDER BY \"at\" DESC) = 1")}
 
-    def fingerprinted_ok_models(self, input_set_prefix: str) -> list[tuple[str, str, str, str, tuple[str, ...]]]:
-        """(model_id, revision, input_set, path, declared bases) of each current 'ok' model with a fingerprint on
-        an input set starting with this prefix, by model id: the candidates for pair tests."""
-        return [(m, rev, s, p, tuple(bases or ())) for m, rev, s, p, bases in self._rows(
-            "SELECT m.model_id, m.revision, f.input_set, f.path, m.declared_base_models "
+    def fingerprinted_ok_models(self, input_set_prefix: str
+                                ) -> list[tuple[str, str, str, str, tuple[str, ...], str | None]]:
+        """(model_id, revision, input_set, path, declared bases, file sha256) of each current 'ok' model with a
+        fingerprint on an input set starting with this prefix, by model id: the candidates for pair tests."""
+        return [(m, rev, s, p, tuple(bases or ()), sha) for m, rev, s, p, bases, sha in self._rows(
+            "SELECT m.model_id, m.revision, f.input_set, f.path, m.declared_base_models, f.file_sha256 "
             "FROM current_models m JOIN fingerprints f USING (model_id, revision) "
             "WHERE m.status = 'ok' AND starts_with(f.input_set, ?) ORDER BY m.model_id", [input_set_prefix])]
 
