@@ -20,7 +20,9 @@ Pure numpy + faiss's own storage; the index file format is a plain faiss ``Index
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +30,7 @@ import numpy as np
 LIST_SIZE = 128
 """Indexed vectors per inverted list the training aims at."""
 GROUPS_PROBED = 8
-QUERY_CHUNK = 1 << 19
+QUERY_CHUNK = 1 << 17
 _SEED = 20261123
 
 
@@ -93,28 +95,35 @@ def probe(tree: CentroidTree, queries: np.ndarray, nprobe: int) -> np.ndarray:
 def close_hits(ivf, tree: CentroidTree, queries: np.ndarray, nprobe: int, k: int,  # noqa: ANN001 - faiss IVF
                threshold: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """For successive chunks of ``queries``: (query row, indexed id) of each query's at most ``k`` most similar
-    indexed vectors at cosine >= threshold in its probed lists."""
-    for start in range(0, queries.shape[0], QUERY_CHUNK):
-        chunk = np.ascontiguousarray(queries[start:start + QUERY_CHUNK], dtype=np.float32)
-        probed = probe(tree, chunk, nprobe)
-        leaves, query_of = probed.ravel(), np.repeat(np.arange(chunk.shape[0]), probed.shape[1])
-        order = np.argsort(leaves, kind="stable")
-        leaves, query_of = leaves[order], query_of[order]
-        bounds = np.flatnonzero(np.r_[True, leaves[1:] != leaves[:-1], True])
-        rows, ids, sims = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            if leaves[lo] < 0:
-                continue
-            vectors, list_ids = _list_contents(ivf, int(leaves[lo]))
-            if not list_ids.size:
-                continue
-            asking = query_of[lo:hi]
-            similarity = chunk[asking] @ vectors.T
-            q, v = np.nonzero(similarity >= threshold)
-            rows.append(asking[q])
-            ids.append(list_ids[v])
-            sims.append(similarity[q, v])
-        yield _best_k(np.concatenate(rows) + start, np.concatenate(ids), np.concatenate(sims), k)
+    indexed vectors at cosine >= threshold in its probed lists. Chunks run on one thread per core (numpy's
+    products, sorts and selections release the GIL)."""
+    starts = range(0, queries.shape[0], QUERY_CHUNK)
+    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1) or 1) as pool:
+        yield from pool.map(lambda start: _chunk_hits(ivf, tree, queries, start, nprobe, k, threshold), starts)
+
+
+def _chunk_hits(ivf, tree: CentroidTree, queries: np.ndarray, start: int, nprobe: int, k: int,  # noqa: ANN001
+                threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    chunk = np.ascontiguousarray(queries[start:start + QUERY_CHUNK], dtype=np.float32)
+    probed = probe(tree, chunk, nprobe)
+    leaves, query_of = probed.ravel(), np.repeat(np.arange(chunk.shape[0]), probed.shape[1])
+    order = np.argsort(leaves, kind="stable")
+    leaves, query_of = leaves[order], query_of[order]
+    bounds = np.flatnonzero(np.r_[True, leaves[1:] != leaves[:-1], True])
+    rows, ids, sims = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if leaves[lo] < 0:
+            continue
+        vectors, list_ids = _list_contents(ivf, int(leaves[lo]))
+        if not list_ids.size:
+            continue
+        asking = query_of[lo:hi]
+        similarity = chunk[asking] @ vectors.T
+        q, v = np.nonzero(similarity >= threshold)
+        rows.append(asking[q])
+        ids.append(list_ids[v])
+        sims.append(similarity[q, v])
+    return _best_k(np.concatenate(rows) + start, np.concatenate(ids), np.concatenate(sims), k)
 
 
 def _best_k(rows: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
