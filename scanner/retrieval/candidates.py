@@ -115,24 +115,28 @@ def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, ma
     """The block-pair counts of two entries compared in full (every signature of one against every signature
     of the other, at least one of them indexed, as the index compares them): the block pairs with a hit at
     ``threshold``, and those with ``min_hits`` hits at ``map_threshold`` (``map_counts``). Exact whatever the
-    index (an IVF misses hits near the lower cosine), and a function of the two signature sets."""
-    order_a, order_b = np.argsort(a.blocks, kind="stable"), np.argsort(b.blocks, kind="stable")
-    cosines = a.vectors[order_a] @ b.vectors[order_b].T
-    counted = a.indexed[order_a][:, None] | b.indexed[order_b][None, :]
-    (starts_a, blocks_a), (starts_b, blocks_b) = _block_starts(a.blocks[order_a]), _block_starts(b.blocks[order_b])
+    index (an IVF misses hits near the lower cosine), and a function of the two signature sets.
 
-    def per_block(cut: float) -> dict[tuple[int, int], int]:
-        hits = (counted & (cosines >= cut)).astype(np.int32)
-        counts = np.add.reduceat(np.add.reduceat(hits, starts_a, axis=0), starts_b, axis=1)
-        return {(int(blocks_a[i]), int(blocks_b[j])): int(counts[i, j]) for i, j in zip(*np.nonzero(counts))}
+    Two products cover those pairs once each (a's indexed rows against all of b, a's other rows against b's
+    indexed ones: 44% of the full product at 16 of 64 indexed), and the hits, a few per row, are counted sparsely."""
+    indexed_a, rest_a, indexed_b = (np.flatnonzero(m) for m in (a.indexed, ~a.indexed, b.indexed))
+    rows_a, rows_b, cosines = [], [], []
+    for picked_a, picked_b in ((indexed_a, np.arange(b.blocks.size)), (rest_a, indexed_b)):
+        product = a.vectors[picked_a] @ b.vectors[picked_b].T
+        i, j = np.nonzero(product >= map_threshold)
+        rows_a.append(picked_a[i])
+        rows_b.append(picked_b[j])
+        cosines.append(product[i, j])
+    blocks_a = a.blocks[np.concatenate(rows_a)].astype(np.int64)
+    blocks_b = b.blocks[np.concatenate(rows_b)].astype(np.int64)
+    strong = np.concatenate(cosines) >= threshold
+    width = int(b.blocks.max(initial=0)) + 1
 
-    return map_counts(per_block(threshold), per_block(map_threshold), min_hits)
+    def per_block(keep: np.ndarray) -> dict[tuple[int, int], int]:
+        keys, counts = np.unique(blocks_a[keep] * width + blocks_b[keep], return_counts=True)
+        return {(int(k // width), int(k % width)): int(n) for k, n in zip(keys, counts)}
 
-
-def _block_starts(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each run of one block starts in rows sorted by block, and that block."""
-    starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
-    return starts, blocks[starts]
+    return map_counts(per_block(strong), per_block(np.ones_like(strong)), min_hits)
 
 
 def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[ModelKey], RetrievalEntry], *,

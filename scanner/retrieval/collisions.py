@@ -49,10 +49,15 @@ def close_pairs(query_ids: np.ndarray, similarities: np.ndarray, neighbour_ids: 
     each pair once. ``similarities`` and ``neighbour_ids`` are faiss's (queries, k) answers (-1 = none)."""
     q = np.broadcast_to(np.asarray(query_ids, dtype=np.int64)[:, None], neighbour_ids.shape)
     keep = (similarities >= threshold) & (neighbour_ids >= 0)
-    q, n = q[keep], neighbour_ids[keep]
-    other = split_id(q)[0] != split_id(n)[0]
-    q, n = q[other], n[other]
-    pairs = np.stack([np.minimum(q, n), np.maximum(q, n)], axis=1)
+    return cross_model_pairs(q[keep], neighbour_ids[keep])
+
+
+def cross_model_pairs(ids_x: np.ndarray, ids_y: np.ndarray) -> np.ndarray:
+    """The distinct (id, id) pairs, smaller id first, among the hits (ids_x[i], ids_y[i]) that join two models."""
+    ids_x, ids_y = np.asarray(ids_x, dtype=np.int64), np.asarray(ids_y, dtype=np.int64)
+    other = split_id(ids_x)[0] != split_id(ids_y)[0]
+    ids_x, ids_y = ids_x[other], ids_y[other]
+    pairs = np.stack([np.minimum(ids_x, ids_y), np.maximum(ids_x, ids_y)], axis=1)
     return np.unique(pairs, axis=0) if pairs.size else pairs.reshape(0, 2)
 
 

@@ -9,9 +9,12 @@ and are recomputed from a fingerprint when they are missing.
 
 Index kind (``SearchParams.kind``, the scan's ``pairs.index``): ``auto`` builds an exact inner-product index (faiss
 ``IndexIDMap2`` over ``IndexFlatIP``) when a build starts with at most ``FLAT_LIMIT`` vectors and an inverted-file
-index (``IVF`` over the same inner product, ``nprobe`` lists searched) above; ``flat`` and ``ivf`` force one. Both
-take ids, so a superseded revision's vectors are removed by id range. BENCHMARKS.md has the measurements behind
-the choice (bench/bench_retrieval_index.py; HNSW was measured too, but faiss's HNSW cannot remove vectors).
+index above (a faiss ``IndexIVFFlat`` whose lists hold about ``ivf_join.LIST_SIZE`` vectors, searched
+``NPROBE`` lists per query by scanner.retrieval.ivf_join's two-level coarse search and list-major join, so the
+work per query stays about constant as the hub grows); ``flat`` and ``ivf`` force one. Both take ids, so a
+superseded revision's vectors are removed by id range. BENCHMARKS.md has the measurements behind the choice
+(bench/bench_retrieval_index.py, bench/bench_retrieval_scale.py; HNSW was measured too, but faiss's HNSW cannot
+remove vectors).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,15 +32,16 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from scanner.errors import FingerprintError
-from scanner.retrieval.collisions import ROW_BITS, close_pairs, vector_id
+from scanner.retrieval import ivf_join
+from scanner.retrieval.collisions import ROW_BITS, close_pairs, cross_model_pairs, vector_id
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
 FLAT_LIMIT = 16_384
 """A build with more indexed vectors than this makes an IVF (``kind="auto"``): at 49,664 vectors an IVF answered
-10.5x faster than exact search and found all of its candidate pairs (bench/bench_retrieval_index.py)."""
+5-10x faster than exact search and found all of its candidate pairs (bench/bench_retrieval_index.py)."""
 NPROBE = 16
 ENTRY_SUFFIX = ".retrieval.safetensors"
-SEARCH_CHUNK = 65_536
+SEARCH_CHUNK = 1 << 19
 
 ModelKey = tuple[str, str]   # (model_id, revision)
 INDEX_KINDS = ("auto", "flat", "ivf")
@@ -124,6 +128,7 @@ class RetrievalIndex:
         self.blocks: dict[int, np.ndarray] = {}      # model number -> block of each row
         self.next_number = 0
         self.index = None
+        self._tree: ivf_join.CentroidTree | None = None
         self.rebuilt_because: str | None = None
         self._load()
 
@@ -203,27 +208,51 @@ class RetrievalIndex:
         kind = self.search_params.kind
         if self.index is None and new_vectors and (kind == "ivf" or (kind == "auto" and new_vectors > FLAT_LIMIT)):
             self.index = self._trained_ivf(np.concatenate([e.vectors[e.indexed] for e in entries]))
+        vectors, ids = [], []
         for key, entry in zip(added, entries):
             number = self.next_number
             self.next_number += 1
             if entry.vectors.shape[0] >= 1 << ROW_BITS:
                 raise ValueError(f"{key[0]}: a retrieval entry holds at most {1 << ROW_BITS} vectors")
             rows = np.flatnonzero(entry.indexed)
-            self._index().add_with_ids(np.ascontiguousarray(entry.vectors[rows], dtype=np.float32),
-                                       vector_id(number, rows))
+            vectors.append(entry.vectors[rows])
+            ids.append(vector_id(number, rows))
             self.models[key] = {"model_id": key[0], "revision": key[1], "number": number,
                                 "rows": int(rows.size), "n_layers": entry.n_layers}
             self.blocks[number] = entry.blocks.astype(np.int32)
+        if vectors:
+            self._add(np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), np.concatenate(ids))
         return removed, added
 
     def _trained_ivf(self, sample_from: np.ndarray):  # noqa: ANN202 - a faiss index
-        nlist = min(int(2 ** round(np.log2(4 * np.sqrt(sample_from.shape[0])))), sample_from.shape[0])
-        index = self._faiss.index_factory(self.dim, f"IVF{nlist},Flat", self._faiss.METRIC_INNER_PRODUCT)
+        """An empty IVF whose list centroids are trained on (a sample of) the first build's vectors."""
+        nlist = min(ivf_join.list_count(sample_from.shape[0]), sample_from.shape[0])
         rng = np.random.default_rng(0)
         sample = sample_from[rng.choice(sample_from.shape[0], min(sample_from.shape[0], 64 * nlist), replace=False)]
-        index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        leaves = ivf_join.train_leaves(sample, nlist, self._faiss)
+        quantizer = self._faiss.IndexFlatIP(self.dim)
+        quantizer.add(leaves)
+        index = self._faiss.IndexIVFFlat(quantizer, self.dim, leaves.shape[0], self._faiss.METRIC_INNER_PRODUCT)
+        index.is_trained = True
         index.nprobe = NPROBE
         return index
+
+    def _centroid_tree(self) -> ivf_join.CentroidTree:
+        if self._tree is None:
+            quantizer = self.index.quantizer
+            self._tree = ivf_join.centroid_tree(quantizer.reconstruct_n(0, quantizer.ntotal), self._faiss)
+        return self._tree
+
+    def _add(self, vectors: np.ndarray, ids: np.ndarray) -> None:
+        """Add to the index; into an IVF's lists by the same two-level coarse search the queries use."""
+        index = self._index()
+        if not hasattr(index, "nprobe"):
+            index.add_with_ids(vectors, ids)
+            return
+        lists = np.ascontiguousarray(ivf_join.probe(self._centroid_tree(), vectors, 1)[:, 0])
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        index.add_core(vectors.shape[0], self._faiss.swig_ptr(vectors), self._faiss.swig_ptr(ids),
+                       self._faiss.swig_ptr(lists))
 
     def number_of(self, key: ModelKey) -> int:
         return int(self.models[key]["number"])
@@ -234,21 +263,33 @@ class RetrievalIndex:
     # search ---------------------------------------------------------------------------------------------------
     def search(self, entries: Mapping[ModelKey, RetrievalEntry]) -> np.ndarray:
         """Close signature pairs (id, id) of the given held models' query signatures against everything held."""
-        queries, ids = [], []
+        k = min(self.search_params.neighbours, max(self.ntotal, 1))
+        threshold = self.search_params.threshold
+        found = [np.zeros((0, 2), dtype=np.int64)]
+        for queries, ids in self._query_chunks(entries):
+            if hasattr(self._index(), "nprobe"):
+                found += [cross_model_pairs(ids[rows], neighbours) for rows, neighbours in
+                          ivf_join.close_hits(self.index, self._centroid_tree(), queries, int(self.index.nprobe),
+                                              k, threshold)]
+            else:
+                similarities, neighbours = self.index.search(queries, k)
+                found.append(close_pairs(ids, similarities, neighbours, threshold))
+        pairs = np.concatenate(found)
+        return np.unique(pairs, axis=0) if pairs.size else pairs
+
+    def _query_chunks(self, entries: Mapping[ModelKey, RetrievalEntry]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(float32 query signatures, their ids) of the entries, about SEARCH_CHUNK rows at a time: a hub's
+        queries never sit in memory twice."""
+        queries, ids, rows = [], [], 0
         for key, entry in entries.items():
             queries.append(entry.vectors)
             ids.append(vector_id(self.number_of(key), np.arange(entry.vectors.shape[0])))
-        if not queries:
-            return np.zeros((0, 2), dtype=np.int64)
-        queries_all, ids_all = np.concatenate(queries).astype(np.float32), np.concatenate(ids)
-        k = min(self.search_params.neighbours, max(self.ntotal, 1))
-        found = []
-        for start in range(0, queries_all.shape[0], SEARCH_CHUNK):
-            similarities, neighbours = self._index().search(queries_all[start:start + SEARCH_CHUNK], k)
-            found.append(close_pairs(ids_all[start:start + SEARCH_CHUNK], similarities, neighbours,
-                                     self.search_params.threshold))
-        pairs = np.concatenate(found)
-        return np.unique(pairs, axis=0) if pairs.size else pairs
+            rows += entry.vectors.shape[0]
+            if rows >= SEARCH_CHUNK:
+                yield np.concatenate(queries).astype(np.float32), np.concatenate(ids)
+                queries, ids, rows = [], [], 0
+        if rows:
+            yield np.concatenate(queries).astype(np.float32), np.concatenate(ids)
 
 
 def _sha256(file: Path) -> str:
