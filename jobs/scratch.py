@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from scanner.files import process_alive
+
 PREFIX = "hubtrace-download-"
 
 
@@ -41,17 +43,8 @@ def remove_orphans(scratch: Path) -> list[Path]:
         return removed
     for folder in scratch.glob(f"{PREFIX}*"):
         pid = folder.name.removeprefix(PREFIX).split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -83,3 +83,14 @@ def stream_sha256(handle: BinaryIO, block_bytes: int = 8 << 20) -> str:
     for block in iter(lambda: handle.read(block_bytes), b""):
         digest.update(block)
     return digest.hexdigest()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one we may not signal counts): leftovers of the dead are removed."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from scanner.files import process_alive
+
 DEFAULT_CACHE_BYTES = 10 << 30
 """10 GiB: ~200 screened 7B-shaped fingerprints (header + 4 of 32 blocks, ~46 MB each), or 28 whole ones."""
 _DIGEST = hashlib.sha256().digest_size
@@ -157,15 +159,6 @@ def _remove_orphan_temps(folder: Path) -> None:
     """Delete temporary files of processes that died mid-write (they would hold disk outside the budget)."""
     for temp in folder.glob(f"{_TEMP_PREFIX}*"):
         pid = temp.name.removeprefix(_TEMP_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             temp.unlink(missing_ok=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
