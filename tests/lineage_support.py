@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
+import subprocess
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -60,3 +62,14 @@ def seed_zoo(cache: Path, seed: int) -> Zoo:
     from scanner.zoo import ZooSpec, build_zoo
 
     return build_zoo(cache / f"zoo-small-seed{seed}", spec=ZooSpec(seed=seed, **SMALL_SPEC))
+
+
+def headless_dom(page: Path, profile: Path) -> str:
+    """The DOM headless chromium builds from ``page`` after its scripts ran (Debian's chromium; ``make browser``)."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is needed: apt-get install chromium (make browser)"
+    return subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True,
+    ).stdout

@@ -14,7 +14,6 @@ import csv
 import io
 import json
 import shutil
-import subprocess
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -47,6 +46,7 @@ from scanner.testing.hostile import (
 from scanner.text_safety import csv_cell, dot_string, markdown_text, script_json, terminal, visible, xml_text
 from scanner.zoo import Zoo
 from tests.hang_support import hang_guard
+from tests.lineage_support import headless_dom
 from tests.scan_support import query, scan_config
 from tests.store_support import HOLD_READER, writer_holding
 
@@ -243,16 +243,10 @@ PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "div", "h2", "p",
 
 @pytest.mark.slow
 def test_lineage_page_draws_every_model_and_nothing_injected(scanned, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is needed: apt-get install chromium (make browser)"
     page = _exported(scanned, "html")
     nodes = {n["id"] for n in json.loads(_exported(scanned, "json").read_text())["nodes"]}
     with hang_guard(HANG_GUARD_S):
-        dom = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'p'}",
-             "--virtual-time-budget=5000", "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True,
-        ).stdout
+        dom = headless_dom(page, tmp_path / "p")
     found = elements(dom)
     drawn = {attrs["data-id"] for tag, attrs in found.tags if tag == "g" and "data-id" in attrs}
     assert drawn == {visible(n) for n in nodes}  # every node drawn, its id shown with invisible characters visible

@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from xml.etree import ElementTree
@@ -28,7 +26,7 @@ from lineage_graph.families import assign_ids
 from lineage_graph.lineage import compute_lineage
 from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
 from scanner.zoo import Zoo
-from tests.lineage_support import ground_truth, zoo_lineage_inputs
+from tests.lineage_support import ground_truth, headless_dom, zoo_lineage_inputs
 
 # ---------------------------------------------------------------- FDR
 
@@ -260,15 +258,8 @@ def test_exports_parse_back_and_render(zoo_pairs: list[PairTest], zoo_models: li
 
 
 def test_html_shows_every_model_in_headless_chromium(zoo_pairs, zoo_models, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is needed: apt-get install chromium"
     graph = lineage_graph(compute_lineage(zoo_models, zoo_pairs))
-    page = write_graph(graph, "html", tmp_path / "lineage.html")
-    dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True,
-    ).stdout
+    dom = headless_dom(write_graph(graph, "html", tmp_path / "lineage.html"), tmp_path / "profile")
     drawn = set()
     for model in graph.nodes:
         if f'data-id="{model}"' in dom:
@@ -355,15 +346,7 @@ def _drawn_lines(dom: str) -> list[dict]:
 
 
 def test_copy_links_in_the_page_in_headless_chromium(tmp_path: Path) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "Debian's chromium is needed: apt-get install chromium"
-    graph = _copy_and_tree()
-    page = write_graph(graph, "html", tmp_path / "lineage.html")
-    dom = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()], capture_output=True, text=True, check=True,
-    ).stdout
+    dom = headless_dom(write_graph(_copy_and_tree(), "html", tmp_path / "lineage.html"), tmp_path / "profile")
     drawn = _drawn_lines(dom)
     assert sorted(a["class"] for a in drawn) == ["edge copy", "edge tree"]
     assert [a.get("marker-end", "") for a in drawn if a["class"] == "edge copy"] == [""]
