@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from jobs.actors import FingerprintOutcome, FingerprintWorker, WorkFailure
 from jobs.cluster import StoreProbe
@@ -78,6 +78,10 @@ def pool_shape(config: ScanConfig, cluster: dict[str, float]) -> PoolShape:
     return PoolShape(actors, config.ray.cpus_per_actor, num_gpus, config.ray.max_in_flight or 2 * actors)
 
 
+NODE_LOSS_RETRIES = 2
+"""Times a model is sent to a fresh actor after its actor was unreachable through every retry (a lost node)."""
+
+
 class FingerprintPool:
     """``shape.actors`` FingerprintWorkers that restart after a crash and retry the task they were running."""
 
@@ -92,6 +96,7 @@ class FingerprintPool:
         self.actors = [self._new_actor() for _ in range(shape.actors)]
         self._load = [0] * len(self.actors)
         self._where: dict[ray.ObjectRef, tuple[int, object]] = {}
+        self._node_losses: dict[tuple[str, str], int] = {}
 
     def _new_actor(self):
         return FingerprintWorker.options(**self._options).remote(*self._args)
@@ -114,6 +119,12 @@ class FingerprintPool:
             if self.actors[slot] is actor:  # the first of its lost tasks replaces it; the others only report
                 ray.kill(actor, no_restart=True)
                 self.actors[slot] = self._new_actor()
+            key = (record.model_id, record.revision)
+            if isinstance(e, ActorUnavailableError) and self._node_losses.get(key, 0) < NODE_LOSS_RETRIES:
+                # every retry found the actor unreachable (its node was lost, it is restarting elsewhere): the
+                # model did not kill it, so it runs again on a fresh actor instead of being marked failed
+                self._node_losses[key] = self._node_losses.get(key, 0) + 1
+                return self.result(record, self.submit(record))
             reason = f"worker process died {self._options['max_task_retries'] + 1} times on this model: {e}"
             return FingerprintOutcome(record, error=WorkFailure("worker", type(e).__name__, one_line(reason)))
 

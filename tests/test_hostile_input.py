@@ -238,7 +238,7 @@ def elements(page: str) -> _Elements:
 
 
 PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "div", "h2", "p", "input", "label", "svg", "defs",
-             "marker", "path", "g", "rect", "text", "line", "script"}
+             "marker", "path", "g", "rect", "text", "line", "script", "ul", "li"}  # ul/li: the link-style legend
 
 
 @pytest.mark.slow
