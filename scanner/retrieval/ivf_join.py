@@ -64,7 +64,8 @@ def train_leaves(sample: np.ndarray, nlist: int, faiss_module) -> np.ndarray:  #
 
 
 def centroid_tree(leaves: np.ndarray, faiss_module) -> CentroidTree:  # noqa: ANN001 - the faiss module
-    """Group ``leaves`` (the index's list centroids) for the two-level coarse search; deterministic (seeded)."""
+    """Group ``leaves`` (the index's list centroids) for the two-level coarse search. Seeded, and rebuilt in each
+    process from the saved centroids: a tree differing in the last bits only moves a vector to a neighbouring list."""
     count = max(1, int(round(np.sqrt(leaves.shape[0]))))
     groups = _kmeans(leaves, count, faiss_module)
     group_of = _nearest(leaves, groups)
