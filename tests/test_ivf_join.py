@@ -22,12 +22,12 @@ def _clustered(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
 
 
 def _ivf(points: np.ndarray, nlist: int) -> tuple[faiss.IndexIVFFlat, ivf_join.CentroidTree]:
-    leaves = ivf_join.train_leaves(points, nlist, faiss)
+    leaves = ivf_join.train_leaves(points, nlist)
     quantizer = faiss.IndexFlatIP(points.shape[1])
     quantizer.add(leaves)
     index = faiss.IndexIVFFlat(quantizer, points.shape[1], leaves.shape[0], faiss.METRIC_INNER_PRODUCT)
     index.is_trained = True
-    tree = ivf_join.centroid_tree(leaves, faiss)
+    tree = ivf_join.centroid_tree(leaves)
     lists = np.ascontiguousarray(ivf_join.probe(tree, points, 1)[:, 0])
     ids = np.arange(points.shape[0], dtype=np.int64) + 1000
     index.add_core(points.shape[0], faiss.swig_ptr(points), faiss.swig_ptr(ids), faiss.swig_ptr(lists))
@@ -66,8 +66,8 @@ def test_few_probes_find_most_close_pairs_and_nothing_below_the_threshold() -> N
 
 def test_the_probed_list_of_a_leaf_centroid_is_its_own() -> None:
     rng = np.random.default_rng(2)
-    leaves = ivf_join.train_leaves(_clustered(rng, 2000), 50, faiss)
-    tree = ivf_join.centroid_tree(leaves, faiss)
+    leaves = ivf_join.train_leaves(_clustered(rng, 2000), 50)
+    tree = ivf_join.centroid_tree(leaves)
     assert sorted(np.concatenate(tree.members).tolist()) == list(range(leaves.shape[0]))
     assert (ivf_join.probe(tree, leaves, 1)[:, 0] == np.arange(leaves.shape[0])).all()
 

@@ -229,7 +229,7 @@ class RetrievalIndex:
         nlist = min(ivf_join.list_count(sample_from.shape[0]), sample_from.shape[0])
         rng = np.random.default_rng(0)
         sample = sample_from[rng.choice(sample_from.shape[0], min(sample_from.shape[0], 64 * nlist), replace=False)]
-        leaves = ivf_join.train_leaves(sample, nlist, self._faiss)
+        leaves = ivf_join.train_leaves(sample, nlist)
         quantizer = self._faiss.IndexFlatIP(self.dim)
         quantizer.add(leaves)
         index = self._faiss.IndexIVFFlat(quantizer, self.dim, leaves.shape[0], self._faiss.METRIC_INNER_PRODUCT)
@@ -240,7 +240,7 @@ class RetrievalIndex:
     def _centroid_tree(self) -> ivf_join.CentroidTree:
         if self._tree is None:
             quantizer = self.index.quantizer
-            self._tree = ivf_join.centroid_tree(quantizer.reconstruct_n(0, quantizer.ntotal), self._faiss)
+            self._tree = ivf_join.centroid_tree(quantizer.reconstruct_n(0, quantizer.ntotal))
         return self._tree
 
     def _add(self, vectors: np.ndarray, ids: np.ndarray) -> None:

@@ -49,25 +49,25 @@ def list_count(vectors: int) -> int:
     return int(2 ** max(6, round(np.log2(max(vectors, 1) / LIST_SIZE))))
 
 
-def train_leaves(sample: np.ndarray, nlist: int, faiss_module) -> np.ndarray:  # noqa: ANN001 - the faiss module
+def train_leaves(sample: np.ndarray, nlist: int) -> np.ndarray:
     """``nlist`` list centroids from ``sample`` by hierarchical k-means (sqrt(nlist) top clusters, each split
     in proportion to its share of the sample): far cheaper than one k-means over all leaves."""
     sample = np.ascontiguousarray(sample, dtype=np.float32)
     top = max(1, int(round(np.sqrt(nlist))))
-    top_centroids = _kmeans(sample, top, faiss_module)
+    top_centroids = _kmeans(sample, top)
     cell = _nearest(sample, top_centroids)
     sizes = np.bincount(cell, minlength=top)
     shares = np.maximum(1, np.round(nlist * sizes / sizes.sum()).astype(int)) * (sizes > 0)
-    leaves = [_kmeans(sample[cell == c], int(min(shares[c], sizes[c])), faiss_module)
+    leaves = [_kmeans(sample[cell == c], int(min(shares[c], sizes[c])))
               for c in range(top) if sizes[c]]
     return np.ascontiguousarray(np.concatenate(leaves), dtype=np.float32)
 
 
-def centroid_tree(leaves: np.ndarray, faiss_module) -> CentroidTree:  # noqa: ANN001 - the faiss module
+def centroid_tree(leaves: np.ndarray) -> CentroidTree:
     """Group ``leaves`` (the index's list centroids) for the two-level coarse search. Seeded, and rebuilt in each
     process from the saved centroids: a tree differing in the last bits only moves a vector to a neighbouring list."""
     count = max(1, int(round(np.sqrt(leaves.shape[0]))))
-    groups = _kmeans(leaves, count, faiss_module)
+    groups = _kmeans(leaves, count)
     group_of = _nearest(leaves, groups)
     members = tuple(np.flatnonzero(group_of == g) for g in range(count))
     keep = [g for g in range(count) if members[g].size]
@@ -137,7 +137,7 @@ def _best_k(rows: np.ndarray, ids: np.ndarray, sims: np.ndarray, k: int) -> tupl
 
 
 def _list_contents(ivf, leaf: int) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001 - faiss IVF (Flat codes)
-    import faiss
+    import faiss  # lazily, as scanner.retrieval.index does: config loading must not pay for it
 
     lists = ivf.invlists
     size = lists.list_size(leaf)
@@ -148,11 +148,13 @@ def _list_contents(ivf, leaf: int) -> tuple[np.ndarray, np.ndarray]:  # noqa: AN
     return codes.view(np.float32).reshape(size, ivf.d), ids
 
 
-def _kmeans(points: np.ndarray, k: int, faiss_module) -> np.ndarray:  # noqa: ANN001 - the faiss module
+def _kmeans(points: np.ndarray, k: int) -> np.ndarray:
     if k >= points.shape[0]:
         return np.ascontiguousarray(points, dtype=np.float32)
-    kmeans = faiss_module.Kmeans(points.shape[1], k, niter=10, seed=_SEED, spherical=True, verbose=False,
-                                 max_points_per_centroid=256, min_points_per_centroid=1)
+    import faiss
+
+    kmeans = faiss.Kmeans(points.shape[1], k, niter=10, seed=_SEED, spherical=True, verbose=False,
+                          max_points_per_centroid=256, min_points_per_centroid=1)
     kmeans.train(np.ascontiguousarray(points, dtype=np.float32))
     return kmeans.centroids
 
