@@ -44,12 +44,16 @@ def test_probing_every_list_gives_exactly_the_exhaustive_top_k_above_the_thresho
     for rows, ids in ivf_join.close_hits(index, tree, queries, everything, 5, 0.7):
         got |= set(zip(rows.tolist(), ids.tolist()))
     sims = queries @ points.T
-    want = set()
+    want, clear_rows = set(), set()
     for row in range(queries.shape[0]):
-        best = np.argsort(-sims[row])[:5]
-        want |= {(row, int(j) + 1000) for j in best if sims[row, j] >= 0.7}
-    assert len(want) > 500, "the data must have close pairs for this test to mean anything"
-    assert got == want
+        ranked = np.sort(sims[row])[::-1]
+        # a row is compared only where no rounding can decide: its 5th and 6th best and its hits near 0.7 apart
+        if ranked[4] - ranked[5] > 1e-4 and not (np.abs(ranked[:5] - 0.7) < 1e-4).any():
+            clear_rows.add(row)
+            best = np.argsort(-sims[row])[:5]
+            want |= {(row, int(j) + 1000) for j in best if sims[row, j] >= 0.7}
+    assert len(clear_rows) > 600 and len(want) > 500, "the data must have close pairs for this test to mean anything"
+    assert {hit for hit in got if hit[0] in clear_rows} == want
 
 
 def test_few_probes_find_most_close_pairs_and_nothing_below_the_threshold() -> None:
