@@ -81,7 +81,7 @@ def main() -> None:
 
     kinds = {"flat": lambda: faiss_search(lambda: faiss.IndexIDMap2(faiss.IndexFlatIP(dim))),
              f"faiss ivf{nlist} nprobe {NPROBE}": lambda: faiss_search(lambda: ivf(NPROBE)),
-             f"faiss ivf{nlist} nprobe 4": lambda: faiss_search(lambda: ivf(4)),
+             f"faiss ivf{nlist} nprobe 16": lambda: faiss_search(lambda: ivf(16)),
              "retrieval index (ivf)": retrieval_index, "hnsw32 ef 64": lambda: faiss_search(lambda: hnsw(64))}
     exact = None
     for name, make in kinds.items():

@@ -21,7 +21,7 @@ def _clustered(rng: np.random.Generator, n: int, dim: int = 16) -> np.ndarray:
     return _unit(centres[rng.integers(0, 40, n)] + 0.35 * rng.standard_normal((n, dim)).astype(np.float32))
 
 
-def _ivf(points: np.ndarray, nlist: int) -> tuple[faiss.IndexIVFFlat, ivf_join.CentroidTree]:
+def _ivf(points: np.ndarray, nlist: int) -> tuple[faiss.IndexIVFFlat, faiss.IndexIVFFlat]:
     leaves = ivf_join.train_leaves(points, nlist)
     quantizer = faiss.IndexFlatIP(points.shape[1])
     quantizer.add(leaves)
@@ -34,11 +34,12 @@ def _ivf(points: np.ndarray, nlist: int) -> tuple[faiss.IndexIVFFlat, ivf_join.C
     return index, tree
 
 
-def test_probing_every_list_gives_exactly_the_exhaustive_top_k_above_the_threshold() -> None:
+def test_probing_every_list_gives_exactly_the_exhaustive_top_k_above_the_threshold(monkeypatch) -> None:
+    monkeypatch.setattr(ivf_join, "LEAVES_PER_GROUP", 8)   # 4 groups of the 32 leaves, all probed
     rng = np.random.default_rng(0)
     points, queries = _clustered(rng, 3000), _clustered(rng, 700)
     index, tree = _ivf(points, 32)
-    assert index.ntotal == 3000 and len(tree.members) > 1
+    assert index.ntotal == 3000 and tree.nlist > 1
     everything = index.nlist
     got = set()
     for rows, ids in ivf_join.close_hits(index, tree, queries, everything, 5, 0.7):
@@ -68,11 +69,14 @@ def test_few_probes_find_most_close_pairs_and_nothing_below_the_threshold() -> N
     assert rows.size >= 0.8 * exact   # 8 of ~64 lists probed; typically 0.95-1.0 here (fixed seed)
 
 
-def test_the_probed_list_of_a_leaf_centroid_is_its_own() -> None:
+def test_the_probed_list_of_a_leaf_centroid_is_its_own(monkeypatch) -> None:
+    monkeypatch.setattr(ivf_join, "LEAVES_PER_GROUP", 8)
     rng = np.random.default_rng(2)
     leaves = ivf_join.train_leaves(_clustered(rng, 2000), 50)
     tree = ivf_join.centroid_tree(leaves)
-    assert sorted(np.concatenate(tree.members).tolist()) == list(range(leaves.shape[0]))
+    grouped = [faiss.rev_swig_ptr(tree.invlists.get_ids(g), tree.invlists.list_size(g)).copy()
+               for g in range(tree.nlist)]
+    assert tree.nlist > 1 and sorted(np.concatenate(grouped).tolist()) == list(range(leaves.shape[0]))
     assert (ivf_join.probe(tree, leaves, 1)[:, 0] == np.arange(leaves.shape[0])).all()
 
 

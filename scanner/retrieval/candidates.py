@@ -141,11 +141,27 @@ def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, ma
 
 def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[ModelKey], RetrievalEntry], *,
                          threshold: float, map_threshold: float = MAP_THRESHOLD) -> list[CandidatePair]:
-    """Selected pairs with their block maps drawn from both entries compared in full down to ``map_threshold``
-    (``pair_block_counts``); unchanged when ``map_threshold`` is the collision ``threshold``. Scores and ranks
+    """Selected pairs with their block maps widened: the blocks their collision map leaves unpaired are compared
+    in full down to ``map_threshold`` (``pair_block_counts``), and the block pairs found there join the map.
+    A map that already pairs every block of the shallower model is kept as it is (a one-to-one map cannot
+    grow), so most fine-tunes cost nothing here and a retrained MLP costs the quarter of the product its
+    unpaired blocks span. Unchanged when ``map_threshold`` is the collision ``threshold``. Scores and ranks
     stay those of the search."""
     if map_threshold >= threshold:
         return list(pairs)
-    return [replace(p, block_map=tuple(block_map(pair_block_counts(
-                entry_of((p.model_a, p.revision_a)), entry_of((p.model_b, p.revision_b)), threshold, map_threshold))))
-            for p in pairs]
+    widened = []
+    for pair in pairs:
+        a, b = entry_of((pair.model_a, pair.revision_a)), entry_of((pair.model_b, pair.revision_b))
+        paired_a, paired_b = ({x for x, _ in pair.block_map}, {y for _, y in pair.block_map})
+        if len(pair.block_map) >= min(np.unique(a.blocks).size, np.unique(b.blocks).size):
+            widened.append(pair)
+            continue
+        extra = block_map(pair_block_counts(_without_blocks(a, paired_a), _without_blocks(b, paired_b),
+                                            threshold, map_threshold))
+        widened.append(replace(pair, block_map=tuple(sorted((*pair.block_map, *extra)))))
+    return widened
+
+
+def _without_blocks(entry: RetrievalEntry, blocks: set[int]) -> RetrievalEntry:
+    keep = ~np.isin(entry.blocks, np.fromiter(blocks, dtype=np.int64, count=len(blocks)))
+    return replace(entry, vectors=entry.vectors[keep], blocks=entry.blocks[keep], indexed=entry.indexed[keep])

