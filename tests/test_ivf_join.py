@@ -36,6 +36,8 @@ def _ivf(points: np.ndarray, nlist: int) -> tuple[faiss.IndexIVFFlat, faiss.Inde
 
 def test_probing_every_list_gives_exactly_the_exhaustive_top_k_above_the_threshold(monkeypatch) -> None:
     monkeypatch.setattr(ivf_join, "LEAVES_PER_GROUP", 8)   # 4 groups of the 32 leaves, all probed
+    monkeypatch.setattr(ivf_join, "QUERY_CHUNK", 64)       # and the 700 queries joined 64 at a time
+    monkeypatch.setattr(ivf_join, "QUERIES_PER_LIST", 1)
     rng = np.random.default_rng(0)
     points, queries = _clustered(rng, 3000), _clustered(rng, 700)
     index, tree = _ivf(points, 32)
