@@ -36,6 +36,8 @@ def _ivf(points: np.ndarray, nlist: int) -> tuple[faiss.IndexIVFFlat, faiss.Inde
 
 def test_probing_every_list_gives_exactly_the_exhaustive_top_k_above_the_threshold(monkeypatch) -> None:
     monkeypatch.setattr(ivf_join, "LEAVES_PER_GROUP", 8)   # 4 groups of the 32 leaves, all probed
+    monkeypatch.setattr(ivf_join, "QUERY_CHUNK", 64)       # and the 700 queries joined 64 at a time
+    monkeypatch.setattr(ivf_join, "QUERIES_PER_LIST", 1)
     rng = np.random.default_rng(0)
     points, queries = _clustered(rng, 3000), _clustered(rng, 700)
     index, tree = _ivf(points, 32)
@@ -110,3 +112,36 @@ def test_an_ivf_retrieval_index_survives_removal_and_reload_with_the_same_answer
     assert not ((after >> 24) == number).any()
     assert reloaded.ntotal == 3 * 400
     assert vector_id(number, 0) not in set(after.ravel().tolist())
+
+
+def test_an_index_the_hub_outgrew_is_trained_anew_and_only_new_models_are_returned(tmp_path, monkeypatch) -> None:
+    from scanner.retrieval import index as index_module
+
+    monkeypatch.setattr(index_module, "FLAT_LIMIT", 1000)   # auto: exact up to 1,000 vectors, rebuilt past 4,000
+    params = SignatureParams(dim=8)
+    rng = np.random.default_rng(4)
+    base = _clustered(rng, 400, dim=16)
+    family = {(f"fam{i}", "r"): _entry(_unit(base + 0.05 * rng.standard_normal(base.shape)), params) for i in range(2)}
+    strangers = {(f"s{i:02d}", "r"): _entry(_clustered(rng, 400, dim=16), params) for i in range(12)}
+    index = RetrievalIndex(tmp_path, "set", params, SearchParams(kind="auto"))
+    index.sync({key: (lambda e=e: e) for key, e in family.items()})
+    assert index.kind == "flat" and index.ntotal == 800
+
+    grown = {**family, **dict(list(strangers.items())[:2])}   # 1,600 vectors: still within 4 x 1,000
+    assert index.sync({key: (lambda e=e: e) for key, e in grown.items()})[1] == sorted(grown)[2:]
+    assert index.kind == "flat" and index.rebuilt_because is not None and "outgrew" not in index.rebuilt_because
+
+    grown = {**family, **strangers}                           # 5,600 vectors: an IVF, trained on all of them
+    removed, added = index.sync({key: (lambda e=e: e) for key, e in grown.items()})
+    assert removed == [] and added == sorted(strangers)[2:]
+    assert index.kind.startswith("ivf") and "outgrew its flat index" in index.rebuilt_because
+    assert index.ntotal == 5600 and set(index.models) == set(grown)
+    nlist = index.index.nlist
+    pairs = {tuple(sorted((int(a), int(b)))) for a, b in (index.search(family) >> 24).tolist()}
+    assert (index.number_of(("fam0", "r")), index.number_of(("fam1", "r"))) in pairs
+
+    beyond = 4 * nlist * ivf_join.LIST_SIZE // 400              # the IVF's lists would hold 4 x their trained size
+    many = {(f"t{i:03d}", "r"): _entry(_clustered(rng, 400, dim=16), params) for i in range(beyond)}
+    index.sync({key: (lambda e=e: e) for key, e in {**grown, **many}.items()})
+    assert "outgrew its ivf" in index.rebuilt_because and index.index.nlist > nlist
+    assert index.ntotal == 400 * (len(grown) + len(many))

@@ -65,8 +65,6 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
         by_set.setdefault(model.input_set, {})[model.key] = model
     for input_set, members in sorted(by_set.items()):
         index = RetrievalIndex(folder, input_set, params, search)
-        if index.rebuilt_because and index.rebuilt_because != "no index yet":
-            run.rebuilt[input_set] = index.rebuilt_because
         entries = {}
 
         def loader(model: IndexedModel, loaded: dict = entries):  # noqa: ANN202
@@ -76,10 +74,12 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
             return load
 
         removed, added = index.sync({key: loader(model) for key, model in members.items()})
+        if index.rebuilt_because and index.rebuilt_because != "no index yet":
+            run.rebuilt[input_set] = index.rebuilt_because
         run.removed += len(removed)
         run.queried += len(added)
         run.added |= set(added)
-        selected = select(scored_pairs(index, entries), min_score)
+        selected = select(scored_pairs(index, {key: entries[key] for key in added}), min_score)
 
         def entry_of(key: ModelKey, loaded: dict = entries, members: dict = members) -> RetrievalEntry:
             return loaded[key] if key in loaded else loader(members[key])()

@@ -40,6 +40,10 @@ FLAT_LIMIT = 16_384
 """A build with more indexed vectors than this makes an IVF (``kind="auto"``): at 49,664 vectors an IVF answered
 5-10x faster than exact search and found all of its candidate pairs (bench/bench_retrieval_index.py)."""
 NPROBE = 4
+"""Lists probed per query signature: 83% of the close signature pairs an exhaustive search finds (16 probes: 89%)
+at a third of the cost, and every planted pair still found at 1,000-10,000 models (BENCHMARKS.md)."""
+RETRAIN_GROWTH = 4
+"""How far an index may outgrow what it was built for before a sync trains a new one on everything it holds."""
 ENTRY_SUFFIX = ".retrieval.safetensors"
 SEARCH_CHUNK = 1 << 19
 ADD_CHUNK = 1 << 18
@@ -195,7 +199,9 @@ class RetrievalIndex:
     def sync(self, current: Mapping[ModelKey, Callable[[], RetrievalEntry]]) -> tuple[list[ModelKey], list[ModelKey]]:
         """Hold exactly the ``current`` models: remove the others (superseded revisions, models gone), add the
         missing ones (each value loads its entry). A rebuild (no valid index on disk) adds everything at once,
-        as an IVF when that is more than FLAT_LIMIT vectors. Returns (removed, added)."""
+        as an IVF when that is more than FLAT_LIMIT vectors; so does a sync that would leave the index outgrown
+        (``_outgrown``: it then loads every held entry too). Returns (removed, added): added are the models new
+        to the index, the ones to query."""
         removed = [key for key in self.models if key not in current]
         for key in removed:
             number = self.models.pop(key)["number"]
@@ -208,11 +214,19 @@ class RetrievalIndex:
             if entry.input_set != self.input_set or entry.params != self.params:
                 raise ValueError(f"a retrieval entry of {entry.input_set} cannot join the index of {self.input_set}")
         new_vectors = sum(int(e.indexed.sum()) for e in entries)
+        keys = added
+        if self._outgrown(self.ntotal + new_vectors):
+            self.rebuilt_because = (f"the hub outgrew its {self.kind} index ({self.ntotal + new_vectors} vectors): "
+                                    "trained anew on all of them")
+            keys = sorted(self.models) + added
+            entries = [current[key]() for key in sorted(self.models)] + entries
+            new_vectors = sum(int(e.indexed.sum()) for e in entries)
+            self.index, self._tree, self.models, self.blocks = None, None, {}, {}
         kind = self.search_params.kind
         if self.index is None and new_vectors and (kind == "ivf" or (kind == "auto" and new_vectors > FLAT_LIMIT)):
             self.index = self._trained_ivf(np.concatenate([e.vectors[e.indexed] for e in entries]))
         vectors, ids, pending = [], [], 0
-        for position, (key, entry) in enumerate(zip(added, entries)):
+        for position, (key, entry) in enumerate(zip(keys, entries)):
             number = self.next_number
             self.next_number += 1
             if entry.vectors.shape[0] >= 1 << ROW_BITS:
@@ -228,6 +242,16 @@ class RetrievalIndex:
                 self._add(np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), np.concatenate(ids))
                 vectors, ids, pending = [], [], 0
         return removed, added
+
+    def _outgrown(self, vectors: int) -> bool:
+        """Whether holding ``vectors`` needs a new index: an IVF's lists, trained for ~LIST_SIZE vectors each, would
+        hold RETRAIN_GROWTH times that (every query would scan that much more), or an ``auto`` index that started
+        exact would hold RETRAIN_GROWTH x FLAT_LIMIT vectors (exact search grows like N per query)."""
+        if self.index is None:
+            return False
+        if hasattr(self.index, "nprobe"):
+            return vectors > RETRAIN_GROWTH * ivf_join.LIST_SIZE * self.index.nlist
+        return self.search_params.kind == "auto" and vectors > RETRAIN_GROWTH * FLAT_LIMIT
 
     def _trained_ivf(self, sample_from: np.ndarray):  # noqa: ANN202 - a faiss index
         """An empty IVF whose list centroids are trained on (a sample of) the first build's vectors."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -94,14 +95,14 @@ def query_chunk(nlist: int, nprobe: int) -> int:
 
 def close_hits(ivf, tree, queries: np.ndarray, nprobe: int, k: int,  # noqa: ANN001 - faiss IVFs
                threshold: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """For successive chunks of ``queries`` (``query_chunk``): (query row, indexed id) of each query's at most ``k`` most similar
-    indexed vectors at cosine >= threshold in its probed lists. faiss probes a chunk on every core; the probed
-    lists are then shared out over one thread per core (numpy's products and selections release the GIL), each with
-    one BLAS thread (more only spin: 1.5x the CPU, measured)."""
-    workers, rows = os.cpu_count() or 1, query_chunk(ivf.nlist, nprobe)
+    """For successive chunks of ``queries`` (``query_chunk``): (query row, indexed id) of each query's at most
+    ``k`` most similar indexed vectors at cosine >= threshold in its probed lists. faiss probes a chunk on every
+    core; the probed lists are then shared out over one thread per core (numpy's products and selections release
+    the GIL), each with one BLAS thread (more only spin: 1.5x the CPU, measured)."""
+    workers, size = os.cpu_count() or 1, query_chunk(ivf.nlist, nprobe)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for start in range(0, queries.shape[0], rows):
-            chunk = np.ascontiguousarray(queries[start:start + rows], dtype=np.float32)
+        for start in range(0, queries.shape[0], size):
+            chunk = np.ascontiguousarray(queries[start:start + size], dtype=np.float32)
             probed = probe(tree, chunk, nprobe)
             leaves, query_of = probed.ravel(), np.repeat(np.arange(chunk.shape[0]), probed.shape[1])
             order = np.argsort(leaves, kind="stable")
@@ -111,14 +112,13 @@ def close_hits(ivf, tree, queries: np.ndarray, nprobe: int, k: int,  # noqa: ANN
                 bounds = bounds[1:]
             shares = [share for share in np.array_split(np.arange(bounds.size - 1), workers) if share.size]
             with threadpool_limits(limits=1, user_api="blas"):   # the threads share the cores, not BLAS
-                found = list(pool.map(
-                    lambda share: _scan_lists(ivf, chunk, leaves, query_of, bounds, share, threshold), shares))
+                found = list(pool.map(partial(_scan_lists, ivf, chunk, leaves, query_of, bounds, threshold), shares))
             rows, ids, sims = (np.concatenate([f[i] for f in found] or [np.zeros(0)]) for i in range(3))
             yield _best_k(rows.astype(np.int64) + start, ids.astype(np.int64), sims, k)
 
 
 def _scan_lists(ivf, chunk: np.ndarray, leaves: np.ndarray, query_of: np.ndarray,  # noqa: ANN001 - faiss IVF
-                bounds: np.ndarray, share: np.ndarray, threshold: float) -> tuple[np.ndarray, ...]:
+                bounds: np.ndarray, threshold: float, share: np.ndarray) -> tuple[np.ndarray, ...]:
     """(query row, indexed id, cosine) of the hits at ``threshold`` in the lists numbered ``share`` of the
     probed runs ``bounds`` (query_of sorted by leaf)."""
     rows, ids, sims = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
