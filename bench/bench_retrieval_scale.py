@@ -93,7 +93,7 @@ def synthetic_entries(n_models: int, family: int, seed: int = 0):  # noqa: ANN20
 def run_one(n_models: int, family: int, kind: str) -> dict:
     from dataclasses import replace
 
-    from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, select, with_wide_block_maps
+    from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, with_wide_block_maps
     from scanner.retrieval.hub import family_pairs
     from scanner.retrieval.index import RetrievalIndex, SearchParams
 
@@ -107,7 +107,7 @@ def run_one(n_models: int, family: int, kind: str) -> dict:
         index = RetrievalIndex(folder, "bench", search=SearchParams(kind=kind))
         index.sync({key: (lambda e=e: e) for key, e in zip(keys, entries)})
         built = time.perf_counter()
-        found = select(scored_pairs(index, dict(zip(keys, entries))), MIN_SCORE)
+        found = scored_pairs(index, dict(zip(keys, entries)), MIN_SCORE)
         searched = time.perf_counter()
         number_of = {key: i for i, key in enumerate(keys)}
         found = with_wide_block_maps(found, lambda key: replace(entries[number_of[key]], vectors=entries[

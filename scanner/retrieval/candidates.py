@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from scanner.retrieval.collisions import block_map, collisions_by_pair, map_counts
+from scanner.retrieval.collisions import PairCollisions, block_map, collisions_by_pair, map_counts
 from scanner.retrieval.index import ModelKey, RetrievalIndex
 from scanner.retrieval.signatures import RetrievalEntry
 
@@ -81,29 +81,33 @@ class CandidatePair:
         return (self.model_a, self.revision_a, self.model_b, self.revision_b)
 
 
-def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntry]) -> list[CandidatePair]:
-    """Every pair with at least one collision between a queried model (``entries``, all held by the index) and
-    any held model, scored and ranked."""
+def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntry],
+                 min_score: int = 1) -> list[CandidatePair]:
+    """Every pair scoring at least ``min_score`` between a queried model (``entries``, all held by the index) and
+    any held model, scored, ranked (among all the pairs with a collision) and block-mapped. Only those pairs'
+    maps are drawn: at 10,000 models, 35,000 selected pairs against 400,000 with a chance collision or two."""
     numbers = index.key_of()
-    found = collisions_by_pair(index.search(entries), index.blocks)
     pairs = []
-    for (x, y), collisions in found.items():
-        (key_x, key_y), counts = (numbers[x], numbers[y]), collisions.block_counts
-        if key_x > key_y:
-            key_x, key_y = key_y, key_x
-            counts = {(b, a): n for (a, b), n in counts.items()}
-        pairs.append((key_x, key_y, collisions.score, tuple(block_map(counts))))
+    for (x, y), collisions in collisions_by_pair(index.search(entries), index.blocks).items():
+        swapped = numbers[x] > numbers[y]
+        key_x, key_y = (numbers[y], numbers[x]) if swapped else (numbers[x], numbers[y])
+        pairs.append((key_x, key_y, collisions, swapped))
     ranks: dict[tuple[ModelKey, ModelKey], int] = {}
     by_model: dict[ModelKey, list[tuple[int, ModelKey]]] = {}
-    for key_x, key_y, score, _ in pairs:
-        by_model.setdefault(key_x, []).append((score, key_y))
-        by_model.setdefault(key_y, []).append((score, key_x))
+    for key_x, key_y, collisions, _ in pairs:
+        by_model.setdefault(key_x, []).append((collisions.score, key_y))
+        by_model.setdefault(key_y, []).append((collisions.score, key_x))
     for model, neighbours in by_model.items():
         for rank, (_, other) in enumerate(sorted(neighbours, key=lambda n: (-n[0], n[1])), start=1):
             pair = (min(model, other), max(model, other))
             ranks[pair] = min(ranks.get(pair, rank), rank)
-    return sorted((CandidatePair(x[0], x[1], y[0], y[1], score, ranks[(x, y)], bmap)
-                   for x, y, score, bmap in pairs), key=lambda c: (-c.score, c.key))
+
+    def oriented_map(collisions: PairCollisions, swapped: bool) -> tuple[tuple[int, int], ...]:
+        counts = collisions.block_counts
+        return tuple(block_map({(b, a): n for (a, b), n in counts.items()} if swapped else counts))
+
+    return sorted((CandidatePair(x[0], x[1], y[0], y[1], c.score, ranks[(x, y)], oriented_map(c, swapped))
+                   for x, y, c, swapped in pairs if c.score >= min_score), key=lambda c: (-c.score, c.key))
 
 
 def select(pairs: Iterable[CandidatePair], min_score: int = MIN_SCORE) -> list[CandidatePair]:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, select, with_wide_block_maps
+from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, with_wide_block_maps
 from scanner.retrieval.index import DEFAULT_SEARCH, ModelKey, RetrievalIndex, SearchParams, load_or_make_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
 
@@ -79,7 +79,7 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
         run.removed += len(removed)
         run.queried += len(added)
         run.added |= set(added)
-        selected = select(scored_pairs(index, {key: entries[key] for key in added}), min_score)
+        selected = scored_pairs(index, {key: entries[key] for key in added}, min_score)
 
         def entry_of(key: ModelKey, loaded: dict = entries, members: dict = members) -> RetrievalEntry:
             return loaded[key] if key in loaded else loader(members[key])()
