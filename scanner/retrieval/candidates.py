@@ -44,10 +44,13 @@ map itself is chosen by the same label-free collision counts, so each pairing's 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from scanner.retrieval.collisions import PairCollisions, block_map, collisions_by_pair, map_counts
 from scanner.retrieval.index import ModelKey, RetrievalIndex
@@ -149,21 +152,22 @@ def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[Mod
     in full down to ``map_threshold`` (``pair_block_counts``), and the block pairs found there join the map.
     A map that already pairs every block of the shallower model is kept as it is (a one-to-one map cannot
     grow), so most fine-tunes cost nothing here and a retrained MLP costs the quarter of the product its
-    unpaired blocks span. Unchanged when ``map_threshold`` is the collision ``threshold``. Scores and ranks
-    stay those of the search."""
+    unpaired blocks span. Pairs are widened on one thread per core (``entry_of`` must allow that). Unchanged when
+    ``map_threshold`` is the collision ``threshold``. Scores and ranks stay those of the search."""
     if map_threshold >= threshold:
         return list(pairs)
-    widened = []
-    for pair in pairs:
+
+    def widened(pair: CandidatePair) -> CandidatePair:
         a, b = entry_of((pair.model_a, pair.revision_a)), entry_of((pair.model_b, pair.revision_b))
-        paired_a, paired_b = ({x for x, _ in pair.block_map}, {y for _, y in pair.block_map})
         if len(pair.block_map) >= min(np.unique(a.blocks).size, np.unique(b.blocks).size):
-            widened.append(pair)
-            continue
+            return pair
+        paired_a, paired_b = {x for x, _ in pair.block_map}, {y for _, y in pair.block_map}
         extra = block_map(pair_block_counts(_without_blocks(a, paired_a), _without_blocks(b, paired_b),
                                             threshold, map_threshold))
-        widened.append(replace(pair, block_map=tuple(sorted((*pair.block_map, *extra)))))
-    return widened
+        return replace(pair, block_map=tuple(sorted((*pair.block_map, *extra))))
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, threadpool_limits(limits=1, user_api="blas"):
+        return list(pool.map(widened, pairs))
 
 
 def _without_blocks(entry: RetrievalEntry, blocks: set[int]) -> RetrievalEntry:
