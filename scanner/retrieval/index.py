@@ -40,8 +40,8 @@ FLAT_LIMIT = 16_384
 """A build with more indexed vectors than this makes an IVF (``kind="auto"``): at 49,664 vectors an IVF answered
 5-10x faster than exact search and found all of its candidate pairs (bench/bench_retrieval_index.py)."""
 NPROBE = 4
-"""Lists probed per query signature: 83% of the close signature pairs an exhaustive search finds (16 probes: 89%)
-at a third of the cost, and every planted pair still found at 1,000-10,000 models (BENCHMARKS.md)."""
+"""Lists probed per query signature: 83.5% of the close signature pairs an exhaustive search finds (16 probes: 91.4%)
+at half the cost, and every planted pair still found at 1,000-10,000 models (bench/bench_ivf_probes.py)."""
 RETRAIN_GROWTH = 4
 """How far an index may outgrow what it was built for before a sync trains a new one on everything it holds."""
 ENTRY_SUFFIX = ".retrieval.safetensors"
