@@ -12,11 +12,11 @@ import pytest
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
-from scanner.retrieval.candidates import scored_pairs, select, with_wide_block_maps
-from scanner.retrieval.collisions import map_counts
+from scanner.retrieval.candidates import CandidatePair, scored_pairs, select, with_wide_block_maps
+from scanner.retrieval.collisions import map_counts, unique_rows
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
 from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
-from scanner.retrieval.signatures import retrieval_entry
+from scanner.retrieval.signatures import RetrievalEntry, SignatureParams, retrieval_entry
 from scanner.zoo import Zoo
 
 
@@ -113,6 +113,42 @@ def test_the_map_threshold_redraws_block_maps_and_never_scores(zoo_entries, tmp_
     # compared in full down to 0.5 the depth prune still maps its kept blocks [0, 1, 3] onto its own
     lite = next(p for p in wide if {p.model_a, p.model_b} == {"aurora-labs/aurora-base", "kestrel/aurora-lite"})
     assert lite.block_map == ((0, 0), (1, 1), (3, 2))
+
+
+def test_block_maps_are_widened_only_over_the_blocks_the_collisions_leave_unpaired() -> None:
+    params = SignatureParams(dim=8)
+    rng = np.random.default_rng(5)
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    def entry(vectors: np.ndarray) -> RetrievalEntry:   # 2 blocks of 4 signatures, all indexed
+        return RetrievalEntry(unit(vectors), np.repeat(np.arange(2, dtype=np.int32), 4), np.ones(8, bool), 2, "s", params)
+
+    a = unit(rng.standard_normal((8, 16)))
+    drift = rng.standard_normal((8, 16)).astype(np.float32)
+    drift -= (drift * a).sum(axis=1, keepdims=True) * a        # orthogonal to a: cos(b, a) is set by the weights
+    b = a.copy()
+    b[4:6] = 0.55 * a[4:6] + np.sqrt(1 - 0.55**2) * unit(drift[4:6])   # block 1: two units at cosine 0.55 only
+    b[6:] = unit(rng.standard_normal((2, 16)))
+    entries = {("a", "r"): entry(a), ("b", "r"): entry(b)}
+    collided = CandidatePair("a", "r", "b", "r", 4, 1, ((0, 0),))
+    complete = CandidatePair("a", "r", "b", "r", 8, 1, ((0, 0), (1, 1)))
+    widened = with_wide_block_maps([collided, complete], entries.__getitem__, threshold=0.6, map_threshold=0.5)
+    assert widened[0].block_map == ((0, 0), (1, 1)) and widened[1] is complete
+    assert with_wide_block_maps([collided], entries.__getitem__, threshold=0.6, map_threshold=0.58)[0] == collided
+
+
+def test_unique_rows_equals_numpys_row_unique_packed_or_not() -> None:
+    rng = np.random.default_rng(6)
+    for high in (50, 1 << 40):   # packs into one int64; needs lexsort
+        table = rng.integers(0, high, (3000, 3))
+        table = np.concatenate([table, table[:700]])
+        want, counts = np.unique(table, axis=0, return_counts=True)
+        got, got_counts = unique_rows(table)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got_counts, counts)
+    assert unique_rows(np.zeros((0, 2), dtype=np.int64))[0].shape == (0, 2)
 
 
 def test_a_selected_pair_maps_blocks_with_a_collision_or_enough_hits_at_the_map_threshold() -> None:
