@@ -123,7 +123,8 @@ def test_block_maps_are_widened_only_over_the_blocks_the_collisions_leave_unpair
         return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
     def entry(vectors: np.ndarray) -> RetrievalEntry:   # 2 blocks of 4 signatures, all indexed
-        return RetrievalEntry(unit(vectors), np.repeat(np.arange(2, dtype=np.int32), 4), np.ones(8, bool), 2, "s", params)
+        blocks = np.repeat(np.arange(2, dtype=np.int32), 4)
+        return RetrievalEntry(unit(vectors), blocks, np.ones(8, bool), 2, "s", params)
 
     a = unit(rng.standard_normal((8, 16)))
     drift = rng.standard_normal((8, 16)).astype(np.float32)
