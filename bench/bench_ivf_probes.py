@@ -5,8 +5,9 @@
 Entries of ``--models`` synthetic 7B-shaped models (bench_retrieval_scale.py's generator) go into the retrieval
 index as a scan builds it (IVF, lists of ~128 vectors). For ``--sample`` query signatures drawn at random, the
 exact answer is each query's 32 nearest indexed signatures of other models at cosine >= 0.6 (brute force); the
-IVF's answer is scanner.retrieval.ivf_join's with 4, 8 and 16 lists probed. Prints the fraction of exact close
-pairs found, and the wall time per query signature of a whole chunk of queries (what a rebuild pays).
+IVF's answer is scanner.retrieval.ivf_join's with 4, 8 and 16 lists probed among the leaves of 8 groups of the
+coarse search, and with 4 lists among 4 and 6 groups. Prints the fraction of exact close pairs found, and the wall
+time per query signature of a whole chunk of queries (what a rebuild pays).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> None:
     exact = exact_close_pairs(queries[rows], query_models[rows], indexed, indexed_ids, k, threshold)
     timed = queries[: ivf_join.query_chunk(index.index.nlist, 4)]
     print(f"{args.models} models, {index.kind}, {len(exact)} exact close pairs among {args.sample} query signatures")
-    for nprobe in (4, 8, 16):
+    for groups, nprobe in ((8, 4), (8, 8), (8, 16), (6, 4), (4, 4)):
+        tree.nprobe = groups
         got = set()
         for hit_rows, ids in ivf_join.close_hits(index.index, tree, queries[rows], nprobe, k, threshold):
             other = split_id(ids)[0] != query_models[rows][hit_rows]
@@ -70,7 +72,7 @@ def main() -> None:
         for _ in ivf_join.close_hits(index.index, tree, timed, nprobe, k, threshold):
             pass
         per_query = (time.perf_counter() - started) / timed.shape[0] * 1e6
-        print(f"nprobe {nprobe:2d}: {len(got & exact) / len(exact):.3f} of exact close pairs, "
+        print(f"groups {groups}, nprobe {nprobe:2d}: {len(got & exact) / len(exact):.3f} of exact close pairs, "
               f"{per_query:.1f} µs of wall per query signature ({timed.shape[0]} at once)")
 
 
