@@ -38,7 +38,7 @@ import numpy as np
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.retrieval.candidates import MAP_THRESHOLD, MIN_SCORE, scored_pairs, select, with_wide_block_maps
+from scanner.retrieval.candidates import MAP_THRESHOLD, MIN_SCORE, scored_pairs, with_wide_block_maps
 from scanner.retrieval.hub import family_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import SIGNATURE_VERSION, SignatureParams, retrieval_entry
@@ -52,7 +52,7 @@ def candidates(entries: dict, map_threshold: float = MAP_THRESHOLD) -> tuple[set
         first = next(iter(entries.values()))
         index = RetrievalIndex(folder, first.input_set, first.params)
         index.sync({key: (lambda e=e: e) for key, e in entries.items()})
-        found = with_wide_block_maps(select(scored_pairs(index, entries), MIN_SCORE), entries.__getitem__,
+        found = with_wide_block_maps(scored_pairs(index, entries, MIN_SCORE), entries.__getitem__,
                                      threshold=index.search_params.threshold, map_threshold=map_threshold)
     closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b),
                                                       p.block_map) for p in found)}

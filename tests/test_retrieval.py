@@ -12,7 +12,7 @@ import pytest
 
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
-from scanner.retrieval.candidates import CandidatePair, scored_pairs, select, with_wide_block_maps
+from scanner.retrieval.candidates import MIN_SCORE, CandidatePair, scored_pairs, with_wide_block_maps
 from scanner.retrieval.collisions import map_counts, unique_rows
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
 from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
@@ -50,7 +50,7 @@ def test_every_dependent_zoo_pair_is_a_candidate_and_no_independent_family_joins
                                                                                 tmp_path) -> None:
     index = RetrievalIndex(tmp_path, next(iter(zoo_entries.values())).input_set)
     index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
-    retrieved = select(scored_pairs(index, zoo_entries))
+    retrieved = scored_pairs(index, zoo_entries, MIN_SCORE)
     direct = {(p.model_a, p.model_b) for p in retrieved}
     closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, "r1"), (p.model_b, "r1"), p.block_map)
                                                      for p in retrieved)}
@@ -70,7 +70,7 @@ def test_a_forced_ivf_index_retrieves_the_pairs_exact_search_does(zoo_entries, t
                                search=SearchParams(kind=kind))
         index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
         assert index.kind.startswith(kind)
-        found[kind] = {(p.model_a, p.model_b) for p in select(scored_pairs(index, zoo_entries))}
+        found[kind] = {(p.model_a, p.model_b) for p in scored_pairs(index, zoo_entries, MIN_SCORE)}
     # an IVF probes 16 lists of few: on 16 models it sees nearly everything, so it may lose at most a pair
     assert found["flat"] and len(found["flat"] - found["ivf"]) <= 1 and found["ivf"] <= found["flat"]
     with pytest.raises(ValueError, match="index kind"):
@@ -106,7 +106,7 @@ def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged
 def test_the_map_threshold_redraws_block_maps_and_never_scores(zoo_entries, tmp_path) -> None:
     index = RetrievalIndex(tmp_path, next(iter(zoo_entries.values())).input_set)
     index.sync({key: (lambda e=entry: e) for key, entry in zoo_entries.items()})
-    selected = select(scored_pairs(index, zoo_entries))
+    selected = scored_pairs(index, zoo_entries, MIN_SCORE)
     wide = with_wide_block_maps(selected, zoo_entries.__getitem__, threshold=0.6, map_threshold=0.5)
     assert selected and [(p.key, p.score, p.rank) for p in wide] == [(p.key, p.score, p.rank) for p in selected]
     assert with_wide_block_maps(selected, zoo_entries.__getitem__, threshold=0.6, map_threshold=0.6) == selected

@@ -22,7 +22,7 @@ from scipy.stats import kstest
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
-from scanner.retrieval.candidates import scored_pairs, select
+from scanner.retrieval.candidates import scored_pairs
 from scanner.retrieval.index import RetrievalIndex, SearchParams
 from scanner.retrieval.signatures import retrieval_entry
 from scanner.stats.independence import phi_match
@@ -67,7 +67,7 @@ def null_pairs(tmp_path_factory):
     index.sync({key: (lambda e=entry: e) for key, entry in entries.items()})
     scored = scored_pairs(index, entries)
     min_score = sorted((p.score for p in scored), reverse=True)[SELECTED - 1]   # the threshold, lowered to this
-    scores = {(p.model_a, p.model_b): p.score for p in select(scored, min_score=min_score)}
+    scores = {(p.model_a, p.model_b): p.score for p in scored if p.score >= min_score}
     log10_p = {(a, b): compare_fingerprints(models[a], models[b]).log10_p for a, b in combinations(sorted(models), 2)}
     return models, scores, log10_p
 

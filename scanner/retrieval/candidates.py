@@ -113,10 +113,6 @@ def scored_pairs(index: RetrievalIndex, entries: Mapping[ModelKey, RetrievalEntr
                    for x, y, c, swapped in pairs if c.score >= min_score), key=lambda c: (-c.score, c.key))
 
 
-def select(pairs: Iterable[CandidatePair], min_score: int = MIN_SCORE) -> list[CandidatePair]:
-    return [p for p in pairs if p.score >= min_score]
-
-
 def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, map_threshold: float,
                       min_hits: int = MAP_MIN_HITS) -> dict[tuple[int, int], int]:
     """The block-pair counts of two entries compared in full (every signature of one against every signature

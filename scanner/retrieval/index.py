@@ -46,9 +46,9 @@ RETRAIN_GROWTH = 4
 """How far an index may outgrow what it was built for before a sync trains a new one on everything it holds."""
 ENTRY_SUFFIX = ".retrieval.safetensors"
 SEARCH_CHUNK = 1 << 19
+"""Query rows per exact search; an IVF takes ``ivf_join.query_chunk`` rows at a time."""
 ADD_CHUNK = 1 << 18
 """Vectors added at once: a rebuild never holds a float32 copy of the whole hub besides the index's own."""
-"""Query rows per exact search; an IVF takes ``ivf_join.query_chunk`` rows at a time."""
 
 ModelKey = tuple[str, str]   # (model_id, revision)
 INDEX_KINDS = ("auto", "flat", "ivf")
