@@ -9,7 +9,10 @@ Writes a random-weight checkpoint (bf16, Hub-style shards) into a temporary fold
 (2) ``fingerprint_model`` on the canonical inputs, both from a cold page cache (``/proc/sys/vm/drop_caches``,
 which needs root; skipped with a note otherwise) and from a warm one (best of two). Prints both times, their
 ratio (goal <= 1.5) and the models per hour one device fingerprints from local disk at the cold time (the
-fingerprint actor's code path without Ray: fetch and store aside, an actor runs ``fingerprint_model``).
+fingerprint actor's code path without Ray: fetch and store aside, an actor runs ``fingerprint_model``). Also
+times, as the baseline of one read per tensor, checking then running: the separate value pass
+(``validate_checkpoint``) and then ``fingerprint_model`` given its hashes, two reads of every weight (what
+``hubtrace test`` does, and what a scan's worker did before it checked weights as the forward pass reads them).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from synthetic_checkpoint import scratch_checkpoint
 
 from scanner.fingerprint import fingerprint_model
 from scanner.inputs import InputSpec
+from scanner.validate import validate_checkpoint
 
 
 def read_all(model: Path) -> int:
@@ -40,6 +44,13 @@ def read_all(model: Path) -> int:
                 total += tensor.numel() * tensor.element_size()
                 del tensor
     return total
+
+
+def check_then_run(model: Path, **kwargs) -> None:
+    """The two-read baseline: every weight read by the value pass, then again by the forward pass."""
+    valid = validate_checkpoint(model)
+    valid.checkpoint.close()
+    fingerprint_model(model, tensor_hashes=valid.tensor_hashes, **kwargs)
 
 
 def drop_page_cache() -> bool:
@@ -81,10 +92,12 @@ def main() -> None:
     with scratch_checkpoint(args.cache, args.shape, shard_bytes=2 * 10**9) as model:
         fingerprint_model(model, inputs=spec, device=args.device)  # warm-up: imports, kernels
         cold = {"read": _cold(read_all, model), "fingerprint": _cold(fingerprint_model, model, inputs=spec,
-                                                                        device=args.device)}
+                                                                        device=args.device),
+                "check then run": _cold(check_then_run, model, inputs=spec, device=args.device)}
         nbytes = read_all(model)
         warm = {"read": _best_of(2, read_all, model),
-                "fingerprint": _best_of(2, fingerprint_model, model, inputs=spec, device=args.device)}
+                "fingerprint": _best_of(2, fingerprint_model, model, inputs=spec, device=args.device),
+                "check then run": _best_of(2, check_then_run, model, inputs=spec, device=args.device)}
     print(f"{args.shape}: {nbytes / 1e9:.2f} GB of tensors; {spec.n_sequences * spec.seq_len} tokens; "
           f"device {args.device}")
     for cache, times in (("cold", cold), ("warm", warm)):
@@ -94,7 +107,9 @@ def main() -> None:
         print(f"{cache} page cache: read all tensors {times['read']:.2f} s ({nbytes / times['read'] / 1e9:.2f} GB/s); "
               f"fingerprint {times['fingerprint']:.2f} s; "
               f"ratio {times['fingerprint'] / times['read']:.2f} (goal <= 1.5); "
-              f"{3600 / times['fingerprint']:.0f} models/hour")
+              f"{3600 / times['fingerprint']:.0f} models/hour; "
+              f"check then run (two reads) {times['check then run']:.2f} s "
+              f"({times['check then run'] / times['fingerprint']:.2f}x the one-read fingerprint)")
 
 
 if __name__ == "__main__":

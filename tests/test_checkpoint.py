@@ -1,4 +1,5 @@
-"""scanner.checkpoint: lazy reads in the stored dtype, sharded folders, tokenizer identity, and every refusal."""
+"""scanner.checkpoint: lazy reads in the stored dtype, sharded folders, tokenizer identity, and every refusal; the
+value pass over the stored values (scanner.validate)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from safetensors.torch import save_file
 
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.errors import CheckpointError, UnsafeCheckpointError
+from scanner.validate import check_values_and_hash
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 
@@ -399,3 +401,30 @@ def test_index_without_weight_map(tmp_path: Path) -> None:
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
     with pytest.raises(CheckpointError, match="has no weight_map"):
         open_checkpoint(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn])
+def test_the_value_pass_names_the_first_value_that_is_not_finite(tmp_path: Path, dtype: torch.dtype) -> None:
+    """Every position and kind of non-finite value is found, in chunks of 64 bytes (so across chunk boundaries),
+    with its first flat index; the largest finite values pass, and hashes are the stored bytes'."""
+
+    torch.manual_seed(0)
+    clean = torch.randn(5, 40).to(dtype)
+    largest = torch.finfo(dtype).max
+    clean.view(-1)[[3, 150]] = torch.tensor([largest, -largest], dtype=torch.float64).to(dtype)
+    kinds = {"NaN": float("nan")} | ({} if dtype == torch.float8_e4m3fn else {"Inf": float("inf")})  # e4m3: no Inf
+    planted: dict[str, tuple[int, str]] = {}
+    tensors = {"clean": clean}
+    for position in (0, 17, 131, 199):
+        for kind, value in kinds.items():
+            tensor = clean.clone()
+            tensor.view(-1)[position] = value
+            tensor.view(-1)[min(position + 9, 199)] = value   # a later one must not be reported first
+            name = f"t{position}_{kind}"
+            tensors[name], planted[name] = tensor, (position, kind)
+    checkpoint = open_checkpoint(_folder(tmp_path / "m", tensors))
+    for name, (position, kind) in planted.items():
+        with pytest.raises(CheckpointError, match=rf"tensor {name} contains {kind} \(first at flat index {position} "):
+            check_values_and_hash(checkpoint, chunk_bytes=64, names=[name])
+    digest = check_values_and_hash(checkpoint, chunk_bytes=64, names=["clean"])["clean"]
+    assert digest == checkpoint.tensor_sha256("clean")
