@@ -12,7 +12,7 @@ ratio (goal <= 1.5) and the models per hour one device fingerprints from local d
 fingerprint actor's code path without Ray: fetch and store aside, an actor runs ``fingerprint_model``). Also
 times, as the baseline of one read per tensor, checking then running: the separate value pass
 (``validate_checkpoint``) and then ``fingerprint_model`` given its hashes, two reads of every weight (what
-``hubtrace test`` does, and what a scan's worker did before it checked weights as the forward pass reads them).
+``hubtrace test`` and a scan's worker do).
 """
 
 from __future__ import annotations

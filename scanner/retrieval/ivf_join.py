@@ -35,7 +35,7 @@ LIST_SIZE = 128
 LEAVES_PER_GROUP = 64
 """Leaves per group of the coarse search."""
 GROUPS_PROBED = 8
-"""Groups whose leaves a query scores (4 groups: 8% fewer close pairs for 25% less query time; BENCHMARKS.md)."""
+"""Groups whose leaves a query scores (4: 8% fewer close pairs, 25% less query time at 2,000 models; BENCHMARKS.md)."""
 QUERIES_PER_LIST = 128
 """Queries a probed list is scanned for at once, on average (``query_chunk``)."""
 QUERY_CHUNK = 1 << 17
