@@ -1,6 +1,7 @@
 """Candidate retrieval at hub scale: N 7B-shaped models (32 blocks x 11008 units), planted families.
 
     PYTHONPATH=. python bench/bench_retrieval_scale.py --models 1000 2000 5000 10000 [--family 8] [--index auto]
+    PYTHONPATH=. python bench/bench_retrieval_scale.py --models 2000 --through-scan   # the scan's own path
 
 Each N runs in a fresh process (peak RSS per N). Entries are generated in signature space, not from full
 fingerprints (10,000 of those would be 3.6 TB): a family base draws, per block, the signatures of its
@@ -11,7 +12,9 @@ average two siblings, retrained MLPs redraw half the blocks) and keeps the top o
 along the direction, as scanner.retrieval.signatures does. Prints wall time (index build + every model's query +
 the selected pairs' block maps, as a scan draws them: scanner.retrieval.candidates.with_wide_block_maps),
 peak RSS, index size on disk, candidate pairs per model against the planted family size, and pair recall; then
-the growth exponent.
+the growth exponent. ``--through-scan`` times the scan's own path instead: the entries are written as entry files
+by another process, and ``scanner.retrieval.hub.update_indexes`` reads them, builds, queries, maps and saves, so its
+peak RSS is what a scan's driver needs for a full rebuild.
 """
 
 from __future__ import annotations
@@ -91,10 +94,7 @@ def synthetic_entries(n_models: int, family: int, seed: int = 0):  # noqa: ANN20
 
 
 def run_one(n_models: int, family: int, kind: str) -> dict:
-    from dataclasses import replace
-
     from scanner.retrieval.candidates import MIN_SCORE, scored_pairs, with_wide_block_maps
-    from scanner.retrieval.hub import family_pairs
     from scanner.retrieval.index import RetrievalIndex, SearchParams
 
     generated = time.perf_counter()
@@ -110,30 +110,82 @@ def run_one(n_models: int, family: int, kind: str) -> dict:
         found = scored_pairs(index, dict(zip(keys, entries)), MIN_SCORE)
         searched = time.perf_counter()
         number_of = {key: i for i, key in enumerate(keys)}
-        found = with_wide_block_maps(found, lambda key: replace(entries[number_of[key]], vectors=entries[
-            number_of[key]].vectors.astype(np.float32)), threshold=index.search_params.threshold)
+        found = with_wide_block_maps(found, lambda key: entries[number_of[key]],
+                                     threshold=index.search_params.threshold)
         mapped = time.perf_counter()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         index.save()
         size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
-    number = {key[0]: i for i, key in enumerate(keys)}
-    direct = {(number[p.model_a], number[p.model_b]) for p in found}
-    got = {(number[a[0]], number[b[0]]) for a, b in
-           family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b), p.block_map) for p in found)} | direct
-    planted = {(i, j) for i in range(n_models) for j in range(i + 1, min(n_models, i + family))
-               if families[i] == families[j]}
-    missed = sorted(planted - got)
-    per_model = 2 * len(got) / n_models
+    direct, outcome = _candidates_against_planted(found, [key[0] for key in keys], family, families, kinds)
     return {"models": n_models, "kind": index.kind, "load_avg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
             "entries_s": round(generated, 1), "vectors": index.ntotal, "build_s": round(built - started, 1),
             "query_s": round(searched - built, 1), "maps_s": round(mapped - searched, 1),
             "total_s": round(mapped - started, 1),
             "cpu_s_incl_entries": round(usage.ru_utime + usage.ru_stime, 1),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-            "index_mib": round(size / 2**20, 1), "candidates_per_model": round(per_model, 2),
-            "family_size": family, "planted_pairs": len(planted), "recall": round(1 - len(missed) / len(planted), 5),
-            "direct_pairs": len(direct), "false_pairs": len(got - planted),
-            "missed_by_kind": _by_kind(missed, kinds)}
+            "index_mib": round(size / 2**20, 1), "direct_pairs": len(direct), **outcome}
+
+
+def write_entry_files(n_models: int, family: int, folder: Path) -> None:
+    """The generator's entries as a scan keeps them (entry files beside the index folder ``folder/db.retrieval``,
+    one per fingerprint address ``folder/fp/<model>``), and the planted truth as ``folder/truth.json``."""
+    from scanner.retrieval.index import entry_path, write_entry
+
+    entries, families, kinds = synthetic_entries(n_models, family)
+    for i, entry in enumerate(entries):
+        write_entry(entry, entry_path(folder / "db.retrieval", folder / "fp" / f"m{i:06d}"))
+    (folder / "truth.json").write_text(json.dumps({"families": families, "kinds": kinds}))
+
+
+def run_one_through_scan(n_models: int, family: int, kind: str) -> dict:
+    """The scan's own path: ``update_indexes`` reads every entry file, builds the index, queries it with every
+    model and draws the selected pairs' block maps, then saves the index. The entry files are written by another
+    process, so the peak RSS is what a scan's driver needs for a full rebuild."""
+    from scanner.retrieval.candidates import MIN_SCORE
+    from scanner.retrieval.hub import IndexedModel, update_indexes
+    from scanner.retrieval.index import SearchParams
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        generated = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--write-entries", str(folder), "--models", str(n_models),
+                        "--family", str(family)], check=True)
+        generated = time.perf_counter() - generated
+        truth = json.loads((folder / "truth.json").read_text())
+        models = [IndexedModel(f"m{i:06d}", "r", "bench", str(folder / "fp" / f"m{i:06d}")) for i in range(n_models)]
+        load_before = os.getloadavg()[0]
+        started = time.perf_counter()
+        run = update_indexes(folder / "db.retrieval", models, min_score=MIN_SCORE, search=SearchParams(kind=kind))
+        seconds = time.perf_counter() - started
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        index_bytes = sum(p.stat().st_size for p in (folder / "db.retrieval").rglob("*")
+                          if p.is_file() and "entries" not in p.parts)
+    _, outcome = _candidates_against_planted([pair for _, pair in run.pairs], [m.model_id for m in models],
+                                             family, truth["families"], truth["kinds"])
+    return {"models": n_models, "path": "update_indexes", "load_avg": [round(load_before, 1),
+                                                                       round(os.getloadavg()[0], 1)],
+            "entries_written_s": round(generated, 1), "total_s": round(seconds, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
+            "index_mib": round(index_bytes / 2**20, 1), **outcome}
+
+
+def _candidates_against_planted(found: list, names: list[str], family: int, families: list[int],
+                                kinds: list[str]) -> tuple[set, dict]:
+    """The direct pairs as model numbers, and how the candidates (those and their block closure) compare with the
+    planted families: per model, recall, false pairs, misses by kind."""
+    from scanner.retrieval.hub import family_pairs
+
+    number = {name: i for i, name in enumerate(names)}
+    direct = {(number[p.model_a], number[p.model_b]) for p in found}
+    got = {(number[a[0]], number[b[0]]) for a, b in
+           family_pairs(((p.model_a, p.revision_a), (p.model_b, p.revision_b), p.block_map) for p in found)} | direct
+    n_models = len(names)
+    planted = {(i, j) for i in range(n_models) for j in range(i + 1, min(n_models, i + family))
+               if families[i] == families[j]}
+    missed = sorted(planted - got)
+    return direct, {"candidates_per_model": round(2 * len(got) / n_models, 2), "family_size": family,
+                    "planted_pairs": len(planted), "recall": round(1 - len(missed) / len(planted), 5),
+                    "false_pairs": len(got - planted), "missed_by_kind": _by_kind(missed, kinds)}
 
 
 def _by_kind(missed: list[tuple[int, int]], kinds: list[str]) -> dict[str, int]:
@@ -149,15 +201,23 @@ def main() -> None:
     parser.add_argument("--models", type=int, nargs="+", default=[1000, 2000, 5000, 10000])
     parser.add_argument("--family", type=int, default=8)
     parser.add_argument("--index", choices=("auto", "flat", "ivf"), default="auto")
+    parser.add_argument("--through-scan", action="store_true",
+                        help="time the scan's own path (update_indexes over entry files) instead of the index calls")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--write-entries", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write_entries:
+        write_entry_files(args.models[0], args.family, args.write_entries)
+        return
     if args.one:
-        print(json.dumps(run_one(args.models[0], args.family, args.index)))
+        run = run_one_through_scan if args.through_scan else run_one
+        print(json.dumps(run(args.models[0], args.family, args.index)))
         return
     rows = []
     for n in args.models:
         out = subprocess.run([sys.executable, __file__, "--one", "--models", str(n), "--family", str(args.family),
-                              "--index", args.index], capture_output=True, text=True, check=True)
+                              "--index", args.index, *(["--through-scan"] if args.through_scan else [])],
+                             capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     if len(rows) > 1:

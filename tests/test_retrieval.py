@@ -12,12 +12,25 @@ import numpy as np
 import pytest
 
 from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint
-from scanner.retrieval.candidates import MIN_SCORE, CandidatePair, scored_pairs, with_wide_block_maps
+from scanner.fingerprint import Fingerprint, write_fingerprint
+from scanner.retrieval.candidates import (
+    MIN_SCORE,
+    CandidatePair,
+    pair_block_counts,
+    scored_pairs,
+    with_wide_block_maps,
+)
 from scanner.retrieval.collisions import map_counts, unique_rows
 from scanner.retrieval.hub import IndexedModel, family_pairs, update_indexes
-from scanner.retrieval.index import RetrievalIndex, SearchParams, entry_path, read_entry, write_entry
-from scanner.retrieval.signatures import RetrievalEntry, SignatureParams, retrieval_entry
+from scanner.retrieval.index import (
+    RetrievalIndex,
+    SearchParams,
+    entry_path,
+    load_or_make_entry,
+    read_entry,
+    write_entry,
+)
+from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams, retrieval_entry
 from scanner.zoo import Zoo
 
 
@@ -114,6 +127,26 @@ def test_the_index_persists_drops_superseded_revisions_and_rebuilds_when_damaged
     (index.folder / "index.faiss").write_bytes(b"damaged")
     rebuilt = update_indexes(folder, [changed, *models[1:]], min_score=4)
     assert rebuilt.queried == 6 and "does not match" in rebuilt.rebuilt[changed.input_set]
+
+
+def test_an_entry_is_used_as_its_file_stores_it_whether_made_or_read(zoo_fingerprints, tmp_path) -> None:
+    """A first scan makes entries from fingerprints and a rebuild reads them from their files: both must give the
+    index the same float16 vectors (a float32 copy would also double what a rebuild holds), and block maps must
+    not depend on which precision an entry arrives in."""
+    address = tmp_path / "fingerprints" / "aurora-base.safetensors"
+    address.parent.mkdir()
+    write_fingerprint(zoo_fingerprints["aurora-labs/aurora-base"], address)
+    made = load_or_make_entry(tmp_path / "db.retrieval", address, DEFAULT_PARAMS)
+    read = load_or_make_entry(tmp_path / "db.retrieval", address, DEFAULT_PARAMS)
+    assert made.vectors.dtype == read.vectors.dtype == np.float16
+    np.testing.assert_array_equal(made.vectors, read.vectors)
+    np.testing.assert_array_equal(made.blocks, read.blocks)
+
+    made_chat = retrieval_entry(zoo_fingerprints["finch-nlp/aurora-chat"])
+    stored = dataclasses.replace(made_chat, vectors=made_chat.vectors.astype(np.float16))
+    widened = dataclasses.replace(stored, vectors=stored.vectors.astype(np.float32))
+    counts = pair_block_counts(read, stored, threshold=0.6, map_threshold=0.5)
+    assert counts and counts == pair_block_counts(read, widened, threshold=0.6, map_threshold=0.5)
 
 
 def test_the_map_threshold_redraws_block_maps_and_never_scores(zoo_entries, tmp_path) -> None:

@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +87,8 @@ def write_entry(entry: RetrievalEntry, path: str | Path) -> None:
 
 
 def read_entry(path: str | Path) -> RetrievalEntry:
+    """An entry as its file stores it, float16 vectors: a rebuild holds every entry of the hub at once, and the
+    products that use them (index adds, queries, block maps) convert a chunk at a time."""
     from safetensors import safe_open
 
     try:
@@ -94,8 +96,8 @@ def read_entry(path: str | Path) -> RetrievalEntry:
             meta = handle.metadata() or {}
         tensors = load_file(str(path))
         params = SignatureParams(**json.loads(meta["params"]))
-        return RetrievalEntry(tensors["vectors"].astype(np.float32), tensors["blocks"],
-                              tensors["indexed"].astype(bool), int(meta["n_layers"]), meta["input_set"], params)
+        return RetrievalEntry(tensors["vectors"], tensors["blocks"], tensors["indexed"].astype(bool),
+                              int(meta["n_layers"]), meta["input_set"], params)
     except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
         raise FingerprintError(f"{path}: not a readable retrieval entry: {exc}") from exc
 
@@ -103,7 +105,9 @@ def read_entry(path: str | Path) -> RetrievalEntry:
 def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path,
                        params: SignatureParams) -> RetrievalEntry:
     """The entry of a fingerprint kept in ``folder``; computed from the fingerprint (read from wherever the
-    fingerprint store keeps it) and written when missing, damaged or made with other params."""
+    fingerprint store keeps it) and written when missing, damaged or made with other params. Either way it is
+    returned as the file holds it (``read_entry``), so a first scan and a rebuild from the files compare the same
+    float16 vectors and retrieve the same pairs."""
     from scanner.fingerprint_store import read_fingerprint_at
     from scanner.retrieval.signatures import retrieval_entry
 
@@ -117,7 +121,7 @@ def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path,
             pass
     entry = retrieval_entry(read_fingerprint_at(fingerprint_address), params)
     write_entry(entry, path)
-    return entry
+    return replace(entry, vectors=entry.vectors.astype(np.float16))
 
 
 class RetrievalIndex:

@@ -51,8 +51,9 @@ class SignatureParams:
 
 @dataclass(frozen=True)
 class RetrievalEntry:
-    """A model's retrieval entry: ``vectors`` (n, 2*dim) float32 unit rows, the block each row comes from, and
-    which rows are indexed (the first ``units_per_block`` of each block; all rows query)."""
+    """A model's retrieval entry: ``vectors`` (n, 2*dim) unit rows (float32 as made from a fingerprint, float16 as
+    an entry file stores them), the block each row comes from, and which rows are indexed (the first
+    ``units_per_block`` of each block; all rows query)."""
 
     vectors: np.ndarray
     blocks: np.ndarray        # (n,) int32 block index of each row
