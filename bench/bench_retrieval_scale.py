@@ -111,7 +111,7 @@ def run_one(n_models: int, family: int, kind: str) -> dict:
         searched = time.perf_counter()
         number_of = {key: i for i, key in enumerate(keys)}
         found = with_wide_block_maps(found, lambda key: entries[number_of[key]],
-                                     threshold=index.search_params.threshold)
+                                     threshold=index.search_params.threshold, depth_of=index.depth)
         mapped = time.perf_counter()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         index.save()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import faiss
 import numpy as np
 
@@ -145,3 +147,30 @@ def test_an_index_the_hub_outgrew_is_trained_anew_and_only_new_models_are_return
     index.sync({key: (lambda e=e: e) for key, e in {**grown, **many}.items()})
     assert "outgrew its ivf" in index.rebuilt_because and index.index.nlist > nlist
     assert index.ntotal == 400 * (len(grown) + len(many))
+
+
+def test_a_training_sample_streamed_from_the_entries_equals_one_taken_from_their_stack(tmp_path) -> None:
+    """A rebuild trains an IVF on a sample of every indexed vector, gathered one entry at a time so that the
+    hub's entries are never all held: the rows, and their order (k-means starts from it), must be those of
+    indexing the stacked vectors, and the index then holds every model and reports each one's depth."""
+    from scanner.retrieval.index import _sample_rows
+
+    params = SignatureParams(dim=8)
+    rng = np.random.default_rng(7)
+    entries = []
+    for rows in (40, 1, 0, 75, 33):
+        entry = _entry(_clustered(rng, max(rows, 1), dim=16), params)
+        indexed = np.zeros(entry.indexed.shape, bool)
+        indexed[rng.permutation(indexed.size)[:rows]] = True
+        entries.append(dataclasses.replace(entry, indexed=indexed, blocks=np.arange(indexed.size, dtype=np.int32) % 3))
+    stacked = np.concatenate([e.vectors[e.indexed] for e in entries])
+    positions = rng.choice(stacked.shape[0], 100, replace=False)
+    np.testing.assert_array_equal(_sample_rows(iter(entries), positions), stacked[positions])
+
+    loads = []
+    current = {(f"m{i}", "r"): (lambda i=i, e=e: loads.append(i) or e) for i, e in enumerate(entries)}
+    index = RetrievalIndex(tmp_path, "set", params, SearchParams(kind="ivf"))
+    index.sync(current)
+    assert index.ntotal == stacked.shape[0] and set(index.models) == set(current)
+    assert max(loads.count(i) for i in range(len(entries))) == 3    # checked, sampled, added; never kept
+    assert index.depth(("m3", "r")) == 3 and index.depth(("m1", "r")) == 1

@@ -147,20 +147,25 @@ def pair_block_counts(a: RetrievalEntry, b: RetrievalEntry, threshold: float, ma
 
 
 def with_wide_block_maps(pairs: Iterable[CandidatePair], entry_of: Callable[[ModelKey], RetrievalEntry], *,
-                         threshold: float, map_threshold: float = MAP_THRESHOLD) -> list[CandidatePair]:
+                         threshold: float, map_threshold: float = MAP_THRESHOLD,
+                         depth_of: Callable[[ModelKey], int] | None = None) -> list[CandidatePair]:
     """Selected pairs with their block maps widened: the blocks their collision map leaves unpaired are compared
     in full down to ``map_threshold`` (``pair_block_counts``), and the block pairs found there join the map.
     A map that already pairs every block of the shallower model is kept as it is (a one-to-one map cannot
     grow), so most fine-tunes cost nothing here and a retrained MLP costs the quarter of the product its
-    unpaired blocks span. Pairs are widened on one thread per core (``entry_of`` must allow that). Unchanged when
-    ``map_threshold`` is the collision ``threshold``. Scores and ranks stay those of the search."""
+    unpaired blocks span; ``depth_of(key)``, the blocks a model's entry covers (``RetrievalIndex.depth``), tells
+    that without loading the entries (default: counted from them). Pairs are widened on one thread per core
+    (``entry_of`` must allow that). Unchanged when ``map_threshold`` is the collision ``threshold``. Scores and
+    ranks stay those of the search."""
     if map_threshold >= threshold:
         return list(pairs)
+    depth_of = depth_of or (lambda key: int(np.unique(entry_of(key).blocks).size))
 
     def widened(pair: CandidatePair) -> CandidatePair:
-        a, b = entry_of((pair.model_a, pair.revision_a)), entry_of((pair.model_b, pair.revision_b))
-        if len(pair.block_map) >= min(np.unique(a.blocks).size, np.unique(b.blocks).size):
+        key_a, key_b = (pair.model_a, pair.revision_a), (pair.model_b, pair.revision_b)
+        if len(pair.block_map) >= min(depth_of(key_a), depth_of(key_b)):
             return pair
+        a, b = entry_of(key_a), entry_of(key_b)
         paired_a, paired_b = {x for x, _ in pair.block_map}, {y for _, y in pair.block_map}
         extra = block_map(pair_block_counts(_without_blocks(a, paired_a), _without_blocks(b, paired_b),
                                             threshold, map_threshold))

@@ -7,8 +7,9 @@ next to this one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, with_wide_block_maps
@@ -46,6 +47,26 @@ class RetrievalRun:
     rebuilt: dict[str, str] = field(default_factory=dict)                  # input set -> why it was rebuilt
 
 
+class EntriesOnDemand(Mapping[ModelKey, RetrievalEntry]):
+    """The entries of ``keys``, each loaded when it is asked for and not kept: the queries of a rebuild then hold
+    one chunk of entries at a time, not every entry of the hub."""
+
+    def __init__(self, keys: Iterable[ModelKey], load: Callable[[ModelKey], RetrievalEntry]) -> None:
+        self._keys, self._load = list(keys), load
+        self._known = set(self._keys)
+
+    def __getitem__(self, key: ModelKey) -> RetrievalEntry:
+        if key not in self._known:
+            raise KeyError(key)
+        return self._load(key)
+
+    def __iter__(self) -> Iterator[ModelKey]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 def index_folder(db_path: str | Path) -> Path:
     """``<db>.retrieval/``: beside the database, so a copy of both moves together."""
     path = Path(db_path)
@@ -65,27 +86,19 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
         by_set.setdefault(model.input_set, {})[model.key] = model
     for input_set, members in sorted(by_set.items()):
         index = RetrievalIndex(folder, input_set, params, search)
-        entries = {}
 
-        def loader(model: IndexedModel, loaded: dict = entries):  # noqa: ANN202
-            def load():  # noqa: ANN202
-                loaded[model.key] = load_or_make_entry(folder, model.fingerprint_path, params)
-                return loaded[model.key]
-            return load
+        def load(key: ModelKey, members: dict = members) -> RetrievalEntry:
+            return load_or_make_entry(folder, members[key].fingerprint_path, params)
 
-        removed, added = index.sync({key: loader(model) for key, model in members.items()})
+        removed, added = index.sync({key: partial(load, key) for key in members})
         if index.rebuilt_because and index.rebuilt_because != "no index yet":
             run.rebuilt[input_set] = index.rebuilt_because
         run.removed += len(removed)
         run.queried += len(added)
         run.added |= set(added)
-        selected = scored_pairs(index, {key: entries[key] for key in added}, min_score)
-
-        def entry_of(key: ModelKey, loaded: dict = entries, members: dict = members) -> RetrievalEntry:
-            return loaded[key] if key in loaded else loader(members[key])()
-
+        selected = scored_pairs(index, EntriesOnDemand(added, load), min_score)
         run.pairs += [(input_set, pair) for pair in with_wide_block_maps(
-            selected, entry_of, threshold=search.threshold, map_threshold=map_threshold)]
+            selected, load, threshold=search.threshold, map_threshold=map_threshold, depth_of=index.depth)]
         if before_save is not None:
             before_save(run)
         index.save()

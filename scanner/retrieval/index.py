@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -204,8 +204,12 @@ class RetrievalIndex:
         """Hold exactly the ``current`` models: remove the others (superseded revisions, models gone), add the
         missing ones (each value loads its entry). A rebuild (no valid index on disk) adds everything at once,
         as an IVF when that is more than FLAT_LIMIT vectors; so does a sync that would leave the index outgrown
-        (``_outgrown``: it then loads every held entry too). Returns (removed, added): added are the models new
-        to the index, the ones to query."""
+        (``_outgrown``: it then adds every held model again too). Returns (removed, added): added are the models
+        new to the index, the ones to query.
+
+        Entries are loaded when needed and not kept: each is loaded once to be checked and counted, once more to
+        be added, and once more when an IVF is trained on a sample, so a rebuild holds the index and one chunk of
+        vectors, never every entry of the hub."""
         removed = [key for key in self.models if key not in current]
         for key in removed:
             number = self.models.pop(key)["number"]
@@ -213,28 +217,22 @@ class RetrievalIndex:
             self._index().remove_ids(self._faiss.IDSelectorRange(int(vector_id(number, 0)),
                                                                  int(vector_id(number + 1, 0))))
         added = [key for key in sorted(current) if key not in self.models]
-        entries = [current[key]() for key in added]
-        for entry in entries:
-            if entry.input_set != self.input_set or entry.params != self.params:
-                raise ValueError(f"a retrieval entry of {entry.input_set} cannot join the index of {self.input_set}")
-        new_vectors = sum(int(e.indexed.sum()) for e in entries)
+        new_vectors = sum(self._indexed_count(key, current[key]()) for key in added)
         keys = added
         if self._outgrown(self.ntotal + new_vectors):
             self.rebuilt_because = (f"the hub outgrew its {self.kind} index ({self.ntotal + new_vectors} vectors): "
                                     "trained anew on all of them")
             keys = sorted(self.models) + added
-            entries = [current[key]() for key in sorted(self.models)] + entries
-            new_vectors = sum(int(e.indexed.sum()) for e in entries)
+            new_vectors += self.ntotal
             self.index, self._tree, self.models, self.blocks = None, None, {}, {}
         kind = self.search_params.kind
         if self.index is None and new_vectors and (kind == "ivf" or (kind == "auto" and new_vectors > FLAT_LIMIT)):
-            self.index = self._trained_ivf(np.concatenate([e.vectors[e.indexed] for e in entries]))
+            self.index = self._trained_ivf(keys, current, new_vectors)
         vectors, ids, pending = [], [], 0
-        for position, (key, entry) in enumerate(zip(keys, entries)):
+        for position, key in enumerate(keys):
+            entry = current[key]()
             number = self.next_number
             self.next_number += 1
-            if entry.vectors.shape[0] >= 1 << ROW_BITS:
-                raise ValueError(f"{key[0]}: a retrieval entry holds at most {1 << ROW_BITS} vectors")
             rows = np.flatnonzero(entry.indexed)
             vectors.append(entry.vectors[rows])
             ids.append(vector_id(number, rows))
@@ -242,10 +240,18 @@ class RetrievalIndex:
                                 "rows": int(rows.size), "n_layers": entry.n_layers}
             self.blocks[number] = entry.blocks.astype(np.int32)
             pending += rows.size
-            if pending >= ADD_CHUNK or position == len(entries) - 1:
+            if pending >= ADD_CHUNK or position == len(keys) - 1:
                 self._add(np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32), np.concatenate(ids))
                 vectors, ids, pending = [], [], 0
         return removed, added
+
+    def _indexed_count(self, key: ModelKey, entry: RetrievalEntry) -> int:
+        """The vectors ``entry`` puts into the index, once it is checked to belong here."""
+        if entry.input_set != self.input_set or entry.params != self.params:
+            raise ValueError(f"a retrieval entry of {entry.input_set} cannot join the index of {self.input_set}")
+        if entry.vectors.shape[0] >= 1 << ROW_BITS:
+            raise ValueError(f"{key[0]}: a retrieval entry holds at most {1 << ROW_BITS} vectors")
+        return int(entry.indexed.sum())
 
     def _outgrown(self, vectors: int) -> bool:
         """Whether holding ``vectors`` needs a new index: an IVF's lists, trained for ~LIST_SIZE vectors each, would
@@ -257,12 +263,13 @@ class RetrievalIndex:
             return vectors > RETRAIN_GROWTH * ivf_join.LIST_SIZE * self.index.nlist
         return self.search_params.kind == "auto" and vectors > RETRAIN_GROWTH * FLAT_LIMIT
 
-    def _trained_ivf(self, sample_from: np.ndarray):  # noqa: ANN202 - a faiss index
-        """An empty IVF whose list centroids are trained on (a sample of) the first build's vectors."""
-        nlist = min(ivf_join.list_count(sample_from.shape[0]), sample_from.shape[0])
-        rng = np.random.default_rng(0)
-        sample = sample_from[rng.choice(sample_from.shape[0], min(sample_from.shape[0], 64 * nlist), replace=False)]
-        leaves = ivf_join.train_leaves(sample, nlist)
+    def _trained_ivf(self, keys: list[ModelKey], current: Mapping[ModelKey, Callable[[], RetrievalEntry]],
+                     total: int):  # noqa: ANN202 - a faiss index
+        """An empty IVF whose list centroids are trained on a random sample of the ``total`` indexed vectors of
+        the ``keys`` models, gathered one entry at a time (``_sample_rows``)."""
+        nlist = min(ivf_join.list_count(total), total)
+        positions = np.random.default_rng(0).choice(total, min(total, 64 * nlist), replace=False)
+        leaves = ivf_join.train_leaves(_sample_rows((current[key]() for key in keys), positions), nlist)
         quantizer = self._faiss.IndexFlatIP(self.dim)
         quantizer.add(leaves)
         index = self._faiss.IndexIVFFlat(quantizer, self.dim, leaves.shape[0], self._faiss.METRIC_INNER_PRODUCT)
@@ -289,6 +296,10 @@ class RetrievalIndex:
 
     def number_of(self, key: ModelKey) -> int:
         return int(self.models[key]["number"])
+
+    def depth(self, key: ModelKey) -> int:
+        """How many blocks a held model's entry has signatures in, without loading the entry."""
+        return int(np.unique(self.blocks[self.number_of(key)]).size)
 
     def key_of(self) -> dict[int, ModelKey]:
         return {m["number"]: key for key, m in self.models.items()}
@@ -325,6 +336,19 @@ class RetrievalIndex:
             rows += entry.vectors.shape[0]
         if rows:
             yield np.concatenate(queries).astype(np.float32), np.concatenate(ids)
+
+
+def _sample_rows(entries: Iterable[RetrievalEntry], positions: np.ndarray) -> np.ndarray:
+    """Rows ``positions`` (distinct, in that order) of the entries' indexed vectors stacked, taken as the entries
+    stream past: the same rows as indexing the whole stack, without ever holding it."""
+    wanted = np.sort(positions)
+    parts, start = [], 0
+    for entry in entries:
+        rows = entry.vectors[entry.indexed]
+        low, high = np.searchsorted(wanted, [start, start + rows.shape[0]])
+        parts.append(rows[wanted[low:high] - start])
+        start += rows.shape[0]
+    return np.concatenate(parts)[np.searchsorted(wanted, positions)]
 
 
 def _sha256(file: Path) -> str:
