@@ -15,7 +15,10 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.activations import ACT2FN
 
-from scanner.adapters import ArchitectureAdapter, GLUWeights, transformers_config
+from scanner.adapters import ArchitectureAdapter
+from scanner.architectures.config import transformers_config
+from scanner.architectures.shape import GLUWeights
+from scanner.architectures.sites import SiteWeights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, IncomparableError
 
@@ -30,10 +33,14 @@ class MLPActivations:
     gate: np.ndarray
     up: np.ndarray
 
-    def hidden(self, activation: str) -> np.ndarray:
-        """phi_H's matrix: the down projection's input sigma(Gx) * (Ux)."""
+    def hidden(self, activation: str, kind: str = "gated") -> np.ndarray:
+        """phi_H's matrix: the down projection's input, sigma(Gx) * (Ux) for a gated MLP, sigma(Wx + b) for a plain
+        one (whose first view is that pre-activation)."""
+        if activation not in ACT2FN:
+            raise IncomparableError(f"phi_H needs the MLP's activation; {activation!r} is not one transformers names")
         act = ACT2FN[activation]
-        return (act(torch.from_numpy(self.gate).float()) * torch.from_numpy(self.up).float()).numpy()
+        hidden = act(torch.from_numpy(self.gate).float())
+        return (hidden if kind == "plain" else hidden * torch.from_numpy(self.up).float()).numpy()
 
 
 def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedModel:
@@ -110,6 +117,31 @@ def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights]) -> list[
         MLPActivations(gate=units_by_tokens(mlp_input @ w.gate.T), up=units_by_tokens(mlp_input @ w.up.T))
         for w in experts
     ]
+
+
+def site_activations(mlp_input: torch.Tensor, weights: SiteWeights) -> MLPActivations:
+    """The two views of every hidden unit of one MLP on its input (tokens, d), shaped (units, tokens).
+
+    Gated: the gate's pre-activation and the up output, as the paper's phi_MATCH reads them. Plain (fc -> act ->
+    proj, no gate): the fc pre-activation x W_fc^T + b, and the unit's output column read back on the same input,
+    x W_proj, with its projection on the first view removed unit by unit. Both views move with the unit under any
+    permutation (the fc row and the proj column travel together to keep the output), and at initialisation they are
+    independent (W_fc and W_proj are drawn apart), as gate and up are: the same argument gives phi_MATCH's null. The
+    per-unit residual keeps a trained unit whose output column echoes its input row from matching twice for one
+    reason. Both views are unchanged by a rotation of the residual stream (x -> xQ, W_fc -> W_fc Q, W_proj -> Q^T
+    W_proj) where the architecture's norm admits one.
+    """
+    if weights.gate is not None:
+        gate, up = mlp_input @ weights.gate.T, mlp_input @ weights.up.T
+        gate = gate if weights.gate_bias is None else gate + weights.gate_bias
+        up = up if weights.up_bias is None else up + weights.up_bias
+        return MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up))
+    pre = mlp_input @ weights.up.T
+    pre = pre if weights.up_bias is None else pre + weights.up_bias
+    back = mlp_input @ weights.down
+    pre64, back64 = pre.double(), back.double()
+    scale = (pre64 * back64).sum(0) / (pre64 * pre64).sum(0).clamp_min(1e-300)
+    return MLPActivations(gate=units_by_tokens(pre), up=units_by_tokens(back64 - pre64 * scale))
 
 
 def units_by_tokens(outputs: torch.Tensor) -> np.ndarray:

@@ -15,41 +15,18 @@ for a role (OLMo's parameter-free LayerNorm) simply lacks that role.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
-from transformers import CONFIG_MAPPING, PretrainedConfig
 
+from scanner.architectures.adapter import ModuleTreeAdapter
+from scanner.architectures.config import transformers_config
+from scanner.architectures.shape import GLUWeights, ModelShape
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
-
-
-@dataclass(frozen=True)
-class GLUWeights:
-    """One gated MLP (a dense block's MLP or one MoE expert): down(act(gate x) * up x). float32, (out, in)."""
-
-    gate: torch.Tensor  # (h, d)
-    up: torch.Tensor  # (h, d)
-    down: torch.Tensor  # (d, h)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dims hubtrace needs, as transformers would build the model (config defaults applied)."""
-
-    architecture: str  # config["architectures"][0] if present, else model_type
-    model_type: str
-    n_layers: int
-    hidden_size: int
-    intermediate_size: int  # per expert for MoE
-    vocab_size: int
-    n_experts: int  # 0 for dense models
-    hidden_act: str  # activation of the gate, e.g. "silu", "gelu_pytorch_tanh"
-    tie_word_embeddings: bool  # True when the output head is the input embedding (no separate head stored)
 
 
 @dataclass(frozen=True)
@@ -138,6 +115,11 @@ class ArchitectureAdapter:
     def block_prefix(self, layer: int) -> str:
         """Stored tensor-name prefix of block `layer`, e.g. "model.layers.3." (names in the file, not modules)."""
         return f"{self._root}layers.{layer}."
+
+    def streamed_tensor_names(self) -> set[str]:
+        """Stored names of every tensor a block-by-block forward pass reads whole (the blocks' own)."""
+        prefixes = tuple(self.block_prefix(layer) for layer in range(self.shape.n_layers))
+        return {name for name in self.checkpoint.tensor_names() if name.startswith(prefixes)}
 
     def mlp_module_path(self, layer: int) -> str:
         """Dotted path of block `layer`'s MLP (or sparse MoE block) in the model transformers builds.
@@ -439,11 +421,12 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
+def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter | ModuleTreeAdapter:
     """The adapter for this checkpoint's family, already checked against its tensor headers.
 
-    Raises UnsupportedArchitectureError for a family (or a head, e.g. ...ForSequenceClassification) hubtrace has
-    no mapping for, and CheckpointError when the config and the stored shapes disagree.
+    A model_type with no family row is read off transformers' module tree (scanner.architectures). Raises
+    UnsupportedArchitectureError for a head of a known family hubtrace does not read (e.g. ...ForSequenceClassification)
+    or an architecture without MLPs, and CheckpointError when the config and the stored shapes disagree.
     """
     model_type = checkpoint.config.get("model_type")
     architectures = checkpoint.config.get("architectures") or []
@@ -455,31 +438,7 @@ def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter:
                     f"{model_type!r}; supported: {', '.join(family.architectures)}"
                 )
             return (family.adapter or ArchitectureAdapter)(checkpoint, family)
-    supported = sorted(t for family in FAMILIES for t in family.model_types)
-    raise UnsupportedArchitectureError(
-        f"{checkpoint.path}: model_type {model_type!r} (architectures {architectures}) is not supported; "
-        f"supported model_types: {', '.join(supported)}"
-    )
-
-
-def transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
-    """config.json as transformers' own config class reads it: its defaults, legacy fixes and type checks.
-
-    Built from the config the checkpoint already read (bounded, from a regular file): transformers never opens
-    the folder's config.json a second time.
-
-    Only built-in config classes are used: opening the checkpoint refused auto_map for any other model_type and
-    removed it from the config otherwise.
-    """
-    model_type = checkpoint.config["model_type"]
-    try:
-        return CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(checkpoint.config))
-    # The config classes raise assorted errors (strict dataclass validation, ValueError, TypeError) on bad input.
-    except Exception as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__  # the whole message: its first line ends in ':'
-        raise CheckpointError(
-            f"{checkpoint.path / 'config.json'} is not a valid {model_type} config: {reason}"
-        ) from exc
+    return ModuleTreeAdapter(checkpoint)
 
 
 def _glu_layout(role_prefix: str, stored_prefix: str, names: tuple[str, str, str], hidden: int, d: int) -> _Layout:

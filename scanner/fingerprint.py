@@ -32,7 +32,9 @@ from safetensors.numpy import save_file
 
 from scanner import __version__
 from scanner.activations import MLPActivations
-from scanner.adapters import ArchitectureAdapter, GLUWeights
+from scanner.adapters import ArchitectureAdapter
+from scanner.architectures.shape import GLUWeights
+from scanner.architectures.sites import SiteWeights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, FingerprintError, one_line
 from scanner.files import file_sha256
@@ -76,6 +78,8 @@ class FingerprintMeta:
     hubtrace_version: str
     format_version: int
     dtype: str
+    mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, whose two views are (fc pre-activation, proj read-back)
+    model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
 
 
 _META_TYPES = TypeAdapter(FingerprintMeta)
@@ -92,6 +96,9 @@ class Fingerprint:
     def comparable_with(self, other: Fingerprint) -> str | None:
         """None when activation statistics may compare the two; otherwise why not (one line)."""
         a, b = self.meta, other.meta
+        if a.mlp_kind != b.mlp_kind:
+            return (f"one model's MLPs are {a.mlp_kind} and the other's {b.mlp_kind}: their units have different "
+                    "views, so no activation statistic pairs them")
         if a.input_set == b.input_set:
             return None
         if a.token_range != b.token_range and a.input_spec == b.input_spec:
@@ -173,6 +180,8 @@ def fingerprint_model(
         hubtrace_version=__version__,
         format_version=FINGERPRINT_FORMAT,
         dtype=storage_dtype,
+        mlp_kind=getattr(adapter, "mlp_kind", "gated"),
+        model_layers=getattr(adapter, "model_layers", None),
     )
     checkpoint.close()
     return Fingerprint(meta=meta, blocks=blocks)
@@ -184,8 +193,8 @@ def _value_pass(checkpoint: Checkpoint, adapter: ArchitectureAdapter) -> ValuesA
     two) and the rest (embedding, norms, head) now; otherwise every tensor now, as `validate_checkpoint` does."""
     values = ValuesAsRead(checkpoint)
     if ValuesAsRead.applies(checkpoint):
-        prefixes = tuple(adapter.block_prefix(layer) for layer in range(adapter.shape.n_layers))
-        values.before(n for n in checkpoint.tensor_names() if not n.startswith(prefixes))
+        streamed = adapter.streamed_tensor_names()
+        values.before(n for n in checkpoint.tensor_names() if n not in streamed)
     else:
         values.before(checkpoint.tensor_names())
     return values
@@ -384,9 +393,10 @@ def activation_effective_rank(values: np.ndarray) -> float:
     return float(torch.exp(-(p * p.log()).sum())) if p.numel() else 0.0
 
 
-def _block_summary(experts: list[GLUWeights], activations: list[MLPActivations]) -> dict[str, Any]:
+def _block_summary(experts: list[GLUWeights] | list[SiteWeights], activations: list[MLPActivations]) -> dict[str, Any]:
     rms = {part: np.concatenate([_unit_rms(getattr(a, part)) for a in activations]) for part in ("gate", "up")}
-    kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part)) for e in experts])) for part in ("gate", "up", "down")}
+    parts = [part for part in ("gate", "up", "down") if getattr(experts[0], part) is not None]
+    kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part)) for e in experts])) for part in parts}
     return {
         "kurtosis": kurtosis,
         "activation_effective_rank": float(np.mean([activation_effective_rank(getattr(a, part))
@@ -401,7 +411,7 @@ def _summaries(per_block: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "mlp_weight_kurtosis": [float(np.mean(list(b["kurtosis"].values()))) for b in per_block],
         "activation_effective_rank": [b["activation_effective_rank"] for b in per_block],
-        "gate_weight_kurtosis": [b["kurtosis"]["gate"] for b in per_block],
+        "gate_weight_kurtosis": [b["kurtosis"].get("gate") for b in per_block],  # None: a plain MLP has no gate
         "up_weight_kurtosis": [b["kurtosis"]["up"] for b in per_block],
         "down_weight_kurtosis": [b["kurtosis"]["down"] for b in per_block],
         "activation_rms_quantiles": list(QUANTILES),

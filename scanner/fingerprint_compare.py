@@ -89,7 +89,8 @@ def compare_fingerprints(
     def block(layers_ab: tuple[int, int]) -> LayerResult:
         pairing, pairs = paired(layers_ab)
         if statistic == "hidden":
-            tests = [phi_h(x.hidden(a.meta.hidden_act), y.hidden(b.meta.hidden_act), device=device) for x, y in pairs]
+            tests = [phi_h(x.hidden(a.meta.hidden_act, a.meta.mlp_kind), y.hidden(b.meta.hidden_act, b.meta.mlp_kind),
+                           device=device) for x, y in pairs]
         else:
             tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
         return block_result(*layers_ab, tests, pairing)

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from scanner.activations import MLPActivations, check_sequence_length, glu_activations
-from scanner.adapters import ArchitectureAdapter, GLUWeights, adapter_for
+from scanner.adapters import ArchitectureAdapter, adapter_for
+from scanner.architectures.shape import GLUWeights
 from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.fingerprint import model_token_range
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
@@ -67,7 +68,9 @@ class _Model:
         base = self.lm.get_submodule(self.adapter.mlp_module_path(0).removesuffix(".layers.0.mlp"))
         self.device, self.dtype = device, dtype
         with torch.inference_mode():
-            self.entry, self.calls = _block_calls(self.lm, base, self.layers, self.adapter, ids, device, dtype)
+            self.entry, self.calls = _block_calls(
+                self.lm, base, self.layers, self.adapter.embedding_rows, ids, device, dtype
+            )
 
     def load(self, layer: int) -> list[GLUWeights]:
         experts = self.adapter.mlp(layer)
@@ -89,7 +92,8 @@ class _Model:
             lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
         )
         try:
-            out = self.layers[layer](hidden, **self.calls[layer])
+            call = self.calls[layer]
+            out = self.layers[layer](hidden, *call.args, **call.kwargs)
         finally:
             handle.remove()
         mlp_input = captured[0].reshape(-1, captured[0].shape[-1])

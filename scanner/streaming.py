@@ -16,27 +16,38 @@ its MLP input, and goes back to the meta device before the next block is read.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
-from scanner.activations import MLPActivations, check_sequence_length, glu_activations, units_by_tokens
-from scanner.adapters import ArchitectureAdapter, GLUWeights, transformers_config
+from scanner.activations import (
+    MLPActivations,
+    check_sequence_length,
+    glu_activations,
+    site_activations,
+    units_by_tokens,
+)
+from scanner.adapters import ArchitectureAdapter
+from scanner.architectures.adapter import ModuleTreeAdapter
+from scanner.architectures.config import transformers_config
+from scanner.architectures.module_tree import build_meta_model
+from scanner.architectures.shape import GLUWeights
+from scanner.architectures.sites import SiteWeights, site_weights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError
 
 
 @dataclass(frozen=True)
 class StreamedBlock:
-    """One block's gated MLPs (float32, CPU; as `adapter.mlp` returns them) and their activations."""
+    """One block's MLPs (float32, CPU; as `adapter.mlp` returns them) and their activations."""
 
     layer: int
-    experts: list[GLUWeights]
+    experts: list[GLUWeights] | list[SiteWeights]
     activations: list[MLPActivations]
 
 
@@ -73,12 +84,15 @@ def stream_blocks(
     yielded block while computing the next, keeping two blocks' MLP weights alive.
     """
     dtype = dtype or default_dtype(device)
+    if isinstance(adapter, ModuleTreeAdapter):
+        yield from _stream_sites(adapter, ids, device, dtype)
+        return
     lm = _meta_model(checkpoint)
     check_sequence_length(lm, ids)
     layers = lm.get_submodule(adapter.mlp_module_path(0).removesuffix(".0.mlp"))
     base = lm.get_submodule(adapter.mlp_module_path(0).removesuffix(".layers.0.mlp"))
     with torch.inference_mode():
-        hidden, calls = _block_calls(lm, base, layers, adapter, ids, device, dtype)
+        hidden, calls = _block_calls(lm, base, layers, adapter.embedding_rows, ids, device, dtype)
     for layer, module in enumerate(layers):
         with torch.inference_mode():
             experts = adapter.mlp(layer)
@@ -96,7 +110,7 @@ def stream_blocks(
                 for part, projection in projections.items()
             ]
             try:
-                out = module(hidden, **calls[layer])
+                out = module(hidden, *calls[layer].args, **calls[layer].kwargs)
             finally:
                 for handle in handles:
                     handle.remove()
@@ -119,6 +133,68 @@ def stream_blocks(
         del experts  # else this block's MLP weights stay alive while the next block is read
 
 
+def _stream_sites(
+    adapter: ModuleTreeAdapter, ids: np.ndarray, device: str, dtype: torch.dtype
+) -> Iterator[StreamedBlock]:
+    """`stream_blocks` for an architecture read off its module tree: every layer runs (a hybrid's MLP-less layers
+    too), and each layer that holds MLP sites yields one block with the two views of every unit of every site."""
+    tree, checkpoint = adapter.tree, adapter.checkpoint
+    check_sequence_length(tree.lm, ids)
+    stack = tree.stack
+    in_layers = {id(m) for m in stack.layers.modules()}
+
+    def load_globals() -> None:
+        tree.load(adapter.global_tensor_names(), device, dtype)
+        for module in stack.base.modules():
+            if id(module) not in in_layers:
+                for name, param in module.named_parameters(recurse=False):
+                    setattr(module, name, nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False))
+
+    with torch.inference_mode():
+        hidden, calls = _block_calls(tree.lm, stack.base, stack.layers, adapter.embedding_rows, ids, device, dtype,
+                                     load_globals)
+    block = 0
+    for layer, sites in enumerate(tree.sites):
+        with torch.inference_mode():
+            module = tree.load_layer(layer, device, dtype)
+            captured: dict[str, torch.Tensor] = {}
+            handles = [module.get_submodule(site.input_module).register_forward_pre_hook(
+                _first_input(captured, site.input_module), with_kwargs=True) for site in sites]
+            try:
+                out = module(hidden, *calls[layer].args, **calls[layer].kwargs)
+                weights = [(site, w) for site in sites for w in site_weights(module, site)]
+                activations = [site_activations(captured[site.input_module].reshape(-1, w.up.shape[1]), w)
+                               for site, w in weights]
+                experts = [_on_cpu(w) for _, w in weights]
+            finally:
+                for handle in handles:
+                    handle.remove()
+                module.to_empty(device="meta")
+                checkpoint.close()
+            hidden = out[0] if isinstance(out, tuple) else out
+            del captured, weights, out
+        if sites:
+            yield StreamedBlock(block, experts, activations)
+            block += 1
+        del experts, activations
+
+
+def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:
+    """A forward pre-hook that keeps the first input a module is called with (a site's MLP input)."""
+
+    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if key not in sink:
+            sink[key] = args[0] if args else next(iter(kwargs.values()))
+
+    return hook
+
+
+def _on_cpu(weights: SiteWeights) -> SiteWeights:
+    """A copy of one MLP's weights as float32 on the CPU (what the fingerprint's summaries read)."""
+    return SiteWeights(**{f.name: None if (t := getattr(weights, f.name)) is None else t.float().cpu()
+                          for f in fields(SiteWeights)})
+
+
 def _dense_projections(mlp: nn.Module) -> dict[str, nn.Module]:
     """A dense MLP's own gate and up layers when it has them separately (most families; not Phi-3's fused
     gate_up_proj, nor experts): their outputs are the activations, caught as the block computes them."""
@@ -139,41 +215,44 @@ def _meta_model(checkpoint: Checkpoint) -> PreTrainedModel:
     Built from the checkpoint's config (what a GGUF file's metadata or a dequantized checkpoint says), not from
     whatever config.json lies next to the weights.
     """
-    try:
-        config = transformers_config(checkpoint)  # the validated config, not a second read of the file
-        with torch.device("meta"):
-            lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc
-    return lm.eval()
+    return build_meta_model(checkpoint, transformers_config(checkpoint))
 
 
 class _Recorded(Exception):
     """Raised by the last recorder: the base model's forward has handed out every block's arguments."""
 
 
+class BlockCall(NamedTuple):
+    """The arguments after the hidden states that the base model's forward gives one block."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
 def _block_calls(
     lm: PreTrainedModel,
     base: nn.Module,
     layers: nn.ModuleList,
-    adapter: ArchitectureAdapter,
+    embedding_rows: Callable[[list[int]], torch.Tensor],
     ids: np.ndarray,
     device: str,
     dtype: torch.dtype,
-) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    """Hidden states entering block 0 and the keyword arguments the base model's forward gives each block."""
+    load_globals: Callable[[], None] | None = None,
+) -> tuple[torch.Tensor, list[BlockCall]]:
+    """Hidden states entering block 0 and the arguments the base model's forward gives each block.
+
+    ``load_globals`` puts the stored weights of what runs before block 0 (position embeddings, an embedding norm)
+    over the initialised ones; without it they are what the model initialises (rotary frequencies)."""
     unique, local_ids = np.unique(ids, return_inverse=True)
-    _materialize_globals(lm, base, layers, adapter.embedding_rows(unique.tolist()), device, dtype)
+    _materialize_globals(lm, base, layers, embedding_rows(unique.tolist()), device, dtype, load_globals)
     entry: list[torch.Tensor] = []
-    calls: list[dict[str, Any]] = []
+    calls: list[BlockCall] = []
 
     def recorder(layer: int):
         def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if args:
-                raise CheckpointError(f"{type(layers[layer]).__name__} was called with positional arguments")
             if not entry:
                 entry.append(hidden_states)
-            calls.append(kwargs)
+            calls.append(BlockCall(args, kwargs))
             if layer == len(layers) - 1:
                 raise _Recorded
             return hidden_states
@@ -195,7 +274,8 @@ def _block_calls(
 
 
 def _materialize_globals(
-    lm: PreTrainedModel, base: nn.Module, layers: nn.ModuleList, rows: torch.Tensor, device: str, dtype: torch.dtype
+    lm: PreTrainedModel, base: nn.Module, layers: nn.ModuleList, rows: torch.Tensor, device: str, dtype: torch.dtype,
+    load_globals: Callable[[], None] | None = None,
 ) -> None:
     """Make real what runs before block 0: an embedding table of just `rows`, and the model's own buffers.
 
@@ -214,6 +294,8 @@ def _materialize_globals(
         for name, param in module.named_parameters(recurse=False):
             if param.is_floating_point():
                 setattr(module, name, nn.Parameter(param.to(dtype), requires_grad=False))
+    if load_globals is not None:
+        load_globals()
     embed.weight.copy_(rows.to(device=device, dtype=dtype))
 
 

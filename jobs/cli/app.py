@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from jobs.cli import compare, fingerprint, lineage, localize, query, scan
+from jobs.cli import architectures, compare, fingerprint, lineage, localize, query, scan
 from jobs.cli.refusals import RefusingCommand
 
 app = typer.Typer(
@@ -27,6 +27,7 @@ COMMANDS = {
     "discrepancies": lineage.discrepancies_command,
     "report": lineage.report_command,
     "scan": scan.scan_command,
+    "architectures": architectures.architectures_command,
 }
 """Every command by the name a person types."""
 
