@@ -63,7 +63,7 @@ def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedMod
 def check_sequence_length(model: PreTrainedModel, ids: np.ndarray) -> None:
     """Refuse sequences longer than the model's positions (its activations there would be meaningless)."""
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and ids.shape[1] > limit:
+    if isinstance(limit, int) and limit > 0 and ids.shape[1] > limit:  # XLNet's -1: relative positions, no limit
         raise IncomparableError(f"canonical sequences of {ids.shape[1]} tokens exceed the model's {limit} positions")
 
 

@@ -6,12 +6,19 @@ real: the embedding rows the canonical ids use (the ids are renumbered into that
 scaled embedding still applies its own scale) and whatever the model initialises itself (rotary
 frequencies), through the model's own `_init_weights`.
 
-One forward pass of the base model with every decoder layer replaced by a recorder collects, for each
-block, the exact arguments the model's forward would call it with (causal or sliding-window mask,
-position embeddings, position ids) and the hidden states entering block 0. Then each block in turn gets
-its weights from safetensors (stored names, or the adapter's per-expert tensors fused the way
-transformers 5 holds experts), runs on all canonical sequences at once with a forward pre-hook capturing
-its MLP input, and goes back to the meta device before the next block is read.
+Two ways to run the blocks, one per kind of adapter:
+
+* The Llama-style rows of `scanner.adapters`: one forward pass of the base model with every decoder layer
+  replaced by a recorder collects, for each block, the exact arguments the model's forward would call it with
+  (causal or sliding-window mask, position embeddings, position ids) and the hidden states entering block 0.
+  Then each block in turn gets its weights from safetensors (stored names, or the adapter's per-expert tensors
+  fused the way transformers 5 holds experts), runs on all canonical sequences at once with a forward pre-hook
+  capturing its MLP input, and goes back to the meta device before the next block is read (`scanner.replay`
+  replays blocks the same way).
+* Every other architecture (`scanner.architectures`): the base model's own forward pass runs once, and each
+  decoder layer is loaded when the forward calls it and freed when it returns, so whatever the model passes
+  between its layers is its own code's business; the pass runs on a worker thread in lockstep with the consumer
+  (`scanner.lockstep`), one block's weights alive at a time.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ from scanner.activations import (
 from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.adapter import ModuleTreeAdapter
 from scanner.architectures.config import transformers_config
-from scanner.architectures.module_tree import build_meta_model
+from scanner.architectures.module_tree import build_meta_model, init_owners
 from scanner.architectures.shape import GLUWeights
-from scanner.architectures.sites import SiteWeights, site_weights
+from scanner.architectures.sites import MLPSite, SiteWeights, site_weights
 from scanner.checkpoint import Checkpoint
-from scanner.errors import CheckpointError
+from scanner.errors import CheckpointError, HubtraceError, one_line
+from scanner.lockstep import lockstep
 
 
 @dataclass(frozen=True)
@@ -136,10 +144,38 @@ def stream_blocks(
 def _stream_sites(
     adapter: ModuleTreeAdapter, ids: np.ndarray, device: str, dtype: torch.dtype
 ) -> Iterator[StreamedBlock]:
-    """`stream_blocks` for an architecture read off its module tree: every layer runs (a hybrid's MLP-less layers
-    too), and each layer that holds MLP sites yields one block with the two views of every unit of every site."""
-    tree, checkpoint = adapter.tree, adapter.checkpoint
-    check_sequence_length(tree.lm, ids)
+    """`stream_blocks` for an architecture read off its module tree, run by the model's own forward pass.
+
+    The base model's forward calls its layers as it always does (whatever it passes between them: tuples, several
+    hidden streams, a shared block, layers run more than once); each call loads that layer's weights, runs it, and
+    frees them again, and the first call of a layer that holds MLP sites yields one block with the two views of
+    every unit of every site. The forward runs on a worker thread in lockstep with the consumer, so one block's
+    weights are alive at a time, as in `stream_blocks`."""
+    check_sequence_length(adapter.tree.lm, ids)
+
+    def produce(emit: Callable[[StreamedBlock], None]) -> None:
+        with torch.inference_mode():
+            try:
+                _forward_layer_by_layer(adapter, ids, device, dtype, emit)
+            except HubtraceError:
+                raise
+            except Exception as exc:  # transformers' forward on a checkpoint it builds but cannot run: one line
+                raise CheckpointError(f"{adapter.checkpoint.path}: transformers could not run model_type "
+                                      f"{adapter.shape.model_type!r} block by block: {one_line(exc)}") from exc
+
+    yield from lockstep(produce, name="hubtrace-stream")
+
+
+class _AllLayersRan(Exception):
+    """Raised after every decoder layer has run once: the rest of the forward (final norm, head) is not needed."""
+
+
+def _forward_layer_by_layer(
+    adapter: ModuleTreeAdapter, ids: np.ndarray, device: str, dtype: torch.dtype,
+    emit: Callable[[StreamedBlock], None],
+) -> None:
+    """One forward pass of the base model with each decoder layer loaded just for its own call (see _stream_sites)."""
+    tree = adapter.tree
     stack = tree.stack
     in_layers = {id(m) for m in stack.layers.modules()}
 
@@ -150,33 +186,84 @@ def _stream_sites(
                 for name, param in module.named_parameters(recurse=False):
                     setattr(module, name, nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False))
 
-    with torch.inference_mode():
-        hidden, calls = _block_calls(tree.lm, stack.base, stack.layers, adapter.embedding_rows, ids, device, dtype,
-                                     load_globals)
-    block = 0
-    for layer, sites in enumerate(tree.sites):
-        with torch.inference_mode():
+    unique, local_ids = np.unique(ids, return_inverse=True)
+    tree.materialize_buffers(device, dtype)
+    _materialize_globals(tree.lm, stack.base, stack.layers, adapter.embedding_rows(unique.tolist()), device, dtype,
+                         load_globals)
+    ran: set[int] = set()
+    blocks = {layer: block for block, layer in enumerate(adapter.block_layers)}
+
+    def streamed(layer: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            sites = tree.sites[layer] if layer not in ran else []
+            if sites and len(ran & set(blocks)) != blocks[layer]:
+                raise CheckpointError(f"{tree.lm.config.model_type}: its forward runs layer {layer} before the "
+                                      "layers that hold the blocks before it")
             module = tree.load_layer(layer, device, dtype)
             captured: dict[str, torch.Tensor] = {}
-            handles = [module.get_submodule(site.input_module).register_forward_pre_hook(
-                _first_input(captured, site.input_module), with_kwargs=True) for site in sites]
+            handles = [module.get_submodule(path).register_forward_pre_hook(_first_input(captured, path),
+                                                                            with_kwargs=True)
+                       for path in {path for site in sites for path in site.input_modules}]
             try:
-                out = module(hidden, *calls[layer].args, **calls[layer].kwargs)
+                out = forward(*args, **kwargs)
                 weights = [(site, w) for site in sites for w in site_weights(module, site)]
-                activations = [site_activations(captured[site.input_module].reshape(-1, w.up.shape[1]), w)
-                               for site, w in weights]
+                activations = [site_activations(_site_input(captured, site, w.up.shape[1]), w) for site, w in weights]
                 experts = [_on_cpu(w) for _, w in weights]
             finally:
                 for handle in handles:
                     handle.remove()
-                module.to_empty(device="meta")
-                checkpoint.close()
-            hidden = out[0] if isinstance(out, tuple) else out
-            del captured, weights, out
-        if sites:
-            yield StreamedBlock(block, experts, activations)
-            block += 1
-        del experts, activations
+                tree.release_layer(layer)
+            del captured, weights
+            ran.add(layer)
+            if sites:
+                emit(StreamedBlock(blocks[layer], experts, activations))
+            del experts, activations
+            if len(ran) == len(stack.layers):
+                raise _AllLayersRan
+            return out
+
+        return run
+
+    for layer, module in enumerate(stack.layers):
+        module.forward = streamed(layer, module.forward)
+    local = torch.from_numpy(local_ids.reshape(ids.shape)).to(device)
+    embedding = stack.base.get_input_embeddings().register_forward_pre_hook(_embeds_only(local, tree.lm))
+    try:
+        stack.base(input_ids=local, use_cache=False)
+    except _AllLayersRan:
+        pass
+    finally:
+        embedding.remove()
+        for module in stack.layers:
+            del module.forward  # back to the class's forward
+    if len(ran) != len(stack.layers):
+        raise CheckpointError(f"{tree.lm.config.model_type}: the model ran {len(ran)} of its {len(stack.layers)} "
+                              "layers")
+
+
+def _embeds_only(ids: torch.Tensor, lm: PreTrainedModel) -> Callable[..., None]:
+    """A pre-hook that refuses a model whose forward looks up other ids than it was given (CPM-Ant prepends prompt
+    ids): the embedding holds only the rows of the given ids, renumbered, so any other lookup would read wrong rows.
+    The same ids in another layout (XLNet embeds them sequence-first) are the same rows."""
+    given = ids.flatten().sort().values
+
+    def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+        looked_up = args[0] if args else None
+        if not (isinstance(looked_up, torch.Tensor) and looked_up.numel() == given.numel()
+                and torch.equal(looked_up.flatten().sort().values, given)):
+            raise CheckpointError(f"{lm.config.model_type}: its forward embeds other token ids than its input ids, "
+                                  "which a block-by-block fingerprint with a partial embedding table cannot follow")
+
+    return hook
+
+
+def _site_input(captured: dict[str, torch.Tensor], site: MLPSite, width: int) -> torch.Tensor:
+    """A site's MLP input as (tokens, width): the first of its input modules that was called with that width."""
+    for path in site.input_modules:
+        tensor = captured.get(path)
+        if tensor is not None and tensor.shape[-1] == width:
+            return tensor.reshape(-1, width)
+    raise CheckpointError(f"the MLP at {site.path or 'the layer'} was not called with inputs of its width {width}")
 
 
 def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:
@@ -283,6 +370,7 @@ def _materialize_globals(
     `from_pretrained` does for tensors a checkpoint does not store.
     """
     in_layers = {id(m) for m in layers.modules()}
+    owners = init_owners(lm)
     embed = base.get_input_embeddings()
     embed.weight = nn.Parameter(torch.empty(rows.shape, device=device, dtype=dtype), requires_grad=False)
     embed.padding_idx = None  # ids are renumbered; padding_idx only matters for gradients anyway
@@ -290,7 +378,7 @@ def _materialize_globals(
         if id(module) in in_layers or module is layers:
             continue
         module.to_empty(device=device, recurse=False)
-        lm._init_weights(module)
+        owners[id(module)]._init_weights(module)
         for name, param in module.named_parameters(recurse=False):
             if param.is_floating_point():
                 setattr(module, name, nn.Parameter(param.to(dtype), requires_grad=False))

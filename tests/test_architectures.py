@@ -7,6 +7,8 @@ own block-by-block path. A copy with small noise must test dependent and an inde
 
 from __future__ import annotations
 
+import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,31 +16,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from scipy.stats import kstest
+from scipy.stats import binom, kstest
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
 from scanner.activations import site_activations
-from scanner.architectures.coverage import classify, coverage, tiny_config
+from scanner.architectures.coverage import classify, coverage
 from scanner.architectures.sites import SiteWeights
+from scanner.architectures.tiny import tiny_config
 from scanner.checkpoint import open_checkpoint
-from scanner.errors import UnsupportedArchitectureError
+from scanner.errors import CheckpointError, UnsupportedArchitectureError
 from scanner.fingerprint import fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.stats.independence import phi_match
 from scanner.validate import validate_checkpoint
 
 DEPENDENT = -20.0  # log10 p a noisy copy must reach (the issue's bar)
-INDEPENDENT = -3.0  # log10 p an independent model must stay above: 1e-3 false failures per type, so about one seed
-# in ten would fail one of the ~106 types; the seeds are fixed (the smallest measured: -2.82)
+INDEPENDENT = -3.0  # the issue's bar for one independent pair: 1e-3 false failures per type
+NOISE = 0.02  # the copy's noise, relative to each parameter's spread
 
 
 def _save(model_type: str, folder: Path, seed: int, noise: float = 0.0) -> None:
+    """A tiny random model of the type, saved as transformers saves it. A weight matrix the model's own init leaves
+    constant (RWKV zeroes its channel-mixing key) is drawn at random, as training would move it: constant units tie,
+    and a model of only ties says nothing about the pipeline. The copy's noise is relative to each parameter's spread
+    (RWKV's embedding rows are 1e-4 wide; absolute noise would drown them)."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type))
-    if noise:
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(torch.randn_like(parameter) * noise)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim >= 2 and bool((parameter == parameter.flatten()[0]).all()):
+                parameter.normal_(0.0, 0.02)
+        for parameter in model.parameters() if noise else ():
+            spread = float(parameter.std()) if parameter.numel() > 1 else 0.0
+            parameter.add_(torch.randn_like(parameter) * noise * (spread or 0.1))
     model.save_pretrained(folder)
 
 
@@ -46,40 +56,68 @@ def test_every_causal_lm_type_has_a_verdict_and_a_reason() -> None:
     rows = list(coverage())
     verdicts = {row.model_type: row for row in rows}
     assert all(row.reason for row in rows)
-    assert verdicts["mamba"].verdict == "refused" and "no feed-forward" in verdicts["mamba"].reason
-    assert verdicts["bert"].verdict == "refused" and "encoder" in verdicts["bert"].reason
+    assert verdicts["mamba"].verdict == "refused" and verdicts["mamba"].out_of_scope == "no MLP"
+    assert verdicts["bert"].verdict == "refused" and verdicts["bert"].out_of_scope == "encoder"
+    assert verdicts["bart"].out_of_scope == "encoder-decoder" and verdicts["whisper"].out_of_scope == "encoder-decoder"
     assert verdicts["gpt2"].verdict == "plain" and verdicts["falcon"].verdict == "plain"
     assert verdicts["granite"].verdict == "gated" and verdicts["glm4"].verdict == "gated"
-    for moe in ("glm4_moe", "solar_open", "gpt_oss", "qwen3_moe"):
+    for moe in ("glm4_moe", "solar_open", "gpt_oss", "qwen3_moe", "deepseek_v3", "llama4_text", "dbrx", "jetmoe"):
         assert verdicts[moe].verdict == "moe", moe
     assert verdicts["jamba"].verdict == "moe"  # Mamba and attention layers alike hold a feed-forward network
+    assert verdicts["zamba"].verdict == "hybrid" and "hold no MLP" in verdicts["zamba"].reason
     assert "interleaved" in verdicts["gpt_oss"].reason and "transposed" in verdicts["gpt_oss"].reason
-    assert sum(row.supported for row in rows) >= 100
+    in_scope = [row for row in rows if row.out_of_scope is None]
+    assert sum(row.supported for row in in_scope) >= 0.95 * len(in_scope)  # the issue's goal
 
 
 def test_every_supported_type_tells_a_noisy_copy_from_an_independent_model(tmp_path: Path) -> None:
+    """Each supported type: a noisy copy at log10 p <= -20, an independent model not rejected. With ~160 types,
+    the issue's per-type bar of -3 would fail falsely in ~15% of seed choices (1 - 0.999^160), so each independent
+    pair is held to -3 - log10(#types) (Bonferroni: 1e-3 false failures for the whole test), and all of them
+    together to the tail a valid test allows: no more p-values <= 0.05 than the binomial 99th percentile (1% false
+    failures; several types share one implementation, so the p-values are not independent enough for a KS test).
+    The seeds are fixed; measured: 4 of 158 at p <= 0.05 (15 allowed), the smallest log10 p -3.34 (gemma3)."""
     supported = [row.model_type for row in coverage() if row.supported]
-    failures = []
+    failures, independent = [], []
     for model_type in supported:
         folders = [tmp_path / f"{model_type}-{name}" for name in ("base", "copy", "other")]
         _save(model_type, folders[0], seed=0)
-        _save(model_type, folders[1], seed=0, noise=0.002)
+        _save(model_type, folders[1], seed=0, noise=NOISE)
         _save(model_type, folders[2], seed=1)
         base, copy, other = (fingerprint_model(folder) for folder in folders)
         dependent = compare_fingerprints(base, copy).log10_p
-        independent = compare_fingerprints(base, other).log10_p
-        if not (dependent <= DEPENDENT and independent >= INDEPENDENT):
-            failures.append(f"{model_type}: copy {dependent:.1f}, independent {independent:.2f}")
+        independent.append(compare_fingerprints(base, other).log10_p)
+        if not (dependent <= DEPENDENT and independent[-1] >= INDEPENDENT - math.log10(len(supported))):
+            failures.append(f"{model_type}: copy {dependent:.1f}, independent {independent[-1]:.2f}")
+        for folder in folders:
+            shutil.rmtree(folder)
     assert not failures, failures
-    assert len(supported) >= 100
+    assert sum(p <= math.log10(0.05) for p in independent) <= binom.ppf(0.99, len(independent), 0.05)
+    assert len(supported) >= 150
 
 
 def test_a_refused_architecture_is_one_clear_error(tmp_path: Path) -> None:
-    for model_type, words in (("mamba", "no feed-forward"), ("deepseek_v3", "not verified")):
+    for model_type, words in (("mamba", "no feed-forward"), ("reformer", "not verified")):
         _save(model_type, tmp_path / model_type, seed=0)
         with pytest.raises(UnsupportedArchitectureError, match=words) as caught:
             validate_checkpoint(tmp_path / model_type, check_values=False)
         assert "\n" not in str(caught.value)
+
+
+def test_a_forward_that_fails_inside_transformers_is_one_clear_error(tmp_path: Path, monkeypatch) -> None:
+    """A checkpoint transformers builds but cannot run (here its MLP raises, as a config no tiny model exercised
+    might) is a CheckpointError of one line naming the model type, not a traceback out of the worker thread."""
+    from transformers.models.gpt2 import modeling_gpt2
+
+    _gpt2(tmp_path / "m", seed=0)
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied\n(4x64 and 96x64)")
+
+    monkeypatch.setattr(modeling_gpt2.GPT2MLP, "forward", broken)
+    with pytest.raises(CheckpointError, match="could not run model_type 'gpt2' block by block") as caught:
+        fingerprint_model(tmp_path / "m")
+    assert "\n" not in str(caught.value)
 
 
 def _gpt2(folder: Path, seed: int) -> GPT2LMHeadModel:
@@ -107,6 +145,55 @@ def test_plain_mlp_copy_with_permuted_units_in_conv1d_layout_tests_dependent(tmp
     base, permuted, other = (fingerprint_model(tmp_path / n) for n in ("base", "permuted", "other"))
     assert base.meta.mlp_kind == "plain"
     assert compare_fingerprints(base, permuted).log10_p <= DEPENDENT
+    assert compare_fingerprints(base, other).log10_p >= INDEPENDENT
+
+
+def test_plain_mlp_short_fine_tune_tests_dependent(tmp_path: Path) -> None:
+    """30 AdamW steps (lr 3e-4) of a GPT-2 on a repeating token pattern: the loss falls by a fifth or more (4.9 to 3.7
+    measured) and every weight moves, and the fine-tune still tests dependent on its base while an independent GPT-2
+    does not."""
+    model = _gpt2(tmp_path / "base", seed=0).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    pattern = torch.arange(32).remainder(7).repeat(8, 1) + 10 * torch.arange(8)[:, None]
+    losses = []
+    for _ in range(30):
+        loss = model(input_ids=pattern, labels=pattern).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert losses[-1] <= 0.8 * losses[0]
+    model.eval().save_pretrained(tmp_path / "tuned")
+    _gpt2(tmp_path / "other", seed=1)
+    base, tuned, other = (fingerprint_model(tmp_path / n) for n in ("base", "tuned", "other"))
+    assert compare_fingerprints(base, tuned).log10_p <= DEPENDENT
+    assert compare_fingerprints(base, other).log10_p >= INDEPENDENT
+
+
+@torch.no_grad()
+def test_plain_mlp_copy_with_a_rotated_residual_stream_tests_dependent(tmp_path: Path) -> None:
+    """nanochat normalises with parameter-free RMSNorm, so a random rotation Q of the residual stream (embedding and
+    every map into it times Q, every map out of it times Q^T) leaves the function unchanged; both plain views are
+    unchanged too (x W_fc^T and x W_proj are rotation-invariant), so the rotated copy tests dependent."""
+    _save("nanochat", tmp_path / "base", seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+    ids = torch.arange(40).reshape(2, 20) % model.config.vocab_size
+    before = model(input_ids=ids).logits
+    q, _ = torch.linalg.qr(torch.randn(model.config.hidden_size, model.config.hidden_size,
+                                       generator=torch.Generator().manual_seed(3)))
+    model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight @ q)
+    model.lm_head.weight.copy_(model.lm_head.weight @ q)
+    for layer in model.model.layers:
+        for into in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.fc1):
+            into.weight.copy_(into.weight @ q)
+        for out in (layer.self_attn.o_proj, layer.mlp.fc2):
+            out.weight.copy_(q.T @ out.weight)
+    assert torch.allclose(model(input_ids=ids).logits, before, atol=1e-4)
+    model.save_pretrained(tmp_path / "rotated")
+    _save("nanochat", tmp_path / "other", seed=1)
+    base, rotated, other = (fingerprint_model(tmp_path / n) for n in ("base", "rotated", "other"))
+    assert base.meta.mlp_kind == "plain"
+    assert compare_fingerprints(base, rotated).log10_p <= DEPENDENT
     assert compare_fingerprints(base, other).log10_p >= INDEPENDENT
 
 
@@ -139,7 +226,7 @@ def test_plain_statistic_p_values_are_uniform_for_independent_mlps(coupling: flo
 def test_architectures_command_lists_every_type() -> None:
     out = subprocess.run([sys.executable, "-m", "jobs.cli.app", "architectures"], capture_output=True, text=True,
                          check=True).stdout
-    assert "causal-LM model types supported" in out
+    assert "decoder-only causal-LM model types with an MLP supported" in out
     assert any(line.split()[:2] == ["gpt2", "plain"] for line in out.splitlines())
     checkpoint_types = {classify("gpt_oss").verdict, classify("mamba").verdict}
     assert checkpoint_types == {"moe", "refused"}

@@ -21,11 +21,14 @@ def architectures_command(
     if markdown:
         typer.echo(coverage_markdown(rows), nl=False)
     elif as_json:
-        typer.echo(json.dumps([{"model_type": r.model_type, "verdict": r.verdict, "reason": r.reason} for r in rows],
-                              indent=2))
+        typer.echo(json.dumps([{"model_type": r.model_type, "verdict": r.verdict, "reason": r.reason,
+                                "out_of_scope": r.out_of_scope} for r in rows], indent=2))
     else:
         width = max(len(r.model_type) for r in rows)
         for r in rows:
             typer.echo(f"{terminal(r.model_type):<{width}}  {r.verdict:<8}  {terminal(r.reason)}")
-        supported = sum(r.supported for r in rows)
-        typer.echo(f"\n{supported} of {len(rows)} causal-LM model types supported")
+        in_scope = [r for r in rows if r.out_of_scope is None]
+        supported = sum(r.supported for r in in_scope)
+        typer.echo(f"\n{supported} of {len(in_scope)} decoder-only causal-LM model types with an MLP supported "
+                   f"({100 * supported / max(len(in_scope), 1):.1f}%); {len(rows) - len(in_scope)} more causal-LM "
+                   "types are encoders, encoder-decoders or have no MLP")

@@ -34,13 +34,13 @@ class ModuleTreeAdapter:
         self.checkpoint = checkpoint
         if checkpoint.config.get("model_type") not in CONFIG_MAPPING:
             raise UnsupportedArchitectureError(
-                f"{checkpoint.path}: model_type {checkpoint.config.get('model_type')!r} is not one the installed "
-                "transformers builds (hubtrace never runs a checkpoint's own code)"
+                f"{checkpoint.path}: model_type {checkpoint.config.get('model_type')!r} is not supported: the "
+                "installed transformers does not build it (hubtrace never runs a checkpoint's own code)"
             )
         if checkpoint.config["model_type"] in UNVERIFIED:
             raise UnsupportedArchitectureError(
-                f"{checkpoint.path}: model_type {checkpoint.config['model_type']!r} is not verified: "
-                f"{UNVERIFIED[checkpoint.config['model_type']]}"
+                f"{checkpoint.path}: model_type {checkpoint.config['model_type']!r} is not supported (not verified: "
+                f"{UNVERIFIED[checkpoint.config['model_type']]})"
             )
         config = transformers_config(checkpoint)
         self.tree = ModuleTree(checkpoint, build_meta_model(checkpoint, config))
@@ -113,8 +113,7 @@ class ModuleTreeAdapter:
         try:
             return [w for site in self.tree.sites[layer] for w in site_weights(module, site)]
         finally:
-            module.to_empty(device="meta")
-            self.checkpoint.close()
+            self.tree.release_layer(layer)
 
     def block_weights(self, block: int) -> dict[str, torch.Tensor]:
         raise UnsupportedArchitectureError(

@@ -21,7 +21,9 @@ def transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
     """
     model_type = checkpoint.config["model_type"]
     try:
-        return CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(checkpoint.config))
+        # transformers writes inf and NaN as {"__float__": "Infinity"} (Bamba's time_step_limit) and reads them back
+        values = PretrainedConfig._decode_special_floats(copy.deepcopy(checkpoint.config))
+        return CONFIG_MAPPING[model_type].from_dict(values)
     # The config classes raise assorted errors (strict dataclass validation, ValueError, TypeError) on bad input.
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__  # the whole message: its first line ends in ':'

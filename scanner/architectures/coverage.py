@@ -8,42 +8,35 @@ result and docs/architectures.md is generated from it, so the table cannot drift
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
-from scanner.architectures.module_tree import decoder_stack, not_decoder_only
+from scanner.architectures.module_tree import decoder_stack, encoder_decoder_by_default, not_decoder_only
 from scanner.architectures.names import UNVERIFIED
 from scanner.architectures.sites import find_sites
+from scanner.architectures.tiny import tiny_config
 
 Verdict = Literal["gated", "plain", "moe", "hybrid", "refused"]
-
-#: Sizes every tiny model takes (whichever of these keys its config has).
-TINY_SIZES: dict[str, int] = {
-    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "vocab_size": 128, "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "n_shared_experts": 1, "ffn_hidden_size": 96,
-    "n_inner": 96, "ffn_dim": 96, "d_ff": 96, "max_position_embeddings": 256, "n_positions": 256, "n_ctx": 256,
-    "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
-    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "num_experts_per_token": 2, "expert_interval": 1,
-    "partial_rotary_factor": 1, "rotary_dim": 16, "rotary_emb_base": 10000,
-}
-TINY_LAYERS = 2
-TINY_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id")
+#: Why a refused model type is no decoder-only language model with an MLP, so outside the share hubtrace aims to cover.
+OutOfScope = Literal["encoder-decoder", "encoder", "no MLP"]
 
 
 @dataclass(frozen=True)
 class Coverage:
-    """One model type's verdict: a supported kind, or refused with a one-line reason."""
+    """One model type's verdict: a supported kind, or refused with a one-line reason (and, when it is no
+    decoder-only model with an MLP, which kind of model it is instead)."""
 
     model_type: str
     verdict: Verdict
     reason: str
+    out_of_scope: OutOfScope | None = None
 
     @property
     def supported(self) -> bool:
@@ -55,18 +48,11 @@ def causal_lm_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-def tiny_config(model_type: str, **extra: Any) -> PretrainedConfig:
-    """The model type's own config with every size shrunk to a tiny model (two layers, width 64)."""
-    config = CONFIG_MAPPING[model_type]()
-    for target in _configs(config):
-        _shrink(target)
-        for key, value in extra.items():
-            setattr(target, key, value)
-    return config
-
-
 def classify(model_type: str) -> Coverage:
     """Build the tiny model on the meta device and find its MLP sites as a scan would."""
+    if encoder_decoder_by_default(model_type):
+        return Coverage(model_type, "refused", "encoder-decoder: hubtrace tests decoder-only language models",
+                        "encoder-decoder")
     if model_type in UNVERIFIED:
         return Coverage(model_type, "refused", f"not verified: {UNVERIFIED[model_type]}")
     try:
@@ -74,18 +60,17 @@ def classify(model_type: str) -> Coverage:
         with warnings.catch_warnings(), _quiet(), torch.device("meta"):
             warnings.simplefilter("ignore")
             lm = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-        if getattr(lm.config, "is_encoder_decoder", False):
-            return Coverage(model_type, "refused", "encoder-decoder: hubtrace tests decoder-only language models")
         stack = decoder_stack(lm)
     except Exception as exc:  # transformers raises anything from a config it cannot build at tiny sizes
         return Coverage(model_type, "refused", f"transformers does not build it from its own config: {_first(exc)}")
     layer_class = type(stack.layers[0]).__name__
     reason = not_decoder_only(lm.config, stack)
     if reason:
-        return Coverage(model_type, "refused", reason)
+        return Coverage(model_type, "refused", reason, "encoder")
     sites = [find_sites(layer) for layer in stack.layers]
     if not any(sites):
-        return Coverage(model_type, "refused", f"no feed-forward network hubtrace recognises in {layer_class}")
+        return Coverage(model_type, "refused", f"no feed-forward network (MLP) in any of its layers ({layer_class})",
+                        "no MLP")
     kinds = {site.kind for layer in sites for site in layer}
     if len(kinds) > 1:
         return Coverage(model_type, "refused", "mixes gated and plain MLPs")
@@ -103,60 +88,26 @@ def coverage() -> Iterator[Coverage]:
 
 def coverage_markdown(rows: list[Coverage]) -> str:
     """docs/architectures.md: the share supported, then one table row per model type (hub text never enters it)."""
-    supported = [r for r in rows if r.supported]
-    decoder_only = [r for r in rows if r.supported or r.reason.startswith(("no feed-forward", "transformers does not",
-                                                                             "mixes", "not verified"))]
+    in_scope = [r for r in rows if r.out_of_scope is None]
+    supported = [r for r in in_scope if r.supported]
+    outside = Counter(r.out_of_scope for r in rows if r.out_of_scope is not None)
     lines = [
         "# Architectures",
         "",
         "Generated by `hubtrace architectures --markdown` from the installed transformers; do not edit by hand.",
         "",
-        f"**{len(supported)} of {len(rows)}** causal-LM model types are supported "
-        f"({len(supported)} of {len(decoder_only)} decoder-only types; the rest are encoders or encoder-decoders).",
+        f"**{len(supported)} of {len(in_scope)}** ({100 * len(supported) / max(len(in_scope), 1):.1f}%) decoder-only "
+        f"causal-LM model types with an MLP are supported, each checked end to end by "
+        "`tests/test_architectures.py`. The installed transformers lists "
+        f"{len(rows)} causal-LM model types; the other {len(rows) - len(in_scope)} are "
+        + ", ".join(f"{n} {kind}" for kind, n in sorted(outside.items()))
+        + " (refused with that reason).",
         "",
         "| model_type | verdict | MLP sites found (or why refused) |",
         "| --- | --- | --- |",
     ]
     lines += [f"| `{r.model_type}` | {r.verdict} | {r.reason.replace('|', '/')} |" for r in rows]
     return "\n".join(lines) + "\n"
-
-
-def _configs(config: PretrainedConfig) -> list[PretrainedConfig]:
-    sub = [getattr(config, key) for key in getattr(config, "sub_configs", {}) if getattr(config, key, None) is not None]
-    return [config, *[c for c in sub if isinstance(c, PretrainedConfig)]]
-
-
-def _shrink(config: PretrainedConfig) -> None:
-    depth = _depth(config)
-    for key, value in TINY_SIZES.items():
-        if isinstance(getattr(config, key, None), int) and not isinstance(getattr(config, key), bool):
-            _set(config, key, value)
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
-        if isinstance(getattr(config, key, None), int):
-            _set(config, key, TINY_LAYERS)
-    if depth:
-        for key, value in list(vars(config).items()):
-            if isinstance(value, list) and len(value) == depth:
-                _set(config, key, value[:TINY_LAYERS])
-    for key in TINY_IDS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value >= TINY_SIZES["vocab_size"]:
-            _set(config, key, 1)
-
-
-def _depth(config: PretrainedConfig) -> int | None:
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _set(config: PretrainedConfig, key: str, value: Any) -> None:
-    try:
-        setattr(config, key, value)
-    except Exception:  # a derived or validated attribute; the config keeps its own value
-        pass
 
 
 def _describe(sites: list[list]) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 
 import torch
+import transformers
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import (
     WeightConverter,
@@ -23,8 +24,10 @@ from transformers.core_model_loading import (
     rename_source_key,
 )
 from transformers.modeling_utils import LoadStateDictConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.utils import logging as hf_logging
 
+from scanner.architectures.names import TOWER_WORDS
 from scanner.architectures.sites import MLPSite, find_sites
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
@@ -97,21 +100,74 @@ class ModuleTree:
                 "describes (shape or name)"
             )
 
+    def materialize_buffers(self, device: str, dtype: torch.dtype) -> None:
+        """Every buffer of the model (rotary tables, masks, Falcon-H1's muP vector) real on `device` and filled by the
+        model's own `_init_weights`, as `from_pretrained` fills what no file stores; parameters stay on meta.
+
+        Once, before a forward pass: some of them are set by a parent module (FalconH1Model fills each layer's), and
+        they stay while the layers' parameters come and go."""
+        for module in self.lm.modules():
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                if buffer is not None and buffer.is_meta:
+                    module._buffers[name] = torch.empty_like(buffer, device=device)
+        owners = init_owners(self.lm)
+        for module in reversed(list(self.lm.modules())):  # children first, as transformers does (a parent may fill
+            owners[id(module)]._init_weights(module)      # its children's buffers, and then has the last word)
+        for module in self.lm.modules():
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                if buffer is not None and buffer.is_floating_point():
+                    module._buffers[name] = buffer.to(dtype)
+
     def load_layer(self, layer: int, device: str, dtype: torch.dtype) -> nn.Module:
-        """Decoder layer `layer` with every parameter real on `device` in `dtype`; refused when one stays unstored."""
+        """Decoder layer `layer` with every parameter real on `device` in `dtype`; refused when one stays unstored.
+        `release_layer` puts its parameters back on the meta device."""
         module = self.stack.layers[layer]
-        for sub in module.modules():  # buffers no file stores (causal masks, rotary tables): the model's own values
-            if any(b.is_meta for b in sub.buffers(recurse=False)):
-                sub.to_empty(device="cpu", recurse=False)
-                self.lm._init_weights(sub)
         self.load(self.stored_by_layer.get(layer, []), device, dtype)
+        self._load_tied(layer, device, dtype)
         missing = [name for name, p in module.named_parameters() if p.is_meta]
         if missing:
             raise CheckpointError(
                 f"{self.checkpoint.path}: block {layer} stores no tensor for {', '.join(missing[:3])}"
                 + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             )
-        return module.to(device=device, dtype=dtype)
+        for sub in module.modules():
+            for name, param in list(sub.named_parameters(recurse=False)):
+                sub._parameters[name] = nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False)
+        return module
+
+    def _load_tied(self, layer: int, device: str, dtype: torch.dtype) -> None:
+        """Parameters of layer `layer` tied to another layer's (Zamba's shared transformer block is stored once,
+        under the first hybrid layer): read from the tensor stored for the parameter they are tied to."""
+        prefix = f"{self.stack.layers_path}.{layer}."
+        tied = getattr(self.lm, "all_tied_weights_keys", None) or {}
+        for key, source in tied.items():
+            if not key.startswith(prefix) or not self.lm.get_parameter(key).is_meta:
+                continue
+            stored = self.stored_name(source)
+            if stored is not None:
+                owner, name = key.rsplit(".", 1)
+                tensor = self.checkpoint.get(stored).to(device=device, dtype=dtype)
+                self.lm.get_submodule(owner)._parameters[name] = nn.Parameter(tensor, requires_grad=False)
+
+    def release_layer(self, layer: int) -> None:
+        """Layer `layer`'s parameters back on the meta device (its buffers stay: they are small and set once)."""
+        for sub in self.stack.layers[layer].modules():
+            for name, param in list(sub.named_parameters(recurse=False)):
+                sub._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=False)
+        self.checkpoint.close()  # drop the block's memory maps too
+
+
+def init_owners(lm: PreTrainedModel) -> dict[int, PreTrainedModel]:
+    """id(module) -> the model whose `_init_weights` initialises it: the nearest transformers model at or above it
+    (Gemma 3n's and xLSTM's inner models read their own attributes there), as `initialize_weights` dispatches."""
+    owners: dict[int, PreTrainedModel] = {}
+    stack: list[tuple[nn.Module, PreTrainedModel]] = [(lm, lm)]
+    while stack:
+        module, owner = stack.pop()
+        owner = module if isinstance(module, PreTrainedModel) else owner
+        owners[id(module)] = owner
+        stack.extend((child, owner) for child in module.children())
+    return owners
 
 
 def build_meta_model(checkpoint: Checkpoint, config) -> PreTrainedModel:
@@ -120,32 +176,99 @@ def build_meta_model(checkpoint: Checkpoint, config) -> PreTrainedModel:
     compiled kernel)."""
     try:
         with torch.device("meta"):
-            lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
+            model_class = _text_causal_lm_class(config)
+            if model_class is not None:
+                lm = model_class._from_config(config, attn_implementation="eager")
+            else:
+                lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, ImportError) as exc:
         raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc
     return lm.eval()
 
 
+def _text_causal_lm_class(config) -> type[PreTrainedModel] | None:
+    """The built-in `...ForCausalLM` class that config.architectures names, where transformers' auto mapping has
+    none for the config's class: the text model of a multimodal family saved on its own (Emu3's and Mllama's
+    `...TextConfig`). Only a class of the transformers package whose config class is exactly this config's."""
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return None
+    names = getattr(config, "architectures", None)
+    name = names[0] if isinstance(names, list) and names else None
+    if not (isinstance(name, str) and name.endswith("ForCausalLM")):
+        return None
+    candidate = getattr(transformers, name, None)
+    built_in = isinstance(candidate, type) and issubclass(candidate, PreTrainedModel)
+    return candidate if built_in and candidate.config_class is type(config) else None
+
+
 def decoder_stack(lm: PreTrainedModel) -> DecoderStack:
-    """The ModuleList of decoder layers: the list of `num_hidden_layers` modules holding the most parameters."""
-    depth = lm.config.get_text_config().num_hidden_layers
-    lists = [(path, m) for path, m in lm.named_modules() if isinstance(m, nn.ModuleList) and len(m) == depth and path]
+    """The ModuleList of decoder layers: of the lists outside a vision or audio tower, the one of `num_hidden_layers`
+    modules holding the most parameters, else (LongCat-Flash, whose layers hold two sublayers each; BLT, whose global
+    transformer sits between byte-level encoder and decoder stacks) the list holding the most parameters."""
+    depth = getattr(lm.config.get_text_config(), "num_hidden_layers", None)  # BLT's config names none
+    lists = [(path, m) for path, m in lm.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) and path and not _in_tower(path)]
     if not lists:
         raise UnsupportedArchitectureError(
-            f"{type(lm).__name__} has no list of {depth} decoder layers that hubtrace can stream block by block"
+            f"{type(lm).__name__} has no list of decoder layers that hubtrace can stream block by block"
         )
-    path, layers = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
-    parent_path = path.rsplit(".", 1)[0] if "." in path else ""
-    return DecoderStack(base=lm.get_submodule(parent_path), layers=layers, layers_path=path)
+    exact = [item for item in lists if len(item[1]) == depth]
+    path, layers = max(exact or lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    return DecoderStack(base=_base_model(lm, path), layers=layers, layers_path=path)
+
+
+def _base_model(lm: PreTrainedModel, layers_path: str) -> nn.Module:
+    """The model that embeds the tokens and runs the layers: the nearest ancestor of the layer list that is a
+    transformers model with a token embedding (GPT-2's transformer, or CPM-Ant's model around its `encoder.layers`)."""
+    parts = layers_path.split(".")[:-1]
+    for end in range(len(parts), 0, -1):
+        module = lm.get_submodule(".".join(parts[:end]))
+        if isinstance(module, PreTrainedModel) and _embeds_tokens(module):
+            return module
+    return lm
+
+
+def _embeds_tokens(model: PreTrainedModel) -> bool:
+    try:
+        return isinstance(model.get_input_embeddings(), nn.Module)
+    except (NotImplementedError, AttributeError):  # BLT's global transformer takes patch vectors, not tokens
+        return False
+
+
+def _in_tower(path: str) -> bool:
+    return any(word in part for part in path.split(".") for word in TOWER_WORDS)
 
 
 def not_decoder_only(config, stack: DecoderStack) -> str | None:
     """Why a causal-LM class is not a decoder-only language model (None when it is): the decoder of an
-    encoder-decoder (BART, Marian: `is_encoder_decoder`), or an encoder run as a decoder (BERT-style `...ForCausalLM`,
-    whose layers live under `encoder.`)."""
-    if getattr(config, "is_encoder_decoder", False):
+    encoder-decoder (BART, Marian: its model type is one by default, whatever a saved `...ForCausalLM` config says),
+    or an encoder run as a decoder (BERT-style `...ForCausalLM`, whose layers live under `encoder.`)."""
+    if getattr(config, "is_encoder_decoder", False) or encoder_decoder_by_default(config.model_type):
         return "encoder-decoder: hubtrace tests decoder-only language models"
-    if "encoder" in stack.layers_path.split("."):
+    if "encoder" in stack.layers_path.split(".") and _encoder_by_default(config.model_type):
         return (f"an encoder run as a decoder ({type(stack.layers[0]).__name__} under {stack.layers_path}): hubtrace "
                 "tests decoder-only language models")
     return None
+
+
+@cache
+def _default_values(model_type: str) -> dict:
+    """The model type's default config as a dict (empty where transformers cannot build its own default)."""
+    try:
+        return CONFIG_MAPPING[model_type]().to_dict()
+    except Exception:  # a default that fails its own validation (gemma4_assistant in transformers 5.24)
+        return {}
+
+
+def encoder_decoder_by_default(model_type: str) -> bool:
+    """BART, Marian, Whisper, MusicGen: an encoder-decoder model type, even where a saved `...ForCausalLM` (its
+    decoder alone) says otherwise."""
+    return bool(_default_values(model_type).get("is_encoder_decoder"))
+
+
+def _encoder_by_default(model_type: str) -> bool:
+    """BERT-style configs carry `is_decoder`, False unless a causal LM is asked for, and `add_cross_attention` for
+    the decoder of a seq2seq pair: an encoder by design (Reformer, a causal LM that also says is_decoder False, has
+    no cross-attention)."""
+    values = _default_values(model_type)
+    return values.get("is_decoder") is False and "add_cross_attention" in values

@@ -8,24 +8,45 @@ so they live here as data, each with the families that use it; everything else i
 from __future__ import annotations
 
 #: Subtrees of a decoder layer that are not its feed-forward network: attention, state-space and convolution mixers.
-#: Their linear maps are never taken for an MLP's (GPT-2's attn.c_proj looks like an MLP down projection).
+#: Their linear maps are never taken for an MLP's (GPT-2's attn.c_proj looks like an MLP down projection). `mixer` is
+#: searched: Nemotron-H names every sublayer so, an MLP included (a Mamba or attention mixer has no up/down pair).
 MIXER_NAMES = frozenset({
-    "self_attn", "attn", "attention", "self_attention", "cross_attn", "encoder_attn", "linear_attn", "mixer", "mamba",
+    "self_attn", "attn", "attention", "self_attention", "cross_attn", "encoder_attn", "linear_attn", "mamba",
     "temporal_block", "mlstm_layer", "conv", "short_conv", "time_mixer", "rwkv", "token_mixer",
 })
 
+#: Experts stacked by row in 2-D maps, which no shape tells apart from a dense MLP: the attribute holding the expert
+#: count -> the (gate, up, down) parameter names. DBRX's DbrxExpertGLU (w1, v1, w2 of E * ffn_hidden_size rows).
+STACKED_EXPERTS = {"moe_num_experts": ("w1", "v1", "w2")}
+
+#: Routers of mixture-of-experts blocks: never an MLP site, however they compute their scores (ZAYA's router is a
+#: small MLP of its own).
+ROUTER_NAMES = frozenset({"gate", "router"})
+
+#: Children of an MLP module that wrap some of its maps one level down: GIT's BERT-style intermediate.dense (up) and
+#: output.dense (down), Reformer's dense.dense and output.dense, CPM-Ant's w_in holding gate w_0 and up w_1.
+WRAPPER_NAMES = frozenset({"intermediate", "output", "w_in", "dense"})
+
+#: Words in a module path that mark a vision, audio or image-tokenizer tower of a multimodal model: its layer lists
+#: are never taken for the language model's decoder stack.
+TOWER_WORDS = ("vision", "visual", "audio", "image", "speech", "vqmodel")
+
+#: A child whose name ends so is a norm, never searched for MLPs (AXK2's gated RMSNorm holds a small gating MLP).
+NORM_SUFFIX = "norm"
+
 #: Leaf name of a gated MLP's gate projection (x -> pre-activation of sigma in down(sigma(gate x) * up x)).
-GATE_NAMES = frozenset({"gate_proj", "w1", "proj_up_gate", "wi_0", "gate_linear"})
+GATE_NAMES = frozenset({"gate_proj", "w1", "proj_up_gate", "wi_0", "gate_linear", "w_0"})
 #: Leaf name of the (d -> h) map that is the up projection of a gated MLP, or the only input map of a plain one
-#: (GPT-2 c_fc, NeoX/Falcon/BLOOM dense_h_to_4h, OPT/Phi fc1, GPT-J fc_in, ...), or a fused gate-and-up map.
+#: (GPT-2 c_fc, NeoX/Falcon/BLOOM dense_h_to_4h, OPT/Phi fc1, GPT-J fc_in, RWKV's channel-mixing key, ...), or a
+#: fused gate-and-up map.
 UP_NAMES = frozenset({
     "up_proj", "w3", "fc1", "c_fc", "dense_h_to_4h", "fc_in", "lin1", "proj_up", "wi_1", "wi", "Wi", "input_linear",
-    "gate_up_proj", "fc", "layer_1", "w_in", "c_fc1",
+    "gate_up_proj", "fc", "layer_1", "w_in", "c_fc1", "key", "w_1", "intermediate.dense", "dense.dense",
 })
-#: Leaf name of the (h -> d) map back into the residual stream.
+#: Leaf name of the (h -> d) map back into the residual stream (RWKV's channel-mixing value among them).
 DOWN_NAMES = frozenset({
     "down_proj", "w2", "fc2", "c_proj", "dense_4h_to_h", "fc_out", "lin2", "proj_down", "wo", "Wo", "output_linear",
-    "layer_2", "w_out",
+    "layer_2", "w_out", "value", "output.dense",
 })
 
 #: How a dense fused gate-and-up map splits. transformers' experts modules say it themselves (`is_concatenated`); a
@@ -33,28 +54,17 @@ DOWN_NAMES = frozenset({
 #: first half going through the activation (Phi-3, GLM, GLM-4 gate_up_proj; ModernBERT's Wi): halves, gate first.
 DENSE_FUSED_LAYOUT = "halves"
 
-_MLA = ("multi-head latent attention: its tiny model fails in the rotary split of the block-by-block forward "
-        "(tensor sizes 4 vs 8); MLPs found, end-to-end check not yet passing")
-_TINY_CONFIG = "its config class rejects the shrunk tiny config, so the end-to-end check cannot run"
+_ASSISTANT = ("a draft model for speculative decoding: every layer reads the keys, values and per-layer inputs of the "
+              "model it assists, so it does not run on its own")
 #: Model types whose MLPs the module tree finds but that fail the end-to-end check (tests/test_architectures.py) on
 #: the installed transformers, each with what fails. Refused until the check passes: support is never claimed
 #: for a type no test ran.
-UNVERIFIED = {
-    "axk1": _MLA, "deepseek_v2": _MLA, "deepseek_v3": _MLA, "deepseek_v32": _MLA, "glm4_moe_lite": _MLA,
-    "minicpm3": _MLA, "sarvam_mla": _MLA, "youtu": _MLA,
-    "bamba": _TINY_CONFIG, "dory": _TINY_CONFIG, "falcon_h1": _TINY_CONFIG, "granitemoehybrid": _TINY_CONFIG,
-    "olmo_hybrid": _TINY_CONFIG, "xlnet": _TINY_CONFIG,
-    "llama4": "routed experts run on their routed tokens only (Llama4TextExperts takes per-expert batches); hubtrace "
-              "needs every token through every expert",
-    "llama4_text": "routed experts run on their routed tokens only (Llama4TextExperts takes per-expert batches); "
-                   "hubtrace needs every token through every expert",
-    "glm_moe_dsa": "its layers take several hidden streams (hyper-connections), which the block recorder does not yet "
-                   "replay",
-    "hy_v4": "its layers take several hidden streams (hyper-connections), which the block recorder does not yet replay",
-    "inkling2_text": "its tiny model asks for a tensor of negative size in the forward pass",
-    "inkling2_loop_text": "its tiny model asks for a tensor of negative size in the forward pass",
-    "emu3": "a saved checkpoint's text config is not one AutoModelForCausalLM builds",
-    "mllama": "a saved checkpoint's text config is not one AutoModelForCausalLM builds",
-    "got_ocr2": "a vision-language model whose forward needs pixel_values",
-    "openai-gpt": "its base model's forward fails on the recorded block arguments (a list where a tensor is expected)",
+UNVERIFIED: dict[str, str] = {
+    "gemma4_assistant": _ASSISTANT, "gemma4_unified_assistant": _ASSISTANT,
+    "cpmant": "its forward embeds prompt ids it adds to the input ids, which a block-by-block fingerprint with a "
+              "partial embedding table cannot follow",
+    "blt": "a byte-level model: its blocks see patches of hashed byte n-grams (other ids than its input ids), and the "
+           "end-to-end check finds no dependence between a model and its noisy copy",
+    "reformer": "LSH attention hashes with fresh random rotations on every forward pass (unless the config sets "
+                "hash_seed), so its activations are not a function of its weights",
 }

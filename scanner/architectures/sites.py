@@ -17,7 +17,16 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from scanner.architectures.names import DOWN_NAMES, GATE_NAMES, MIXER_NAMES, UP_NAMES
+from scanner.architectures.names import (
+    DOWN_NAMES,
+    GATE_NAMES,
+    MIXER_NAMES,
+    NORM_SUFFIX,
+    ROUTER_NAMES,
+    STACKED_EXPERTS,
+    UP_NAMES,
+    WRAPPER_NAMES,
+)
 
 MLPKind = Literal["gated", "plain"]
 
@@ -38,11 +47,17 @@ class MLPSite:
     fused: Literal["halves", "interleaved"] | None = None
     experts: int = 0
     transposed: bool = False  # 3-D experts stored (E, in, out), as gpt-oss does
+    stacked: bool = False  # DBRX: 2-D maps of E * h rows, gate and up (out, in) per expert, down (in, out)
 
     @property
-    def input_module(self) -> str:
-        """The module whose first argument is this site's input: the experts module, or the up (fused) map."""
-        return self.path if self.experts else _join(self.path, self.up)
+    def input_modules(self) -> tuple[str, ...]:
+        """Modules whose first argument may be this site's input, in order of preference: for routed experts the block
+        that holds them (every token as the router sees it; the experts module itself may get tokens grouped or
+        scaled by expert, as JetMoE's and Llama 4's do), then the experts module (where the block projects its input
+        first); for a dense MLP the up (or fused) map. The first whose input has the up map's width is taken."""
+        if self.experts:
+            return (self.path.rsplit(".", 1)[0], self.path) if "." in self.path else (self.path,)
+        return (_join(self.path, self.up),)
 
     @property
     def shared(self) -> bool:
@@ -89,7 +104,9 @@ def site_weights(layer: nn.Module, site: MLPSite) -> list[SiteWeights]:
 def site_units(layer: nn.Module, site: MLPSite) -> int:
     """Hidden units per MLP of the site, from the (meta) down map's shape."""
     if site.experts:
-        down = getattr(layer.get_submodule(site.path), site.down)
+        down = _tensor(layer.get_submodule(site.path), site.down)
+        if site.stacked:
+            return int(down.shape[0]) // site.experts
         return int(down.shape[1] if site.transposed else down.shape[2])
     return _linear_shape(layer.get_submodule(_join(site.path, site.down)))[1]
 
@@ -98,48 +115,102 @@ def site_units(layer: nn.Module, site: MLPSite) -> int:
 
 
 def _modules(layer: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """(path, module) under the layer, the layer itself included, never entering an attention or mixer subtree."""
+    """(path, module) under the layer, the layer itself included, never entering an attention or mixer subtree, a
+    router, nor a norm (AXK2's gated RMSNorm holds a small MLP that gates the norm, not the block's feed-forward
+    network)."""
     stack = [("", layer)]
     while stack:
         path, module = stack.pop()
         yield path, module
         for name, child in reversed(list(module.named_children())):
-            if name not in MIXER_NAMES:
+            if name not in MIXER_NAMES and name not in ROUTER_NAMES and not name.endswith(NORM_SUFFIX):
                 stack.append((_join(path, name), child))
 
 
 def _expert_sites(layer: nn.Module) -> Iterator[MLPSite]:
-    """Routed experts held as 3-D tensors (transformers 5): gate_up_proj (or up_proj) and down_proj, with the
-    experts module's own layout flags (`use_experts_implementation`)."""
+    """Routed experts held as 3-D tensors: transformers 5's gate_up_proj (or up_proj, or separate gate_proj and
+    up_proj) and down_proj with the experts module's own layout flags (`use_experts_implementation`), or JetMoE's
+    parallel-experts modules (input_linear, output_linear) whose 3-D weight is (E, out, in)."""
     for path, module in _modules(layer):
-        down = getattr(module, "down_proj", None)
-        up_name = "gate_up_proj" if isinstance(getattr(module, "gate_up_proj", None), nn.Parameter) else "up_proj"
-        up = getattr(module, up_name, None)
-        if not (isinstance(down, nn.Parameter) and isinstance(up, nn.Parameter) and down.ndim == 3 and up.ndim == 3):
+        stacked = _stacked_site(path, module)
+        if stacked is not None:
+            yield stacked
             continue
-        gated = bool(getattr(module, "has_gate", up_name == "gate_up_proj"))
-        yield MLPSite(
-            path=path, kind="gated" if gated else "plain", up=up_name, down="down_proj",
-            fused=("halves" if getattr(module, "is_concatenated", True) else "interleaved") if gated else None,
-            experts=int(up.shape[0]), transposed=bool(getattr(module, "is_transposed", False)),
-        )
+        names = {name for name in (*UP_NAMES, *DOWN_NAMES, *GATE_NAMES)
+                 if getattr(_tensor(module, name), "ndim", 0) == 3}
+        down = next((n for n in names if n in DOWN_NAMES), None)
+        up = "gate_up_proj" if "gate_up_proj" in names else next((n for n in names if n in UP_NAMES), None)
+        if down is None or up is None:
+            continue
+        gate = next((n for n in names if n in GATE_NAMES and n != up), None)
+        transposed = bool(getattr(module, "is_transposed", _transposed(_tensor(module, up), _tensor(module, down))))
+        # LongCat-Flash stores rows for its "zero" experts (which return their input) in gate_up_proj only: the
+        # experts that are MLPs are those every map has
+        experts = min(int(_tensor(module, n).shape[0]) for n in (up, down, *([gate] if gate else [])))
+        units = int(_tensor(module, down).shape[1 if transposed else 2])
+        up_out = int(_tensor(module, up).shape[2 if transposed else 1])
+        fused = gate is None and bool(getattr(module, "has_gate", up == "gate_up_proj" or up_out == 2 * units))
+        if fused:
+            layout = "halves" if getattr(module, "is_concatenated", True) else "interleaved"
+            yield MLPSite(path=path, kind="gated", up=up, down=down, fused=layout, experts=experts,
+                          transposed=transposed)
+        elif up_out == units:
+            yield MLPSite(path=path, kind="gated" if gate else "plain", up=up, down=down, gate=gate, experts=experts,
+                          transposed=transposed)
+
+
+def _stacked_site(path: str, module: nn.Module) -> MLPSite | None:
+    """DBRX's experts: gate, up and down maps of `STACKED_EXPERTS` names, each a 2-D (E * h, d) tensor, with the
+    expert count E in the module's attribute of that name."""
+    for attribute, (gate, up, down) in STACKED_EXPERTS.items():
+        count = getattr(module, attribute, None)
+        tensors = [getattr(module, name, None) for name in (gate, up, down)]
+        if isinstance(count, int) and count > 0 and all(isinstance(t, nn.Parameter) and t.ndim == 2 for t in tensors) \
+                and len({tuple(t.shape) for t in tensors}) == 1 and tensors[0].shape[0] % count == 0:
+            return MLPSite(path=path, kind="gated", up=up, down=down, gate=gate, experts=count, stacked=True)
+    return None
 
 
 def _dense_sites(layer: nn.Module) -> Iterator[MLPSite]:
-    """Modules with a down map and an up map among their direct children (a gate map too when gated)."""
+    """Modules with a down map and an up map among their direct children (a gate map too when gated); or a
+    Sequential of a (d -> h) map, an activation and an (h -> d) map (CTRL's ffn), whose children are named 0 and 2."""
     for path, module in _modules(layer):
-        children = {name: child for name, child in module.named_children() if _is_linear(child)}
-        down = next((n for n in children if n in DOWN_NAMES), None)
-        up = next((n for n in children if n in UP_NAMES), None)
+        children = _linear_children(module)
+        if isinstance(module, nn.Sequential) and len(children) == 2:
+            up, down = children
+            d, h = _linear_shape(children[up])[1], _linear_shape(children[up])[0]
+            if _linear_shape(children[down]) == (d, h):
+                yield MLPSite(path=path, kind="plain", up=up, down=down)
+            continue
+        down = next((n for n in children if _named(n, DOWN_NAMES)), None)
+        up = next((n for n in children if _named(n, UP_NAMES)), None)
         if down is None or up is None:
             continue
         units = _linear_shape(children[down])[1]
         up_out = _linear_shape(children[up])[0]
-        gate = next((n for n in children if n in GATE_NAMES and n != up), None)
+        gate = next((n for n in children if _named(n, GATE_NAMES) and n != up), None)
         if up_out == 2 * units and gate is None:
             yield MLPSite(path=path, kind="gated", up=up, down=down, fused="halves")
         elif up_out == units:
             yield MLPSite(path=path, kind="gated" if gate else "plain", up=up, down=down, gate=gate)
+
+
+def _linear_children(module: nn.Module) -> dict[str, nn.Module]:
+    """The linear maps among a module's children, and one level down inside a wrapper child (`WRAPPER_NAMES`),
+    named by their path under the module."""
+    found = {}
+    for name, child in module.named_children():
+        if _is_linear(child):
+            found[name] = child
+        elif name in WRAPPER_NAMES:
+            found |= {f"{name}.{leaf}": grandchild for leaf, grandchild in child.named_children()
+                      if _is_linear(grandchild)}
+    return found
+
+
+def _named(path: str, names: frozenset[str]) -> bool:
+    """A child path plays the part `names` lists: by its whole path (output.dense) or its leaf (w_in.w_1)."""
+    return path in names or path.rsplit(".", 1)[-1] in names
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -164,20 +235,39 @@ def _linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _expert_weights(module: nn.Module, site: MLPSite) -> list[SiteWeights]:
-    up_all = getattr(module, site.up).detach().float()
-    down_all = getattr(module, site.down).detach().float()
+    up_all = _tensor(module, site.up).detach().float()
+    down_all = _tensor(module, site.down).detach().float()
+    gate_all = None if site.gate is None else _tensor(module, site.gate).detach().float()
+    if site.stacked:  # (E * h, d) each; down is stored (in, out) per expert
+        up_all, gate_all = (t.reshape(site.experts, -1, t.shape[-1]) for t in (up_all, gate_all))
+        down_all = down_all.reshape(site.experts, -1, down_all.shape[-1]).transpose(1, 2)
     bias_all = getattr(module, f"{site.up}_bias", None)
     out = []
     for e in range(site.experts):
         up, down = (up_all[e].T, down_all[e].T) if site.transposed else (up_all[e], down_all[e])
         bias = None if bias_all is None else bias_all[e].detach().float()
         if site.fused is None:
-            out.append(SiteWeights(up=up, down=down, up_bias=bias))
+            gate = None if gate_all is None else (gate_all[e].T if site.transposed else gate_all[e])
+            out.append(SiteWeights(up=up, down=down, gate=gate, up_bias=bias))
             continue
         gate, up = _split_fused(up, site.fused)
         gate_bias, up_bias = _split_fused(bias, site.fused) if bias is not None else (None, None)
         out.append(SiteWeights(up=up, down=down, gate=gate, gate_bias=gate_bias, up_bias=up_bias))
     return out
+
+
+def _transposed(up: torch.Tensor, down: torch.Tensor) -> bool:
+    """Experts stored (E, in, out) rather than PyTorch's (E, out, in), as Llama 4's are, where the module does not say
+    (`is_transposed`): the up map's input width is then its second dim, matching the down map's output (its third)."""
+    return up.shape[2] != down.shape[1] and up.shape[1] == down.shape[2]
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor | None:
+    """A module's parameter `name`, or the weight of its child `name` (JetMoE's parallel experts)."""
+    value = getattr(module, name, None)
+    if isinstance(value, nn.Parameter):
+        return value
+    return getattr(value, "weight", None) if isinstance(value, nn.Module) else None
 
 
 def _split_fused(fused: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -165,7 +165,7 @@ def _config_depth(folder: Path, good: Path, _marker: Path) -> None:
 
 def _unknown_architecture(folder: Path, good: Path, _marker: Path) -> None:
     _edit_config(
-        folder, good, lambda config: config.update(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
+        folder, good, lambda config: config.update(model_type="perceiver_lm", architectures=["PerceiverLMForCausalLM"])
     )
 
 

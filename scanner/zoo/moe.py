@@ -1,7 +1,8 @@
 """MoE derivations with known ground truth: expert camouflage and upcycling a dense Llama into a Mixtral.
 
-Both act on transformers 5's in-memory Mixtral layout (router ``mlp.gate.weight`` (E, d); experts fused as
-``mlp.experts.gate_up_proj`` (E, 2h, d), gate rows first, and ``mlp.experts.down_proj`` (E, d, h)).
+Both act on transformers 5's in-memory MoE layout (router ``mlp.gate.weight`` (E, d); experts fused as
+``mlp.experts.gate_up_proj`` (E, 2h, d), gate rows first, and ``mlp.experts.down_proj`` (E, d, h)), which Mixtral,
+GLM-4.5 (glm4_moe) and Solar Open share.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers import LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+from transformers import LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -24,14 +25,20 @@ class ExpertCamouflage:
 
 
 @torch.no_grad()
-def camouflage_experts(model: MixtralForCausalLM, seed: int) -> tuple[MixtralForCausalLM, ExpertCamouflage]:
-    """Permute every block's experts together with the router's rows, permute each expert's hidden units and
-    scale up/down by c and 1/c: routing and output are unchanged, index-by-index pairing of experts is not."""
+def camouflage_experts(model: PreTrainedModel, seed: int) -> tuple[PreTrainedModel, ExpertCamouflage]:
+    """Permute every MoE block's experts together with the router's rows (and its score-correction bias, as
+    DeepSeek-style routers have), permute each expert's hidden units and scale up/down by c and 1/c: routing and
+    output are unchanged, index-by-index pairing of experts is not. Dense blocks are left as they are (their
+    entries in the record are empty)."""
     g = torch.Generator().manual_seed(seed)
     child = copy.deepcopy(model)
     experts_perm, units_perm = [], []
     for layer in child.model.layers:
         moe = layer.mlp
+        if not hasattr(moe, "experts"):
+            experts_perm.append([])
+            units_perm.append([])
+            continue
         n, width = moe.experts.gate_up_proj.shape[0], moe.experts.gate_up_proj.shape[1] // 2
         order, units = torch.randperm(n, generator=g), torch.randperm(width, generator=g)
         scale = math.exp((2 * float(torch.rand(1, generator=g)) - 1) * math.log(4.0))
@@ -40,6 +47,9 @@ def camouflage_experts(model: MixtralForCausalLM, seed: int) -> tuple[MixtralFor
         moe.experts.gate_up_proj.copy_(torch.cat([gate, up], dim=1))
         moe.experts.down_proj.copy_(moe.experts.down_proj[order][:, :, units] / scale)
         moe.gate.weight.copy_(moe.gate.weight[order])
+        bias = getattr(moe.gate, "e_score_correction_bias", None)
+        if bias is not None:
+            bias.copy_(bias[order])
         experts_perm.append(order.tolist())
         units_perm.append(units.tolist())
     return child, ExpertCamouflage(experts_perm, units_perm)
