@@ -1,6 +1,8 @@
-"""Random-weight Llama checkpoints laid out like the Hub's (bf16 safetensors shards plus an index), for benches.
+"""Random-weight checkpoints laid out like the Hub's (bf16 safetensors shards plus an index), for benches.
 
-Shards are written one at a time, so the writer holds at most one shard's tensors in memory.
+Any architecture transformers builds: the tensor names and shapes are those of the model transformers builds from
+the shape's config (on the meta device, so nothing is allocated). Shards are written one at a time, so the writer
+holds at most one shard's tensors in memory.
 """
 
 from __future__ import annotations
@@ -16,42 +18,46 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-#: Llama-2-7B's shape (6.74e9 parameters) and TinyLlama-1.1B's.
+#: Llama-2-7B's shape (6.74e9 parameters) and TinyLlama-1.1B's, gated MLPs; Pythia-6.9B's and Pythia-1.4B's (GPT-NeoX),
+#: plain MLPs of 4x width with biases: a 7B of each kind, about the same size.
 SHAPES = {
-    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=32, vocab_size=32000),
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=4, vocab_size=32000),
+    "7b": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
+               num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+               hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=4096, rope_theta=10000.0),
+    "1b": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=5632,
+               num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+               hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=4096, rope_theta=10000.0),
+    "7b-plain": dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], hidden_size=4096,
+                     intermediate_size=16384, num_hidden_layers=32, num_attention_heads=32, vocab_size=50432,
+                     hidden_act="gelu", rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=2048),
+    "1b-plain": dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], hidden_size=2048,
+                     intermediate_size=8192, num_hidden_layers=24, num_attention_heads=16, vocab_size=50304,
+                     hidden_act="gelu", rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=2048),
 }
 
 
-def _tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    d, h, head = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_attention_heads"]
-    kv = c["num_key_value_heads"] * head
-    shapes = {"model.embed_tokens.weight": (c["vocab_size"], d)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (d, d),
-            p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.v_proj.weight": (kv, d),
-            p + "self_attn.o_proj.weight": (d, d),
-            p + "post_attention_layernorm.weight": (d,),
-            p + "mlp.gate_proj.weight": (h, d),
-            p + "mlp.up_proj.weight": (h, d),
-            p + "mlp.down_proj.weight": (d, h),
-        }
-    return shapes | {"model.norm.weight": (d,), "lm_head.weight": (c["vocab_size"], d)}
+def _tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every stored tensor's name and shape, as the model transformers builds from the config holds them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **settings))
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
-def write_random_llama(root: Path, shape: str, *, shard_bytes: int = 5 * 10**9, seed: int = 0) -> int:
+def _random(name: str, dims: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Norm weights 1, biases 0, everything else N(0, 0.02)."""
+    if len(dims) == 1 and "norm" in name and name.endswith("weight"):
+        return torch.ones(dims, dtype=torch.bfloat16)
+    if name.endswith("bias"):
+        return torch.zeros(dims, dtype=torch.bfloat16)
+    return (0.02 * torch.randn(dims, generator=generator)).to(torch.bfloat16)
+
+
+def write_random_checkpoint(root: Path, shape: str, *, shard_bytes: int = 5 * 10**9, seed: int = 0) -> int:
     """Write config.json, model-0000k-of-0000n.safetensors and the index under root; returns the parameter count."""
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu", "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 4096, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        **SHAPES[shape],
-    }
+    config = {**SHAPES[shape], "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(config, indent=2))
     shapes = _tensor_shapes(config)
@@ -68,13 +74,8 @@ def write_random_llama(root: Path, shape: str, *, shard_bytes: int = 5 * 10**9, 
     weight_map = {}
     for k, names in enumerate(shards, start=1):
         filename = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {}
-        for name in names:
-            if name.endswith("norm.weight"):
-                tensors[name] = torch.ones(shapes[name], dtype=torch.bfloat16)
-            else:
-                tensors[name] = (0.02 * torch.randn(shapes[name], generator=generator)).to(torch.bfloat16)
-            weight_map[name] = filename
+        tensors = {name: _random(name, shapes[name], generator) for name in names}
+        weight_map |= dict.fromkeys(names, filename)
         save_file(tensors, str(root / filename), metadata={"format": "pt"})
         del tensors
     total = sum(int(torch.Size(d).numel()) for d in shapes.values())
@@ -90,7 +91,7 @@ def scratch_checkpoint(cache: Path, shape: str, *, shard_bytes: int = 5 * 10**9)
     work = Path(tempfile.mkdtemp(prefix=f"random-{shape}-", dir=cache))
     try:
         start = time.perf_counter()
-        params = write_random_llama(work / "model", shape, shard_bytes=shard_bytes)
+        params = write_random_checkpoint(work / "model", shape, shard_bytes=shard_bytes)
         shards = sorted((work / "model").glob("*.safetensors"))
         size = sum(f.stat().st_size for f in shards)
         print(f"wrote {params / 1e9:.2f}e9 parameters, {size / 1e9:.2f} GB in {len(shards)} shards "
