@@ -229,6 +229,8 @@ def load_config(path: str | Path) -> ScanConfig:
         raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {one_line(e)}") from e
+    except RecursionError as e:  # PyYAML composes nested nodes recursively: 50,000 levels overflow Python's stack
+        raise ConfigError(f"{path}: not valid YAML: nested deeper than the parser can follow") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a mapping of keys to values, got {type(raw).__name__}")
     try:

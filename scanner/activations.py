@@ -54,6 +54,7 @@ def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedMod
             use_safetensors=True,
             trust_remote_code=False,
             local_files_only=True,
+            attn_implementation="eager",  # hubtrace's choice, never the checkpoint's (scanner.architectures.config)
         )
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc

@@ -269,8 +269,22 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     config = read_json_file(config_file)
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
+    check_config_names(config_file, config)
     notes = _remote_code_policy(config_file, config)
     return Checkpoint(folder, config, _weight_entries(folder), notes)
+
+
+def check_config_names(source: Path, config: dict[str, Any]) -> None:
+    """The two fields that choose transformers classes must have their types: model_type a string, architectures a
+    list of class names (a dict or a bare string is refused here, not indexed into later)."""
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise CheckpointError(f"{source}: model_type must be a string, not {type(model_type).__name__}")
+    architectures = config.get("architectures")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        raise CheckpointError(f"{source}: architectures must be a list of class names, not "
+                              f"{type(architectures).__name__}")
 
 
 def _remote_code_policy(config_file: Path, config: dict[str, Any]) -> tuple[str, ...]:

@@ -317,11 +317,11 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
                   tensors: dict[str, np.ndarray]) -> list[MLPActivations]:
     """Block ``layer``'s experts, taken out of ``tensors`` (name -> array): each gate/up pair checked for shape
     (units x the input set's tokens) and finite values; FingerprintError (one line) names what is wrong."""
-    n_tokens = meta.input_spec.get("n_sequences", 0) * meta.input_spec.get("seq_len", 0)
+    n_tokens = _token_count(meta)
     experts = []
     while _tensor_name(layer, len(experts), "gate") in tensors:
         gate, up = (tensors.pop(_tensor_name(layer, len(experts), p), None) for p in ("gate", "up"))
-        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens:
+        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens or gate.shape[0] < 1:
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
         if not (np.isfinite(gate).all() and np.isfinite(up).all()):  # NaN would make every statistic NaN
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
@@ -426,7 +426,7 @@ def _content_sha256(tensors: dict[str, np.ndarray]) -> str:
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
-        digest.update(memoryview(array).cast("B"))
+        digest.update(array.reshape(-1).view(np.uint8))  # its bytes, without a copy (an empty tensor too)
     return digest.hexdigest()
 
 
@@ -473,9 +473,19 @@ def parse_fingerprint_meta(path: str | Path, metadata: dict[str, str] | None) ->
         missing, extra = sorted(expected - set(data)), sorted(set(data) - expected)
         raise FingerprintError(f"{path}: fingerprint metadata fields differ (missing {missing}, unexpected {extra})")
     try:  # strict: a JSON that lies about a field's type ("4" layers, true for a count) is refused, not coerced
-        return _META_TYPES.validate_json(raw, strict=True)
+        meta = _META_TYPES.validate_json(raw, strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise FingerprintError(f"{path}: fingerprint metadata field {field!r} has the wrong type: {first['msg']} "
                                f"(got {one_line(repr(first['input']), limit=80)})") from exc
+    if meta.n_layers < 1 or _token_count(meta) < 1:
+        raise FingerprintError(f"{path}: the fingerprint holds no blocks or no tokens ({meta.n_layers} blocks, "
+                               f"{_token_count(meta)} tokens), so there is nothing to compare")
+    return meta
+
+
+def _token_count(meta: FingerprintMeta) -> int:
+    """Canonical tokens per activation row (input sequences x their length)."""
+    spec = meta.input_spec
+    return int(spec.get("n_sequences", 0)) * int(spec.get("seq_len", 0))

@@ -77,6 +77,14 @@ def compare_fingerprints(
         notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
 
     expert_maps: dict[int, str] = {}
+    set_aside: dict[int, str] = {}
+
+    def screened(layer_a: int, tests: list[BlockTest]) -> list[BlockTest]:
+        """Keep what scanner.stats.degenerate set aside in this block's tests, for the pair's notes."""
+        notes_here = sorted({t.set_aside for t in tests if t.set_aside})
+        if notes_here:
+            set_aside[layer_a] = "; ".join(notes_here)
+        return tests
 
     def paired(layers_ab: tuple[int, int]) -> tuple[ExpertPairing, list[tuple[MLPActivations, MLPActivations]]]:
         layer_a, layer_b = layers_ab
@@ -93,14 +101,15 @@ def compare_fingerprints(
                            device=device) for x, y in pairs]
         else:
             tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
-        return block_result(*layers_ab, tests, pairing)
+        return block_result(*layers_ab, screened(layers_ab[0], tests), pairing)
 
     def batched(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
         """Every block's (and expert's) phi_MATCH with the assignments solved together (see phi_match_many)."""
         plans = [(layers_ab, *paired(layers_ab)) for layers_ab in block_pairs]
         inputs = [(x.gate, x.up, y.gate, y.up) for _, _, pairs in plans for x, y in pairs]
         tests = iter(phi_match_many(inputs, device=device, solver=solver))
-        return [block_result(*layers_ab, [next(tests) for _ in pairs], pairing) for layers_ab, pairing, pairs in plans]
+        return [block_result(*layers_ab, screened(layers_ab[0], [next(tests) for _ in pairs]), pairing)
+                for layers_ab, pairing, pairs in plans]
 
     def compared(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
         if statistic == "match" and (device is not None or solver == "auction"):
@@ -129,6 +138,8 @@ def compare_fingerprints(
         notes.append(mapped_note(len(a.blocks), len(b.blocks), by_map))
     if expert_maps:
         notes.append(expert_map_note(expert_maps))
+    if set_aside:
+        notes.append(set_aside_note(set_aside))
     return PairTestResult(
         model_a=a.meta.model,
         model_b=b.meta.model,
@@ -207,6 +218,14 @@ def expert_map_note(expert_maps: dict[int, str]) -> str:
     blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(expert_maps.items()))
     return (f"experts matched on unit-order-invariant activation similarity before testing "
             f"(B's expert <- A's expert; see scanner.stats.experts): {blocks}")
+
+
+def set_aside_note(set_aside: dict[int, str]) -> str:
+    """One note for every block where MATCH set units aside: all-zero or duplicated units carry no evidence, and
+    a solver would break their ties by index order (scanner.stats.degenerate)."""
+    blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(set_aside.items()))
+    return f"units set aside before matching, as all-zero or duplicated (no evidence; see scanner.stats.degenerate): " \
+           f"{blocks}"
 
 
 def block_result(

@@ -33,6 +33,7 @@ from scanner.errors import IncomparableError
 from scanner.inputs import InputSpec
 from scanner.replay import replay
 from scanner.stats.block_map import block_map, bonferroni_log10
+from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, screen_units
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows
@@ -169,7 +170,7 @@ class _PairTester:
         self.screen_units, self.screen_stop = screen_units, screen_stop_log10_p
         self.screened, self.moe = 0, False
 
-    def test(self, i: int, j: int, block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]]) -> None:
+    def test(self, i: int, j: int, block_a: list[Units], block_b: list[Units]) -> None:
         self.moe |= len(block_a) > 1 or len(block_b) > 1
         pairing = pair_block_experts(_on_cpu(block_a), _on_cpu(block_b), *self.routed)
         paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
@@ -182,7 +183,7 @@ class _PairTester:
         self.log10_p[(i, j)] = _block_log10_p(paired, pairing)
         if self.log10_p[(i, j)] + math.log10(max(1, self.n_pairs)) <= self.threshold:
             (x, y) = pairing.pairs[0]
-            self.unit_maps[(i, j)] = _unit_map(*block_a[x], *block_b[y])
+            self.unit_maps[(i, j)] = _unit_map(block_a[x], block_b[y])
 
     def result(self, model_a: str, model_b: str, monotone: bool, notes: list[str]) -> LocalizeResult:
         rows = 1 + max((i for i, _ in self.log10_p), default=-1)
@@ -215,45 +216,64 @@ def corrected_log10_p(result: LocalizeResult) -> np.ndarray:
     return bonferroni_log10(result.matrix())
 
 
-def _screen_rows(block_a: list[tuple[Any, Any]], block_b: list[tuple[Any, Any]], units: int | None) -> Any:
+def _screen_rows(block_a: list[Units], block_b: list[Units], units: int | None) -> Any:
     """Evenly spaced unit indices of A for a screen, or None when either block is too narrow to need one."""
-    width_a, width_b = block_a[0][0].shape[0], block_b[0][0].shape[0]
+    width_a, width_b = block_a[0].gate.shape[0], block_b[0].gate.shape[0]
     if units is None or min(width_a, width_b) <= units:
         return None
     return np.unique(np.linspace(0, width_a - 1, units).round().astype(np.int64))
 
 
-def _block_log10_p(paired: list[tuple[Any, Any]], pairing: ExpertPairing, rows: Any = None) -> float:
-    """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given."""
+def _block_log10_p(paired: list[tuple[Units, Units]], pairing: ExpertPairing, rows: Any = None) -> float:
+    """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given
+    (indices among A's informative units); an expert pair with too few informative units counts as p = 1."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
-    tests = [phi_match_similarity(pick(ga) @ gb.T, pick(ua) @ ub.T) for (ga, ua), (gb, ub) in paired]
-    return pairing.combine([t.log10_p for t in tests])
+    log10_ps = [phi_match_similarity(pick(a.gate) @ b.gate.T, pick(a.up) @ b.up.T).log10_p
+                if min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS else 0.0 for a, b in paired]
+    return pairing.combine(log10_ps)
 
 
-def _unit_blocks(blocks: list[list[MLPActivations]], device: str) -> list[list[tuple[Any, Any]]]:
-    """Per block, per expert: (gate, up) activations with unit-length rows, on ``device``."""
-    blocks = [[(unit_rows(e.gate), unit_rows(e.up)) for e in experts] for experts in blocks]
-    if device == "cpu":
-        return blocks
-    import torch
+@dataclass(frozen=True)
+class Units:
+    """One MLP's informative units (scanner.stats.degenerate: all-zero and duplicated ones set aside, so no tie is
+    broken by index order): gate and up activations with unit-length rows, on the device, and each row's unit."""
 
-    return [
-        [(torch.from_numpy(g).to(device), torch.from_numpy(u).to(device)) for g, u in experts] for experts in blocks
-    ]
+    gate: Any
+    up: Any
+    kept: np.ndarray  # the unit (row of the fingerprint) of each row
+    width: int  # units in the MLP, set-aside ones included
 
 
-def _on_cpu(block: list[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _unit_blocks(blocks: list[list[MLPActivations]], device: str) -> list[list[Units]]:
+    """Per block, per expert: its informative units, on ``device``."""
+    out = []
+    for experts in blocks:
+        units = []
+        for e in experts:
+            kept = np.flatnonzero(screen_units(e.gate, e.up).informative)
+            gate, up = unit_rows(e.gate[kept]), unit_rows(e.up[kept])
+            if device != "cpu":
+                import torch
+
+                gate, up = torch.from_numpy(gate).to(device), torch.from_numpy(up).to(device)
+            units.append(Units(gate, up, kept, e.gate.shape[0]))
+        out.append(units)
+    return out
+
+
+def _on_cpu(block: list[Units]) -> list[tuple[np.ndarray, np.ndarray]]:
     """A block's expert activations as numpy arrays (expert pairing runs on the CPU; single MLPs skip it)."""
-    if len(block) == 1 or isinstance(block[0][0], np.ndarray):
-        return block
-    return [(g.float().cpu().numpy(), u.float().cpu().numpy()) for g, u in block]
+    if len(block) == 1 or isinstance(block[0].gate, np.ndarray):
+        return [(u.gate, u.up) for u in block]
+    return [(u.gate.float().cpu().numpy(), u.up.float().cpu().numpy()) for u in block]
 
 
-def _unit_map(gate_a: Any, up_a: Any, gate_b: Any, up_b: Any) -> np.ndarray:
-    """B unit -> A unit by MATCH on gate and up together (sum of both cosines); -1 for B's leftover units."""
-    matching = match_similarity(gate_a @ gate_b.T + up_a @ up_b.T)
-    unit_map = np.full(matching.b_rows, -1, dtype=np.int64)
-    unit_map[matching.b_index] = matching.a_index
+def _unit_map(a: Units, b: Units) -> np.ndarray:
+    """B unit -> A unit by MATCH on gate and up together (sum of both cosines), over the informative units; -1 for
+    B's leftover and set-aside units."""
+    matching = match_similarity(a.gate @ b.gate.T + a.up @ b.up.T)
+    unit_map = np.full(b.width, -1, dtype=np.int64)
+    unit_map[b.kept[matching.b_index]] = a.kept[matching.a_index]
     return unit_map
 
 

@@ -7,6 +7,7 @@ own block-by-block path. A copy with small noise must test dependent and an inde
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -19,7 +20,8 @@ import torch
 from scipy.stats import binom, kstest
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from scanner.activations import site_activations
+from scanner.activations import load_causal_lm, site_activations
+from scanner.architectures.config import transformers_config
 from scanner.architectures.coverage import classify, coverage
 from scanner.architectures.sites import SiteWeights
 from scanner.architectures.tiny import tiny_config
@@ -240,12 +242,17 @@ def test_docs_table_is_the_command_output() -> None:
 
 
 def test_checkpoint_attention_choice_is_ignored(tmp_path: Path) -> None:
-    """A config's attn_implementation (a Hub-style value would load a compiled kernel) never reaches transformers."""
+    """A config's attn_implementation or experts_implementation (a Hub-style value would make transformers download
+    and load a compiled kernel when `kernels` is installed) never reaches transformers: not in the config hubtrace
+    builds, not in the meta model a fingerprint streams, not in the full model phi_JSD loads."""
     _gpt2(tmp_path / "m", seed=0)
     config_file = tmp_path / "m" / "config.json"
-    config_file.write_text(config_file.read_text().replace('"activation_function"',
-                                                           '"attn_implementation": "kernels-community/evil",\n'
-                                                           '  "_attn_implementation": "kernels-community/evil",\n'
-                                                           '  "activation_function"'))
-    assert open_checkpoint(tmp_path / "m").config["attn_implementation"] == "kernels-community/evil"
+    hostile = {"attn_implementation": "kernels-community/evil", "_attn_implementation": "kernels-community/evil",
+               "experts_implementation": "kernels-community/evil"}
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **hostile}))
+    checkpoint = open_checkpoint(tmp_path / "m")
+    assert checkpoint.config["attn_implementation"] == "kernels-community/evil"  # read as data, then dropped
+    config = transformers_config(checkpoint)
+    assert config._attn_implementation is None and config._experts_implementation is None
+    assert load_causal_lm(checkpoint).config._attn_implementation == "eager"
     assert fingerprint_model(tmp_path / "m").meta.mlp_kind == "plain"

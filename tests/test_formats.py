@@ -196,6 +196,60 @@ def test_hostile_gguf_is_refused_in_one_line(ggufs: dict[str, Path], tmp_path: P
     assert "\n" not in str(caught.value)
 
 
+def test_gguf_metadata_arrays_take_the_memory_of_their_bytes(tmp_path: Path) -> None:
+    """Issue 24: numeric arrays came back as lists of Python ints, ~45 bytes of memory per byte of file. They are
+    numpy arrays now: a 16 MB uint8 array takes 16 MB."""
+    from scanner.formats.gguf_file import read_gguf_layout
+
+    n = 16 << 20
+    array = _string("x.big") + struct.pack("<IIQ", 9, 0, n) + bytes(range(256)) * (n // 256)
+    file = tmp_path / "big-metadata.gguf"
+    file.write_bytes(_header(_kv_string("general.architecture", "llama") + array, 2))
+    big = read_gguf_layout(file).metadata["x.big"]
+    assert isinstance(big, np.ndarray) and big.nbytes == n and int(big[255]) == 255
+
+
+def test_a_gguf_architecture_that_is_an_array_is_refused_in_one_line(tmp_path: Path) -> None:
+    file = tmp_path / "array-arch.gguf"
+    array_of_one_string = _string("general.architecture") + struct.pack("<IIQ", 9, 8, 1) + _string("llama")
+    file.write_bytes(_header(array_of_one_string, 1))
+    with pytest.raises(UnsupportedArchitectureError, match=r"GGUF architecture \['llama'\] is not supported"):
+        open_model_checkpoint(file)
+
+
+@pytest.mark.parametrize("alias", ["blk.01.ffn_up.weight", "blk.\u00b9.ffn_up.weight", "blk.\u0661.ffn_up.weight"])
+def test_a_second_spelling_of_a_block_number_is_refused(zoo: Zoo, tmp_path: Path, monkeypatch, alias: str) -> None:
+    """Issue 24: blk.1. and blk.01. both loaded as block 1, the later winning (an exact copy with decoy blocks
+    appended tested independent of its source); blk.\u00b9 (a superscript one, str.isdigit) raised from int().
+    Only ASCII decimal without a leading zero names a block; any other spelling is a tensor hubtrace does not know."""
+    from scanner.formats import gguf_write
+
+    source = open_model_checkpoint(zoo[CHAT].path)
+    canonical = gguf_write._gguf_name
+    decoy = "model.layers.1.mlp.up_proj.weight"
+    monkeypatch.setattr(gguf_write, "_gguf_name", lambda name, checkpoint: alias if name == decoy + "#decoy"
+                        else canonical(name, checkpoint))
+    with_decoy = _Renamed(source, decoy)
+    file = write_gguf(with_decoy, tmp_path / "decoy.gguf", GGMLQuantizationType.F32)
+    with pytest.raises(CheckpointError, match="have no Hugging Face counterpart") as caught:
+        open_model_checkpoint(file)
+    assert "\n" not in str(caught.value)
+
+
+class _Renamed:
+    """A checkpoint stand-in with one extra tensor, a copy of ``name`` (the writer is told its GGUF name)."""
+
+    def __init__(self, checkpoint, name: str) -> None:
+        self.checkpoint, self.name = checkpoint, name
+        self.config, self.path = checkpoint.config, checkpoint.path
+
+    def tensor_names(self) -> list[str]:
+        return [*self.checkpoint.tensor_names(), self.name + "#decoy"]
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.checkpoint.get(name.removesuffix("#decoy"))
+
+
 def test_unsupported_gguf_architecture_is_refused_by_name(tmp_path: Path) -> None:
     file = tmp_path / "gpt2.gguf"
     file.write_bytes(_header(_kv_string("general.architecture", "gpt2"), 1))
@@ -275,6 +329,20 @@ def test_unsupported_quantization_is_refused_by_name(
     (folder / "model.safetensors").symlink_to(zoo[CHAT].path / "model.safetensors")
     with pytest.raises(CheckpointError, match=reason):
         open_model_checkpoint(folder)
+
+
+def test_an_fp8_block_larger_than_its_weights_reads_in_the_weights_size(zoo: Zoo, tmp_path: Path) -> None:
+    """Issue 24: weight_block_size [2^26, 32] on a tiny model asked for 32 GB of repeated scales per weight. The
+    per-block scales are now indexed to the weight's shape; the dequantized weights are those of a 32-row block."""
+    from safetensors import safe_open
+
+    huge = write_quantized(zoo[CHAT].path, tmp_path / "huge", "fp8", block=(1 << 26, 32))
+    name = "model.layers.0.mlp.up_proj.weight"
+    with safe_open(str(huge / "model.safetensors"), framework="pt") as stored:
+        assert stored.get_slice(name + "_scale_inv").get_shape()[0] == 1  # one block of rows covers the weight
+    w, q = open_model_checkpoint(zoo[CHAT].path).get(name).float(), open_model_checkpoint(huge).get(name).float()
+    assert q.shape == w.shape
+    assert bool(((q - w).abs() <= w.abs() * 2**-4 + w.abs().max() * 2**-9 + 1e-7).all())  # e4m3's rounding
 
 
 def test_fp8_scale_of_the_wrong_shape_is_refused(zoo: Zoo, tmp_path: Path) -> None:

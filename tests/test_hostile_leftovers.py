@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import networkx as nx
+import numpy as np
 import pydot
 import pytest
 from safetensors import safe_open
@@ -129,6 +130,42 @@ def _rewrite_meta(file: Path, changes: dict[str, object]) -> None:
     key = next(k for k in metadata if k != "content_sha256")
     metadata[key] = json.dumps({**json.loads(metadata[key]), **changes})
     save_file(tensors, str(file), metadata=metadata)
+
+
+def _forge(file: Path, meta_changes: dict[str, object], tensors: dict[str, np.ndarray]) -> None:
+    """A fingerprint file a forger writes from scratch: any tensors, any metadata, a content hash that matches."""
+    from scanner.fingerprint import _content_sha256
+
+    with safe_open(str(file), framework="numpy") as handle:
+        metadata = dict(handle.metadata())
+    key = next(k for k in metadata if k != "content_sha256")
+    metadata[key] = json.dumps({**json.loads(metadata[key]), **meta_changes})
+    metadata["content_sha256"] = _content_sha256(tensors)
+    save_file(tensors, str(file), metadata=metadata)
+
+
+FORGERIES = {
+    "no blocks": ({"n_layers": 0}, {}, "holds no blocks"),
+    "no tokens": ({"n_layers": 1, "input_spec": {"seed": 0, "n_sequences": 0, "seq_len": 64, "version": 1}},
+                  {"blocks.0.0.gate": np.zeros((4, 0), np.float16), "blocks.0.0.up": np.zeros((4, 0), np.float16)},
+                  "no tokens"),
+    "zero-width block": ({"n_layers": 1}, {"blocks.0.0.gate": np.zeros((0, 256), np.float16),
+                                           "blocks.0.0.up": np.zeros((0, 256), np.float16)}, "malformed"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_a_fingerprint_with_no_blocks_tokens_or_units_is_refused_in_one_line(
+    fingerprint: Fingerprint, tmp_path: Path, forgery: str
+) -> None:
+    """Issue 24: such files raised from numpy or the statistics instead of being refused when read."""
+    meta_changes, tensors, words = FORGERIES[forgery]
+    file = tmp_path / "fp.safetensors"
+    write_fingerprint(fingerprint, file)
+    _forge(file, meta_changes, tensors)
+    with pytest.raises(FingerprintError, match=words) as caught:
+        read_fingerprint(file)
+    assert "\n" not in str(caught.value)
 
 
 def test_an_honest_fingerprint_still_reads_with_its_types(fingerprint: Fingerprint, tmp_path: Path) -> None:

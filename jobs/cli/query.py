@@ -96,15 +96,24 @@ def query_command(
         with Store(db, read_only=True, allow_local_files=allow_local_files) as store:
             if run is not None and run not in queries.runs(store)["run_id"]:
                 raise StoreError(f"no scan run {run!r} in {db} (--runs lists them)")
-            frame = presets[asked[0]][1](store)
+            try:
+                frame = presets[asked[0]][1](store)
+                text = _render(frame, fmt)
+            except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
+                if asked[0] != "SQL":
+                    raise
+                # values polars cannot hold or show (a date past year 262143, VARINT, VARIANT): every column as text
+                frame = queries.read_only_query(store, sql, as_text=True)
+                text = _render(frame, fmt)
+                typer.echo("hubtrace: note: some values have no table type here (out-of-range dates, VARINT, "
+                           "VARIANT, ...), so every column is shown as text", err=True)
     except StoreError as exc:
         raise CommandError(_without_excerpt(exc)) from exc
     except duckdb.Error as exc:
         raise CommandError(f"SQL: {_without_excerpt(exc)}") from exc
-    except pl.exceptions.PolarsError as exc:
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
         raise CommandError("cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): "
                            f"{_without_excerpt(exc)}") from exc
-    text = _render(frame, fmt)
     if out is None:
         typer.echo(text)
         return

@@ -30,7 +30,7 @@ from transformers.utils import logging as hf_logging
 from scanner.architectures.names import TOWER_WORDS
 from scanner.architectures.sites import MLPSite, find_sites
 from scanner.checkpoint import Checkpoint
-from scanner.errors import CheckpointError, UnsupportedArchitectureError
+from scanner.errors import CheckpointError, UnsupportedArchitectureError, one_line
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,8 @@ def build_meta_model(checkpoint: Checkpoint, config) -> PreTrainedModel:
                 lm = model_class._from_config(config, attn_implementation="eager")
             else:
                 lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, ImportError) as exc:
-        raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc
+    except Exception as exc:  # a config transformers accepts but cannot build a model of (head_dim 0: a zero division)
+        raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {one_line(exc)}") from exc
     return lm.eval()
 
 

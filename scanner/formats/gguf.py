@@ -14,6 +14,7 @@ files with identical weights hash alike whatever their quantization blocks' padd
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ GGUF_SUFFIX = ".gguf"
 #: Mistral models as "llama" too. Others (Gemma's shifted norms, fused Phi-3 tensors, MoE expert stacks) would need
 #: their own value fixes and are refused by name rather than read wrongly.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+#: A block number as llama.cpp writes it: ASCII decimal, no leading zero ("blk.01." or "blk.²." name no block; a
+#: second spelling of one block would otherwise load as that block, the later tensor winning).
+BLOCK_INDEX = re.compile(r"0|[1-9][0-9]*")
+
 #: Architectures whose converter reorders query/key rows (`permute` in llama.cpp's convert_hf_to_gguf.py).
 ROTARY_PERMUTED = {"llama"}
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -130,9 +135,9 @@ class GGUFCheckpoint(Checkpoint):
     def tokenizer_base_vocab_size(self) -> int | None:
         """The tokens the GGUF vocabulary marks as ordinary (type 1, NORMAL) or bytes (type 6), when it says."""
         types = self._contents.metadata.get("tokenizer.ggml.token_type")
-        if not isinstance(types, list) or not types:
+        if not isinstance(types, np.ndarray) or types.size == 0 or types.dtype.kind not in "iu":
             return None
-        return sum(1 for t in types if t in (1, 6))
+        return int(np.isin(types, (1, 6)).sum())
 
     def close(self) -> None:
         self._memmap = None
@@ -160,7 +165,7 @@ def open_gguf(file: str | Path) -> GGUFCheckpoint:
     path = Path(file)
     contents = read_gguf_layout(path)
     architecture = contents.metadata.get("general.architecture")
-    if architecture not in ARCHITECTURES:
+    if not isinstance(architecture, str) or architecture not in ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"{path}: GGUF architecture {architecture!r} is not supported; "
             f"supported: {', '.join(sorted(ARCHITECTURES))}"
@@ -202,7 +207,7 @@ def _hf_name(gguf_name: str) -> str | None:
     if stem in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in BLOCK_NAMES:
+    if len(parts) == 3 and parts[0] == "blk" and BLOCK_INDEX.fullmatch(parts[1]) and parts[2] in BLOCK_NAMES:
         return f"model.layers.{int(parts[1])}.{BLOCK_NAMES[parts[2]]}.{suffix}"
     return None
 

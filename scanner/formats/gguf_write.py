@@ -87,8 +87,8 @@ def _copy_tokenizer(writer: GGUFWriter, source: GGUFCheckpoint) -> None:
         writer.add_tokenizer_pre(metadata["tokenizer.ggml.pre"])
     if isinstance(metadata.get("tokenizer.ggml.tokens"), list):
         writer.add_token_list(metadata["tokenizer.ggml.tokens"])
-    if isinstance(metadata.get("tokenizer.ggml.token_type"), list):
-        writer.add_token_types(metadata["tokenizer.ggml.token_type"])
+    if isinstance(metadata.get("tokenizer.ggml.token_type"), np.ndarray):
+        writer.add_token_types(metadata["tokenizer.ggml.token_type"].tolist())
     if isinstance(metadata.get("tokenizer.ggml.merges"), list):
         writer.add_token_merges(metadata["tokenizer.ggml.merges"])
 

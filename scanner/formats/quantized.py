@@ -233,11 +233,19 @@ def _fp8_reader(checkpoint: Checkpoint, name: str, scale_name: str, block: Any) 
     def read() -> torch.Tensor:
         weight = checkpoint.get(name).float()
         scale = checkpoint.get(scale_name).float()
-        if scale.dim() == 2 and scale.shape[1] > 1:  # per block: repeat each scale over its block, crop the edge
-            scale = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
-            scale = scale[: weight.shape[0], : weight.shape[1]]
+        if scale.dim() == 2 and scale.shape[1] > 1:  # per block
+            scale = block_scales(scale, block, weight.shape)
         elif scale.dim() == 1 and scale.numel() > 1:
             scale = scale[:, None]
         return weight * scale
 
     return read
+
+
+def block_scales(scale: torch.Tensor, block: Sequence[int], shape: Sequence[int]) -> torch.Tensor:
+    """Per-block scales (ceil(out / b0), ceil(in / b1)) spread over a weight of ``shape``: entry (i, j) is the scale
+    of the block holding weight (i, j). Indexed, so it is the weight's size whatever the block says (a
+    weight_block_size larger than the weight once asked for gigabytes of repeats)."""
+    rows = torch.arange(shape[0]) // block[0]
+    cols = torch.arange(shape[1]) // block[1]
+    return scale[rows][:, cols]

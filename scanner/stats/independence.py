@@ -7,17 +7,17 @@ the two models were trained independently; FISHER combines blocks whose p-values
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from scanner.stats.degenerate import UnitScreen, describe, screen_units, too_few
 from scanner.stats.logp import log10_fisher, log10_matching_p, log10_permutation_p
 from scanner.stats.matching import (
     AssignmentSolver,
     Matching,
     cosine_similarity_matrix,
-    match,
     match_similarities,
     match_similarity,
     spearman,
@@ -37,21 +37,36 @@ class BlockTest:
     log10_p: float
     n_units: int
     closeness: float | None = None
+    set_aside: str = ""  # what scanner.stats.degenerate set aside (all-zero, duplicated units), or ""
 
 
-def _identity_correlation(matching: Matching) -> BlockTest:
-    rho = spearman(matching.a_index.astype(float), matching.b_index.astype(float))
-    return BlockTest(rho=rho, log10_p=log10_matching_p(rho, matching.size), n_units=matching.size)
+def _no_p_value(a: UnitScreen, b: UnitScreen) -> BlockTest:
+    """A block with too few informative units: no evidence either way (p = 1), and why."""
+    return BlockTest(rho=0.0, log10_p=0.0, n_units=min(a.kept, b.kept), set_aside=describe(a, b))
+
+
+def _identity_correlation(rows_a: np.ndarray, rows_b: np.ndarray, similarity: Callable[[], Any]) -> BlockTest:
+    """Spearman between MATCH (on the informative rows) and the identity, on the rows' own indices."""
+    a, b = screen_units(rows_a), screen_units(rows_b)
+    if too_few(a, b):
+        return _no_p_value(a, b)
+    kept_a, kept_b = np.flatnonzero(a.informative), np.flatnonzero(b.informative)
+    matching = match_similarity(similarity(kept_a, kept_b))
+    rho = spearman(kept_a[matching.a_index].astype(float), kept_b[matching.b_index].astype(float))
+    return BlockTest(rho=rho, log10_p=log10_matching_p(rho, matching.size), n_units=matching.size,
+                     set_aside=describe(a, b))
 
 
 def phi_u(up_a: np.ndarray, up_b: np.ndarray) -> BlockTest:
     """phi_U: Spearman between MATCH of the up-projection weights (h, d) and the identity."""
-    return _identity_correlation(match(up_a, up_b))
+    return _identity_correlation(up_a, up_b, lambda ka, kb: cosine_similarity_matrix(up_a[ka], up_b[kb]))
 
 
 def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = None) -> BlockTest:
     """phi_H: Spearman between MATCH of the down-projection inputs (h, tokens) and the identity."""
-    return _identity_correlation(match_similarity(cosine_similarity_matrix(hidden_a, hidden_b, device=device)))
+    return _identity_correlation(
+        hidden_a, hidden_b, lambda ka, kb: cosine_similarity_matrix(hidden_a[ka], hidden_b[kb], device=device)
+    )
 
 
 def phi_match(
@@ -62,11 +77,10 @@ def phi_match(
     An adversary who permutes (or re-trains) the hidden units must move gate and up together to keep
     the output, so the two matchings agree for dependent models whatever was done to the units, and
     are unrelated for independent ones. Works for different widths (the smaller side is matched).
-    ``device`` (e.g. "cuda") computes the cosine matrices there; the matchings are the same.
+    ``device`` (e.g. "cuda") computes the cosine matrices there; the matchings are the same. Units that are
+    all-zero or duplicated in either view are set aside first (scanner.stats.degenerate).
     """
-    return phi_match_similarity(
-        cosine_similarity_matrix(gate_a, gate_b, device=device), cosine_similarity_matrix(up_a, up_b, device=device)
-    )
+    return phi_match_many([(gate_a, up_a, gate_b, up_b)], device=device, solver="host")[0]
 
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:
@@ -92,22 +106,40 @@ def phi_match_many(
     """
     if max_matrix_bytes is None:
         max_matrix_bytes = _free_matrix_bytes(device) if device not in (None, "cpu") or solver == "auction" else 0
-    results: list[BlockTest] = []
-    group: list[MatchInputs] = []
+    results: list[BlockTest | None] = []
+    group: list[tuple[int, MatchInputs, str]] = []  # (position in results, informative inputs, what was set aside)
     group_bytes = 0
     for inputs in [*blocks, None]:
-        size = 0 if inputs is None else 8 * inputs[0].shape[0] * inputs[2].shape[0]  # two float32 matrices
-        if group and (inputs is None or group_bytes + size > max_matrix_bytes):
-            gates = [cosine_similarity_matrix(ga, gb, device=device) for ga, _, gb, _ in group]
-            ups = [cosine_similarity_matrix(ua, ub, device=device) for _, ua, _, ub in group]
+        screened = None if inputs is None else _screened(inputs)
+        if isinstance(screened, BlockTest):
+            results.append(screened)
+            continue
+        size = 0 if screened is None else 8 * screened[1][0].shape[0] * screened[1][2].shape[0]  # two float32 matrices
+        if group and (screened is None or group_bytes + size > max_matrix_bytes):
+            gates = [cosine_similarity_matrix(ga, gb, device=device) for _, (ga, _, gb, _), _ in group]
+            ups = [cosine_similarity_matrix(ua, ub, device=device) for _, (_, ua, _, ub), _ in group]
             matchings = match_similarities([*gates, *ups], solver)
-            results += [_phi_match_from(g, u, by_g, by_u) for g, u, by_g, by_u in
-                        zip(gates, ups, matchings[: len(group)], matchings[len(group):], strict=True)]
+            for (k, _, note), g, u, by_g, by_u in zip(group, gates, ups, matchings[: len(group)],
+                                                       matchings[len(group):], strict=True):
+                results[k] = replace(_phi_match_from(g, u, by_g, by_u), set_aside=note)
             group, group_bytes = [], 0
-        if inputs is not None:
-            group.append(inputs)
+        if screened is not None:
+            results.append(None)
+            group.append((len(results) - 1, screened[1], screened[0]))
             group_bytes += size
-    return results
+    return [r for r in results if r is not None]
+
+
+def _screened(inputs: MatchInputs) -> BlockTest | tuple[str, MatchInputs]:
+    """One block's inputs reduced to its informative units (scanner.stats.degenerate) with a note of what was set
+    aside, or the block's no-p-value result when too few are left."""
+    gate_a, up_a, gate_b, up_b = inputs
+    a, b = screen_units(gate_a, up_a), screen_units(gate_b, up_b)
+    if too_few(a, b):
+        return _no_p_value(a, b)
+    if not (a.set_aside or b.set_aside):
+        return "", inputs
+    return describe(a, b), (gate_a[a.informative], up_a[a.informative], gate_b[b.informative], up_b[b.informative])
 
 
 def _free_matrix_bytes(device: str | None) -> int:

@@ -208,11 +208,12 @@ def pair_tests_between(store: Store, model_a: str, model_b: str) -> pl.DataFrame
         "ORDER BY statistic", [model_a, model_b])
 
 
-def read_only_query(store: Store, sql: str) -> pl.DataFrame:
+def read_only_query(store: Store, sql: str, *, as_text: bool = False) -> pl.DataFrame:
     """Run ``sql`` if it is exactly one statement that only reads (`read_only_sql.check_read_only`: DuckDB's
-    parser, EXPLAIN ANALYZE and everything that writes or executes refused unrun)."""
+    parser, EXPLAIN ANALYZE and everything that writes or executes refused unrun). Columns of types polars cannot
+    hold come as text (`Store.query_as_text`); ``as_text`` makes every column text (a date past polars' range)."""
     check_read_only(store.connection, sql)
-    return store.query(sql)
+    return store.query_as_text(sql, every_column=as_text)
 
 
 CURRENT_FINGERPRINTS_SQL = """

@@ -40,6 +40,10 @@ PairKey = tuple[str, str, str, str]
 """(model_a, revision_a, model_b, revision_b) with (model_a, revision_a) < (model_b, revision_b)."""
 
 
+#: DuckDB types polars has no faithful type for (VARINT would arrive as raw bytes, INTERVAL not at all): a person's
+#: query gets them as DuckDB's own text.
+TEXT_TYPES = frozenset({"BIGNUM", "VARINT", "VARIANT", "INTERVAL", "BIT", "UNION"})
+
 class StoreError(HubtraceError):
     """The database cannot be opened or used as asked (missing file, newer or older schema, bad values)."""
 
@@ -254,6 +258,19 @@ class Store:
         """Run one SQL statement and return its rows as a polars frame (empty frames keep their columns)."""
         relation = self._con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else relation.pl()
+
+    def query_as_text(self, sql: str, *, every_column: bool = False) -> pl.DataFrame:
+        """`query` for a person's SQL: the columns of types polars has no faithful one for (`TEXT_TYPES`), or with
+        ``every_column`` all of them, cast to VARCHAR by DuckDB (column names quoted: they come from the query)."""
+        relation = self._con.sql(sql)
+        if relation is None:
+            return pl.DataFrame()
+        columns = []
+        for name, dtype in zip(relation.columns, relation.types):
+            quoted = '"' + str(name).replace('"', '""') + '"'
+            as_text = every_column or str(dtype).split("(")[0] in TEXT_TYPES
+            columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if as_text else quoted)
+        return relation.project(", ".join(columns)).pl()
 
     def close(self) -> None:
         self._con.close()

@@ -186,6 +186,13 @@ HOSTILE_FOLDERS: tuple[HostileFolder, ...] = (
     HostileFolder("huge-integer", "is not valid JSON", _config_text('{"hidden_size": ' + "9" * 5000 + "}")),
     HostileFolder("deep-json", "is not valid JSON", _config_text("[" * 100_000)),
     HostileFolder("wrong-type", "hidden_size", _config_edit(lambda c: c.update(hidden_size="sixty-four"))),
+    HostileFolder("zero-head-dim", "could not build the model", _config_edit(lambda c: c.update(head_dim=0))),
+    HostileFolder("string-rope-factor", "could not build the model",
+                  _config_edit(lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": "2"}))),
+    HostileFolder("architectures-dict", "architectures must be a list",
+                  _config_edit(lambda c: c.update(architectures={"0": "LlamaForCausalLM"}))),
+    HostileFolder("architectures-string", "architectures must be a list",
+                  _config_edit(lambda c: c.update(architectures="LlamaForCausalLM"))),
     HostileFolder("escape-in-config", "is not supported",
                   _config_edit(lambda c: c.update(model_type="\x1b]8;;http://evil/\x07x\x1b[2J", architectures=None))),
 )

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from scanner.formats import open_model_checkpoint
-from scanner.formats.quantized import AWQ_ORDER, pack_int4
+from scanner.formats.quantized import AWQ_ORDER, block_scales, pack_int4
 
 _LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
@@ -99,7 +99,7 @@ def _fp8_parts(prefix: str, weight: torch.Tensor, block: tuple[int, int] | None)
         for c in range(cols):
             tile = w[r * block[0] : (r + 1) * block[0], c * block[1] : (c + 1) * block[1]]
             scale[r, c] = (tile.abs().amax() / FP8_MAX).clamp(min=1e-12)
-    full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: w.shape[0], : w.shape[1]]
+    full = block_scales(scale, block, w.shape)
     return {f"{prefix}.weight": (w / full).to(torch.float8_e4m3fn), f"{prefix}.weight_scale_inv": scale}
 
 

@@ -1,0 +1,155 @@
+"""Valid p-values whatever the weights: all-zero and duplicated units never make unrelated models look related.
+
+Issue 24's reproduction: a model whose gate and up units are all zero tested dependent on every model (rho = 1,
+p = 1e-854), because MATCH's ties were broken by index order in the gate and the up matchings alike; half-zeroed
+unrelated models gave p = 1e-19. scanner.stats.degenerate now sets such units aside before matching.
+
+Validity tests: 150 independent pairs per case, a one-sided KS test against uniform at alpha = 0.001 (0.1% false
+failures per test, 2.4% for the 24 of them; seeds fixed), for phi_MATCH, phi_U, phi_H and localize, with 25% or 50%
+of one side's units (or both sides') zeroed or duplicated, in both argument orders. One-sided, because validity is
+P(p <= a) <= a: a block left with few informative units is conservative by design (fewer than 8: p = 1), which a
+two-sided test would flag as non-uniform (50% duplicated leaves about 9 of 48 units, measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from scanner.activations import MLPActivations
+from scanner.fingerprint import Fingerprint
+from scanner.localize import localize
+from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, screen_units
+from scanner.stats.independence import phi_h, phi_match, phi_u
+from tests.synthetic_fingerprints import template_fingerprint
+
+PAIRS = 150
+ALPHA = 0.001
+UNITS, WIDTH, TOKENS = 48, 16, 128
+
+
+def _too_small(p_values: list[float]) -> float:
+    """KS p-value against uniform for the alternative that the p-values are stochastically smaller (invalid)."""
+    return stats.kstest(p_values, "uniform", alternative="greater").pvalue
+
+
+def _degenerate(rows: np.ndarray, kind: str, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """rows with `fraction` of them zeroed, or each replaced by a copy of another (kept) row."""
+    rows = rows.copy()
+    chosen = rng.choice(rows.shape[0], size=int(round(fraction * rows.shape[0])), replace=False)
+    if kind == "zero":
+        rows[chosen] = 0.0
+    else:
+        sources = np.setdiff1d(np.arange(rows.shape[0]), chosen)
+        rows[chosen] = rows[rng.choice(sources, size=chosen.size)]
+    return rows
+
+
+def _glu(rng: np.random.Generator, x: np.ndarray, kind: str | None, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(gate, up) activations (units, tokens) of a random GLU on x, the same units made degenerate in both views."""
+    gate, up = rng.normal(size=(UNITS, WIDTH)), rng.normal(size=(UNITS, WIDTH))
+    if kind is not None:
+        state = rng.bit_generator.state
+        gate = _degenerate(gate, kind, fraction, rng)
+        rng.bit_generator.state = state  # the same units in the up view
+        up = _degenerate(up, kind, fraction, rng)
+    return (x @ gate.T).T, (x @ up.T).T
+
+
+CASES = [(kind, fraction, both) for kind in ("zero", "duplicate") for fraction in (0.25, 0.5) for both in (False, True)]
+
+
+@pytest.mark.parametrize(("kind", "fraction", "both"), CASES)
+def test_phi_match_p_values_stay_uniform_with_degenerate_units_in_either_order(kind, fraction, both) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(TOKENS, WIDTH))
+    forward, backward = [], []
+    for _ in range(PAIRS):
+        ga, ua = _glu(rng, x, kind, fraction)
+        gb, ub = _glu(rng, x, kind if both else None, fraction)
+        forward.append(10 ** phi_match(ga, ua, gb, ub).log10_p)
+        backward.append(10 ** phi_match(gb, ub, ga, ua).log10_p)
+    assert _too_small(forward) >= ALPHA
+    assert _too_small(backward) >= ALPHA
+
+
+@pytest.mark.parametrize(("kind", "fraction"), [(k, f) for k in ("zero", "duplicate") for f in (0.25, 0.5)])
+def test_phi_u_and_phi_h_p_values_stay_uniform_with_degenerate_units(kind, fraction) -> None:
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(TOKENS, WIDTH))
+    u_forward, u_backward, h_forward, h_backward = [], [], [], []
+    for _ in range(PAIRS):
+        up_a = _degenerate(rng.normal(size=(UNITS, WIDTH)), kind, fraction, rng)
+        up_b = rng.normal(size=(UNITS, WIDTH))
+        u_forward.append(10 ** phi_u(up_a, up_b).log10_p)
+        u_backward.append(10 ** phi_u(up_b, up_a).log10_p)
+        hidden_a = _degenerate(np.maximum(x @ rng.normal(size=(UNITS, WIDTH)).T, 0).T, kind, fraction, rng)
+        hidden_b = np.maximum(x @ rng.normal(size=(UNITS, WIDTH)).T, 0).T
+        h_forward.append(10 ** phi_h(hidden_a, hidden_b).log10_p)
+        h_backward.append(10 ** phi_h(hidden_b, hidden_a).log10_p)
+    for ps in (u_forward, u_backward, h_forward, h_backward):
+        assert _too_small(ps) >= ALPHA
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Fingerprint:
+    return template_fingerprint(tmp_path_factory.mktemp("template") / "llama", tokens=64)
+
+
+def _fingerprint(template: Fingerprint, name: str, gate: np.ndarray, up: np.ndarray) -> Fingerprint:
+    meta = dataclasses.replace(template.meta, model=name, n_layers=1, intermediate_size=gate.shape[0], n_experts=0)
+    return Fingerprint(meta, [[MLPActivations(gate=gate.astype(np.float32), up=up.astype(np.float32))]])
+
+
+def test_localize_p_values_stay_uniform_with_half_the_units_zeroed(template: Fingerprint) -> None:
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=(64, WIDTH))
+    ps = []
+    for k in range(PAIRS):
+        a = _fingerprint(template, f"a{k}", *_glu(rng, x, "zero", 0.5))
+        b = _fingerprint(template, f"b{k}", *_glu(rng, x, None, 0.0))
+        ps.append(10 ** localize(a, b, screen_units=None).pairs[0].log10_p)
+    assert _too_small(ps) >= ALPHA
+
+
+def test_an_all_zero_mlp_gets_no_p_value_and_says_why() -> None:
+    """Issue 24's upload with zero MLPs: rho was 1 against every model. Now: p = 1 and the reason."""
+    rng = np.random.default_rng(14)
+    x = rng.normal(size=(TOKENS, WIDTH))
+    zero = np.zeros((UNITS, TOKENS))
+    gate, up = _glu(rng, x, None, 0.0)
+    for result in (phi_match(zero, zero, gate, up), phi_match(gate, up, zero, zero), phi_u(zero, gate)):
+        assert result.log10_p == 0.0
+        assert "48 all-zero" in result.set_aside and "no p-value" in result.set_aside
+
+
+def test_duplicated_and_constant_units_are_set_aside_and_the_rest_still_detects_a_copy() -> None:
+    """A copy of a block with a quarter of its units duplicated and one made constant still tests dependent, on
+    the informative units only; the screen counts what it set aside."""
+    rng = np.random.default_rng(15)
+    x = rng.normal(size=(TOKENS, WIDTH))
+    gate, up = _glu(rng, x, "duplicate", 0.25)
+    gate[0], up[0] = 3.0, -2.0  # a constant unit: one direction with any other constant unit
+    gate[1], up[1] = 1.0, 1.0
+    screen = screen_units(gate, up)
+    assert screen.duplicated >= 12 + 2 and screen.zero == 0
+    assert screen.kept >= MIN_INFORMATIVE_UNITS
+    noisy = (gate + 0.01 * rng.normal(size=gate.shape), up + 0.01 * rng.normal(size=up.shape))
+    result = phi_match(gate, up, *noisy)
+    assert result.log10_p < -10 and result.n_units <= screen.kept
+    assert "duplicated" in result.set_aside
+
+
+def test_the_note_reaches_the_pair_result(tmp_path: Path, template: Fingerprint) -> None:
+    from scanner.fingerprint_compare import compare_fingerprints
+
+    rng = np.random.default_rng(16)
+    x = rng.normal(size=(64, WIDTH))
+    a = _fingerprint(template, "zeroed", *_glu(rng, x, "zero", 0.5))
+    b = _fingerprint(template, "other", *_glu(rng, x, None, 0.0))
+    result = compare_fingerprints(a, b)
+    assert any("set aside" in note and "24 all-zero" in note for note in result.notes)
