@@ -160,7 +160,7 @@ class LineageConfig(_Strict):
 class FingerprintCacheConfig(_Strict):
     """Each node's disk cache of fingerprint parts read from a remote fingerprint_store (scanner.fingerprint_cache)."""
 
-    dir: str | None = None            # node-local folder; default <system temp>/hubtrace-scratch/fingerprint-cache
+    dir: str | None = None            # node-local folder; default <system temp>/hubtrace-<uid>/fingerprint-cache
     max_bytes: int = Field(default=DEFAULT_CACHE_BYTES, ge=0)   # per node; least recently used parts go first; 0: off
 
 

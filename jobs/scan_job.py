@@ -30,6 +30,7 @@ from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
+from scanner.errors import one_line
 from scanner.fingerprint_store import FingerprintStore
 from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
 from scanner.text_safety import terminal
@@ -81,13 +82,16 @@ class _Known:
     revisions: dict[str, tuple[str, str]] = field(default_factory=dict)     # model -> (revision, status)
     fingerprinted: set[tuple[str, str]] = field(default_factory=set)        # (model, revision), file present
     last_error: dict[tuple[str, str], str] = field(default_factory=dict)    # (model, revision) -> stage
+    missing: dict[tuple[str, str], str] = field(default_factory=dict)       # (model, revision) -> recorded address
 
     @classmethod
     def load(cls, store: Store, prefix: str, stored: set[str]) -> _Known:
         """``stored``: the addresses the fingerprint store holds now (a row without its file is not a fingerprint)."""
-        fingerprinted = {(model_id, revision) for model_id, revision, path in store.fingerprints_on(prefix)
-                         if path in stored}
-        return cls(store.current_revisions(), fingerprinted, store.last_error_stages())
+        rows = store.fingerprints_on(prefix)
+        fingerprinted = {(model_id, revision) for model_id, revision, path in rows if path in stored}
+        missing = {(model_id, revision): path for model_id, revision, path in rows
+                   if path not in stored and (model_id, revision) not in fingerprinted}
+        return cls(store.current_revisions(), fingerprinted, store.last_error_stages(), missing)
 
     def needs_fingerprint(self, record: ModelRecord, rescan_errors: bool) -> bool:
         revision, status = self.revisions.get(record.model_id, (None, None))
@@ -149,11 +153,17 @@ class _Scan:
                 continue
             self.summary.models += 1
             if known.needs_fingerprint(item, self.config.rescan_errors):
+                if (item.model_id, item.revision) in known.missing:
+                    self._record_lost_fingerprint(item.model_id, item.revision, known.missing[item.model_id,
+                                                                                             item.revision],
+                                                  "FingerprintMissing", "its fingerprint file is gone from the store")
                 yield item
             else:
                 self.summary.skipped += 1
 
     def fingerprint_stage(self, pool: FingerprintPool) -> None:
+        if self.config.pairs.select == "candidates":
+            self._forget_unreadable_fingerprints()
         known = _Known.load(self.store, self.prefix, self.fingerprints.existing())
 
         def submit(record: ModelRecord) -> ray.ObjectRef:
@@ -174,6 +184,27 @@ class _Scan:
             self.say(f"[fingerprint] {r.model_id} ok ({outcome.seconds:.1f} s on {outcome.device})")
         else:
             self._record_model_error(r, outcome.error)
+
+    def _forget_unreadable_fingerprints(self) -> None:
+        """Before fingerprinting: every stored fingerprint whose retrieval entry can be neither read nor made from
+        it (a damaged file) is recorded in scan_errors and forgotten, so this run fingerprints the model anew and
+        the candidate stage never meets it. The entries of the others are left ready for that stage."""
+        from scanner.retrieval.scan import unreadable_entries
+
+        stored = self.fingerprints.existing()
+        current = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix) if row[3] in stored]
+        by_key = {(c.model_id, c.revision, c.input_set): c for c in current}
+        for key, reason in unreadable_entries(self.config.db_path, current).items():
+            self.store.forget_fingerprint(*key)
+            self._record_lost_fingerprint(key[0], key[1], by_key[key].path, "FingerprintError", reason)
+
+    def _record_lost_fingerprint(self, model_id: str, revision: str, location: str, error_type: str,
+                                 reason: str) -> None:
+        """A stored fingerprint that is gone or damaged: one scan_errors row (stage `store`, so the model is
+        fingerprinted anew however the last run ended), and the model is fingerprinted again."""
+        self.store.record_error(self.run_id, model_id, revision, location, "store", error_type,
+                                f"{reason}; fingerprinted again")
+        self.say(f"[store] {model_id}: {error_type}: {reason}; fingerprinted again")
 
     def _record_model_error(self, record: ModelRecord, error: WorkFailure) -> None:
         self.store.upsert_model(record, None, self.run_id, "error")
@@ -200,9 +231,16 @@ class _Scan:
         pairs found are stored, and the candidates are every current retrieved pair plus their families."""
         from scanner.retrieval.scan import retrieve_candidates
 
-        outcome = retrieve_candidates(self.store, self.config.db_path, candidates, self.run_id,
-                                      min_score=self.config.pairs.min_score, index_kind=self.config.pairs.index,
-                                      map_threshold=self.config.pairs.map_threshold)
+        try:
+            outcome = retrieve_candidates(self.store, self.config.db_path, candidates, self.run_id,
+                                          min_score=self.config.pairs.min_score, index_kind=self.config.pairs.index,
+                                          map_threshold=self.config.pairs.map_threshold)
+        except Exception as e:  # noqa: BLE001 - a broken index or entry costs this run's candidates, not the scan
+            self.store.record_error(self.run_id, "(retrieval)", None, str(self.config.db_path), "retrieval",
+                                    type(e).__name__, one_line(e))
+            self.summary.failures["retrieval"] += 1
+            self.say(f"[retrieval] {type(e).__name__}: {one_line(e)}; only declared pairs are tested this run")
+            return {}
         self.summary.retrieval = outcome.to_json_dict()
         for input_set, why in outcome.rebuilt.items():
             self.say(f"[retrieval] index of {input_set} rebuilt from the fingerprints: {why}")
@@ -251,6 +289,13 @@ class _Scan:
                 self.summary.pairs_failed += 1
                 self.store.record_error(self.run_id, f"{o.job.model_a} | {o.job.model_b}", o.job.revision_b,
                                         o.job.path_b, o.error.stage, o.error.error_type, o.error.reason)
+                if o.error.error_type == "FingerprintError":  # a damaged file: fingerprinted again next run
+                    for model, revision, path in ((o.job.model_a, o.job.revision_a, o.job.path_a),
+                                                  (o.job.model_b, o.job.revision_b, o.job.path_b)):
+                        if path in o.error.reason:
+                            self.store.forget_fingerprint(model, revision, o.job.input_set)
+                            self._record_lost_fingerprint(model, revision, path, o.error.error_type,
+                                                          o.error.reason)
         stored += len(outcomes)
         self.summary.pairs_tested += len(rows)
         self.say(f"[pairs] stored {stored}/{total} pair tests")

@@ -3,7 +3,6 @@ page, and a PNG family tree. One networkx graph feeds them all, so every format 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
@@ -12,7 +11,7 @@ import networkx as nx
 
 from lineage_graph.lineage import Lineage
 from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn
-from scanner.text_safety import PLOT_TEXT, dot_string, plot_label, xml_text
+from scanner.text_safety import PLOT_TEXT, dot_string, json_document, plot_label, xml_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -237,7 +236,7 @@ def write_graph(graph: nx.DiGraph, fmt: str, path: str | Path) -> Path:
     elif fmt == "gexf":
         nx.write_gexf(_gexf_viz(xml_safe(styled(graph))), path)
     elif fmt == "json":
-        path.write_text(json.dumps(nx.node_link_data(graph, edges="links"), indent=1, default=str), encoding="utf-8")
+        path.write_text(json_document(nx.node_link_data(graph, edges="links"), indent=1), encoding="utf-8")
     elif fmt == "dot":
         write_dot(graph, path)
     elif fmt == "html":

@@ -21,6 +21,10 @@ class FingerprintError(CheckpointError):
     """A fingerprint file is missing, truncated, altered or from an unknown format version."""
 
 
+class RetrievalIndexError(HubtraceError):
+    """The candidate-retrieval index beside a database cannot be used (damaged, of another dimension or kind)."""
+
+
 class IncomparableError(HubtraceError):
     """Two models (or fingerprints) cannot be compared with the requested statistic, and the message says why."""
 

@@ -13,12 +13,19 @@ Integrity: each file is the sha256 of its payload followed by the payload, writt
 same folder and renamed into place, so other processes see a part whole or not at all; every read checks the
 digest, so a damaged or truncated file (a disk error, a hand edit) is deleted and fetched again, never trusted.
 
+Who may write it: the cache trusts its parts' digests, so only this user may write the folder. The default is
+private to the user (``<system temp>/hubtrace-<uid>/fingerprint-cache``, mode 0700, never a shared path another
+user could create first), and any folder that is not a real directory owned by this user, or that others may write,
+turns the cache off for the process (`FingerprintCache.disabled` says why): parts are then fetched, never cached.
+Parts are opened as regular files only (a FIFO planted under a part's name cannot block a read).
+
 Budget and concurrency: after each write the least recently used parts (by modification time, refreshed on every
-hit) are deleted until the folder holds at most ``max_bytes``; eviction runs under a file lock so two processes do
-not both evict, while reads and writes need no lock (rename is atomic, and a file deleted while another process
-reads it stays readable to that process). fsspec's ``filecache``/``blockcache`` were considered and not used: they
-key by path and ETag/mtime (not by a recorded sha256), keep one JSON index that concurrent processes overwrite,
-do not check cached bytes, and have no byte budget.
+hit) are deleted until the folder holds at most ``max_bytes``; eviction runs under a file lock (given up after
+`LOCK_TIMEOUT_S`: the next write evicts) so two processes do not both evict, while reads and writes need no lock
+(rename is atomic, and a file deleted while another process reads it stays readable to that process).
+fsspec's ``filecache``/``blockcache`` were considered and not used: they key by path and ETag/mtime (not by a
+recorded sha256), keep one JSON index that concurrent processes overwrite, do not check cached bytes, and have no
+byte budget.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import tempfile
 import time
 import uuid
@@ -33,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
-from scanner.files import process_alive
+from scanner.files import open_regular_file, process_alive
 
 DEFAULT_CACHE_BYTES = 10 << 30
 """10 GiB: ~200 screened 7B-shaped fingerprints (header + 4 of 32 blocks, ~46 MB each), or 28 whole ones."""
@@ -48,9 +56,29 @@ PartReader = Callable[[str, Fetch], bytes]
 """``read(part, fetch)``: a part's bytes, from the cache or from ``fetch()`` (scanner.fingerprint_ranges)."""
 
 
+#: Seconds a process waits for the eviction lock before leaving eviction to the next write.
+LOCK_TIMEOUT_S = 30.0
+
+
 def default_cache_dir() -> Path:
-    """``<system temp>/hubtrace-scratch/fingerprint-cache`` of the node the process runs on."""
-    return Path(tempfile.gettempdir()) / "hubtrace-scratch" / "fingerprint-cache"
+    """``<system temp>/hubtrace-<uid>/fingerprint-cache`` of the node the process runs on: private to the user."""
+    return Path(tempfile.gettempdir()) / f"hubtrace-{os.getuid()}" / "fingerprint-cache"
+
+
+def unsafe_folder(folder: Path) -> str | None:
+    """Why ``folder`` cannot hold trusted parts (None when it can): not a directory of its own (a link, a file), not
+    this user's, or writable by group or others."""
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        return f"cannot inspect {folder}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"{folder} is not a directory (a link or a file)"
+    if info.st_uid != os.getuid():
+        return f"{folder} belongs to user {info.st_uid}, not to this user ({os.getuid()})"
+    if info.st_mode & 0o022:
+        return f"{folder} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
 @dataclass
@@ -69,7 +97,14 @@ class FingerprintCache:
         self.folder = Path(folder) if folder is not None else default_cache_dir()
         self.max_bytes = max_bytes
         self.counts = CacheCounts()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            if folder is None:
+                self.folder.parent.mkdir(mode=0o700, exist_ok=True)
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            pass  # said by unsafe_folder below
+        #: Why this process caches nothing (None: it caches); see the module docstring.
+        self.disabled = unsafe_folder(self.folder) or (unsafe_folder(self.folder.parent) if folder is None else None)
 
     def reader(self, address: str, file_sha256: str) -> PartReader:
         """The part reader of one fingerprint at one recorded sha256."""
@@ -77,6 +112,9 @@ class FingerprintCache:
 
     def get(self, address: str, file_sha256: str, part: str, fetch: Fetch) -> bytes:
         """The part's bytes from disk when present and intact, else ``fetch()``'s (then stored for the next)."""
+        if self.disabled:
+            self.counts.misses += 1
+            return fetch()
         path = self.path(address, file_sha256, part)
         payload = self._load(path)
         if payload is not None:
@@ -98,8 +136,12 @@ class FingerprintCache:
 
     def _load(self, path: Path) -> bytes | None:
         try:
-            data = path.read_bytes()
+            with open_regular_file(path) as handle:
+                data = handle.read()
         except FileNotFoundError:
+            return None
+        except OSError:  # not a regular file (a FIFO, a folder): not a part
+            self.counts.damaged += 1
             return None
         payload = data[_DIGEST:]
         if len(data) < _DIGEST or hashlib.sha256(payload).digest() != data[:_DIGEST]:
@@ -125,7 +167,12 @@ class FingerprintCache:
         self._evict(keep=path)
 
     def _evict(self, keep: Path) -> None:
-        with FileLock(self.folder / _LOCK_NAME):
+        try:
+            lock = FileLock(self.folder / _LOCK_NAME, timeout=LOCK_TIMEOUT_S)
+            lock.acquire()
+        except Timeout:
+            return  # another process evicts (or hangs holding the lock); the next write tries again
+        try:
             _remove_orphan_temps(self.folder)
             parts = sorted(self._parts())
             total = sum(size for _, _, size in parts)
@@ -135,6 +182,8 @@ class FingerprintCache:
                 if path != keep:
                     path.unlink(missing_ok=True)
                     total -= size
+        finally:
+            lock.release()
 
     def _parts(self) -> list[tuple[float, Path, int]]:
         """(last use, path, bytes) of every cached part; temporary files and the lock are not parts."""

@@ -16,14 +16,20 @@ import html
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 # Tab and newline are kept where a format allows them (`keep`); everything else here is escaped.
 _INVISIBLE = re.compile(
     "[\x00-\x1f\x7f-\x9f"                  # C0 and C1 controls, DEL (ESC starts terminal sequences)
-    "\u061c\u200b-\u200f\u202a-\u202e"     # Arabic letter mark, zero-width, LRM/RLM, bidi embeddings/overrides
-    "\u2028\u2029\u2060-\u2064\u2066-\u2069\ufeff"  # separators, word joiner, bidi isolates, BOM
-    "\ud800-\udfff]"                       # lone surrogates (json.loads lets them in; UTF-8 cannot encode them)
+    "\u2028\u2029"                         # line and paragraph separators
+    "\ud800-\udfff"                         # lone surrogates (json.loads lets them in; UTF-8 cannot encode them)
+    # Unicode's Default_Ignorable_Code_Point: drawn as nothing, so `acme/ba<U+00AD>se` shows as `acme/base`
+    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164"
+    "\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+    # noncharacters, which XML 1.0 forbids (U+FFFE and U+FFFF made GraphML and GEXF ill-formed)
+    "\ufdd0-\ufdef" + "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
+    + "]"
 )
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>!|&~#$])")
 _CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -31,7 +37,7 @@ _CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 def _escape_char(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def visible(text: object, *, keep: str = "") -> str:
@@ -58,8 +64,17 @@ def terminal_lines(text: str) -> str:
 def json_visible(text: str) -> str:
     """JSON text with every invisible or reordering character inside its strings as a ``\\uXXXX`` escape: the same
     JSON value, safe to print on a terminal (json.dumps escapes C0 controls but not C1 or bidi overrides)."""
-    # json.dumps escapes C0 inside strings, so a raw newline or tab is indentation and stays; all lie in the BMP
-    return _INVISIBLE.sub(lambda m: m.group() if m.group() in "\t\n\r" else f"\\u{ord(m.group()):04x}", text)
+    # json.dumps escapes C0 inside strings, so a raw newline or tab is indentation and stays
+    return _INVISIBLE.sub(lambda m: m.group() if m.group() in "\t\n\r" else _json_escape(m.group()), text)
+
+
+def _json_escape(char: str) -> str:
+    """A character as JSON's \\uXXXX escape: a surrogate pair above the BMP (tag characters, plane noncharacters)."""
+    code = ord(char)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
 
 
 def html_text(text: object) -> str:
@@ -72,6 +87,12 @@ def script_json(data: Any) -> str:
     (``<``, ``>``, ``&`` as \\u escapes), and U+2028/U+2029 escaped for old JavaScript parsers."""
     text = json.dumps(_finite(data), default=str, ensure_ascii=True, allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def json_document(data: Any, *, indent: int | None = None, default: Callable[[Any], Any] = str) -> str:
+    """A JSON document any parser reads: NaN and infinities as null (Python would write NaN and Infinity, which
+    JSON has not), anything else non-JSON through ``default`` (its str unless said)."""
+    return json.dumps(_finite(data), default=default, indent=indent, ensure_ascii=False, allow_nan=False)
 
 
 def _finite(data: Any) -> Any:

@@ -145,3 +145,46 @@ def _hammer(folder: Path, seed: int) -> bool:
 
 def _no_fetch() -> bytes:
     raise AssertionError("fetched although the part is cached")
+
+
+def test_the_default_folder_is_private_to_the_user(tmp_path, monkeypatch):
+    """Issue 24: the default was one predictable folder in the shared temp directory, taken as it was found."""
+    import stat as stat_module
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cache = FingerprintCache()
+    assert cache.folder == tmp_path / f"hubtrace-{os.getuid()}" / "fingerprint-cache" and cache.disabled is None
+    for folder in (cache.folder, cache.folder.parent):
+        mode = os.lstat(folder).st_mode
+        assert stat_module.S_IMODE(mode) & 0o077 == 0, oct(mode)
+
+
+@pytest.mark.parametrize("plant", ["world-writable", "symlink"])
+def test_a_folder_others_could_write_turns_the_cache_off(tmp_path, plant):
+    """A folder another user could have prepared (parts with valid digests of forged bytes) is never read."""
+    if plant == "world-writable":
+        folder = tmp_path / "cache"
+        folder.mkdir()
+        os.chmod(folder, 0o777)
+    else:
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder = tmp_path / "cache"
+        folder.symlink_to(tmp_path / "elsewhere")
+    cache = FingerprintCache(folder)
+    assert cache.disabled is not None
+    fetched = []
+    assert cache.get("s3://b/x", "sha", "header", lambda: fetched.append(1) or b"bytes") == b"bytes"
+    assert cache.get("s3://b/x", "sha", "header", lambda: fetched.append(1) or b"bytes") == b"bytes"
+    assert len(fetched) == 2  # fetched each time, never cached
+    assert not [p for p in tmp_path.rglob("*.header")]
+
+
+def test_a_fifo_planted_as_a_part_is_not_read(tmp_path):
+    from tests.hang_support import hang_guard
+
+    cache = FingerprintCache(tmp_path / "cache")
+    os.mkfifo(cache.path("s3://b/x", "sha", "header"))
+    with hang_guard(10):
+        assert cache.get("s3://b/x", "sha", "header", lambda: b"fresh") == b"fresh"
+    assert cache.counts.damaged == 1

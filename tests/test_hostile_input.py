@@ -43,7 +43,18 @@ from scanner.testing.hostile import (
     build_hostile_folders,
     build_hostile_hub,
 )
-from scanner.text_safety import csv_cell, dot_string, markdown_text, script_json, terminal, visible, xml_text
+from scanner.text_safety import (
+    csv_cell,
+    dot_string,
+    html_text,
+    json_document,
+    json_visible,
+    markdown_text,
+    script_json,
+    terminal,
+    visible,
+    xml_text,
+)
 from scanner.zoo import Zoo
 from tests.hang_support import hang_guard
 from tests.lineage_support import headless_dom
@@ -111,6 +122,31 @@ def test_each_escape_holds_the_text_as_text(text: str) -> None:
     assert not csv_cell(text).startswith(("=", "+", "-", "@"))
     graph = pydot.graph_from_dot_data(f"digraph {{ {dot_string(text)} [label={dot_string(text)}]; }}")[0]
     assert len(graph.get_nodes()) == 1
+
+
+#: Characters drawn as nothing (Unicode's Default_Ignorable_Code_Point: soft hyphen, combining grapheme joiner, Hangul
+#: fillers, Khmer inherent vowels, Mongolian selectors and U+180E, invisible operators, variation selectors, tags,
+#: shorthand and musical format controls) and noncharacters: issue 24 found 21 of 25 such passing raw.
+INVISIBLE = ("\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b\u180e\u200b\u200d\u2060\u2064\u206a\u3164\ufe00"
+             "\ufe0f\ufeff\uffa0\U0001bca0\U0001d173\U000e0001\U000e0041\U000e0100\U000e01ef")
+NONCHARACTERS = "\ufdd0\ufdef\ufffe\uffff\U0001fffe\U0010ffff"
+
+
+def test_invisible_and_noncharacter_code_points_are_made_visible_everywhere() -> None:
+    for char in INVISIBLE + NONCHARACTERS:
+        text = f"acme/ba{char}se"
+        for escaped in (visible(text), terminal(text), xml_text(text), html_text(text), markdown_text(text)):
+            assert char not in escaped, (hex(ord(char)), escaped)
+        assert ET.fromstring(f"<a>{xml_escape(xml_text(text))}</a>").text == xml_text(text)
+        assert json.loads(json_visible(json.dumps(text, ensure_ascii=False))) == text  # the same JSON value
+        assert char not in json_visible(json.dumps(text, ensure_ascii=False))
+    assert len(INVISIBLE) == 25
+
+
+def test_json_documents_have_no_nan_or_infinity() -> None:
+    text = json_document({"p": float("nan"), "q": [float("inf"), -float("inf")], "r": 0.5})
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in a JSON document")) == \
+        {"p": None, "q": [None, None], "r": 0.5}
 
 
 def _html_escape(text: str) -> str:

@@ -176,6 +176,20 @@ def test_values_polars_cannot_hold_are_shown_as_text_not_a_panic(scan, sql: str,
     assert ("every column is shown as text" in result.stderr) == ("DATE" in sql)  # the others by their type
 
 
+def test_the_folder_beside_the_database_is_not_a_way_to_other_files(scan, tmp_path: Path) -> None:
+    """Issue 24: DuckDB lets SQL read its temp folder with external access off, and the default is <db>.tmp beside
+    the database: a link there (or a planted file) was readable. Sealed queries spill to a private folder."""
+    db, _, _ = scan
+    copy = tmp_path / "copy.duckdb"
+    copy.write_bytes(db.read_bytes())
+    secrets_folder = tmp_path / "secrets"
+    secrets_folder.mkdir()
+    (secrets_folder / "key.csv").write_text("token\nhunter2\n")
+    (tmp_path / "copy.duckdb.tmp").symlink_to(secrets_folder)
+    message = refusal(copy, f"SELECT * FROM read_csv('{tmp_path / 'copy.duckdb.tmp' / 'key.csv'}')")
+    assert "hunter2" not in message and "disabled" in message
+
+
 def test_a_database_held_by_a_running_scan_is_one_clear_line(tmp_path: Path) -> None:
     db = tmp_path / "scan.duckdb"
     Store(db).close()

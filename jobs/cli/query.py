@@ -19,7 +19,7 @@ import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.errors import one_line
-from scanner.text_safety import csv_cell, json_visible, terminal, terminal_lines
+from scanner.text_safety import csv_cell, json_document, json_visible, terminal, terminal_lines
 
 if TYPE_CHECKING:
     import polars as pl
@@ -135,7 +135,7 @@ def _render(frame: pl.DataFrame, fmt: str) -> str:
     import polars as pl
 
     if fmt == "json":  # through Python: polars' own writer cannot write every type a query can return
-        return json_visible(json.dumps(frame.to_dicts(), default=_json_value, ensure_ascii=False))
+        return json_visible(json_document(frame.to_dicts(), default=_json_value))  # NaN and infinities as null
     if fmt == "csv":
         unwritable = [name for name, dtype in frame.schema.items() if dtype.is_nested() or dtype == pl.Binary]
         frame = frame.with_columns(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from scanner.errors import RetrievalIndexError
 from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, with_wide_block_maps
 from scanner.retrieval.index import DEFAULT_SEARCH, ModelKey, RetrievalIndex, SearchParams, load_or_make_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
@@ -110,6 +111,9 @@ def similar_models(folder: str | Path, model: IndexedModel, *, params: Signature
     """The models nearest to ``model`` by collision score (any score above zero), best first; reads the index,
     never writes it."""
     index = RetrievalIndex(folder, model.input_set, params)
+    if index.index is None and index.rebuilt_because not in (None, "no index yet"):
+        raise RetrievalIndexError(f"the retrieval index of {model.input_set} in {folder} cannot be used "
+                                  f"({index.rebuilt_because}); the next scan rebuilds it")
     if model.key not in index.models:
         return []
     entry = load_or_make_entry(folder, model.fingerprint_path, params)

@@ -162,6 +162,10 @@ class RetrievalIndex:
                 self.rebuilt_because = "index file does not match its manifest"
                 return
             index = self._faiss.read_index(str(index_file))
+            unusable = self._unusable(index)
+            if unusable:
+                self.rebuilt_because = unusable
+                return
             models = {(m["model_id"], m["revision"]): m for m in data["models"]}
             if index.ntotal != sum(m["rows"] for m in models.values()):
                 self.rebuilt_because = "index holds another number of vectors than its manifest says"
@@ -171,6 +175,17 @@ class RetrievalIndex:
             self.rebuilt_because = f"unreadable index or manifest ({' '.join(str(exc).split())[:200]})"
             return
         self.index, self.models, self.next_number = index, models, int(data["next_number"])
+
+    def _unusable(self, index) -> str | None:  # noqa: ANN001 - a faiss index
+        """Why an index read from disk cannot serve these signatures (None when it can): another dimension, or a
+        kind this module never writes (an ID map over an inner-product flat index, or an inner-product IVF)."""
+        faiss = self._faiss
+        if index.d != self.dim:
+            return f"index of dimension {index.d}, the signatures have {self.dim}"
+        if not isinstance(index, faiss.IndexIDMap2 | faiss.IndexIVFFlat) or \
+                index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            return f"index of kind {type(index).__name__} (metric {index.metric_type}), not one hubtrace writes"
+        return None
 
     def save(self) -> None:
         """Index first, then the manifest naming its sha256: a crash in between leaves a mismatch, never a lie."""

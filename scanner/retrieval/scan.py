@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from scanner.errors import FingerprintError
+from scanner.errors import FingerprintError, HubtraceError, one_line
 from scanner.fingerprint_store import read_fingerprint_meta_at
 from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.hub import (
@@ -28,7 +28,8 @@ from scanner.retrieval.hub import (
     index_folder,
     update_indexes,
 )
-from scanner.retrieval.index import SearchParams
+from scanner.retrieval.index import SearchParams, load_or_make_entry
+from scanner.retrieval.signatures import DEFAULT_PARAMS
 from scanner.store import CandidateRow, Store
 
 PairKey = tuple[str, str, str, str]
@@ -56,6 +57,20 @@ class Retrieved:
     def to_json_dict(self) -> dict:
         return {"candidates": len(self.block_maps), "by_source": self.by_source, "queried": self.queried,
                 "removed": self.removed, "min_score": self.min_score, "rebuilt": self.rebuilt}
+
+
+def unreadable_entries(db_path: str | Path, models: Sequence[ScannedModel]) -> dict[tuple[str, str, str], str]:
+    """(model_id, revision, input_set) -> why, for each model whose retrieval entry can be neither read nor made
+    from its fingerprint (a damaged or vanished fingerprint file). Every other entry is left ready on disk, so the
+    index update that follows reads each in 0.1 ms; a model listed here would stop it."""
+    folder = index_folder(db_path)
+    unreadable = {}
+    for model in models:
+        try:
+            load_or_make_entry(folder, model.path, DEFAULT_PARAMS)
+        except (HubtraceError, OSError) as exc:
+            unreadable[(model.model_id, model.revision, model.input_set)] = one_line(exc)
+    return unreadable
 
 
 def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[ScannedModel], run_id: str, *,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -162,6 +164,9 @@ class Store:
             raise StoreError(f"no scan database at {self.path} (run a scan first, or check --db)")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A sealed reader spills to a folder of its own: DuckDB lets SQL read its temp folder even with external
+        # access off, and the default, <db>.tmp beside the database, could be a link to anywhere.
+        self._private_temp = tempfile.mkdtemp(prefix="hubtrace-query-") if self._sealed else None
         self._con = self._connect()
         self._depth = 0
         try:
@@ -171,26 +176,34 @@ class Store:
             else:
                 self._migrate()
         except BaseException:
-            self._con.close()
+            self.close()
             raise
+
+    @property
+    def _sealed(self) -> bool:
+        """Whether SQL on this connection may reach nothing but the database (`_config`)."""
+        return self.read_only and not self.allow_local_files
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
         try:
             return duckdb.connect(str(self.path), read_only=self.read_only, config=self._config())
         except duckdb.IOException as exc:
+            self._remove_private_temp()
             conflict = lock_conflict(self.path, str(exc))
             if conflict is None:
                 raise StoreError(f"cannot open the scan database {self.path}: {exc}") from exc
             raise StoreLockedError(conflict) from exc
         except duckdb.Error as exc:
+            self._remove_private_temp()
             raise StoreError(f"{self.path} is not a readable DuckDB database: {exc}") from exc
 
     def _config(self) -> dict[str, Any]:
         """Readers touch nothing but this file: no other local file, no extension installed or loaded on demand
         (so a query cannot read /etc/passwd or fetch code), unless allow_local_files says otherwise."""
         config: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-        if self.read_only and not self.allow_local_files:
+        if self._sealed:
             config["enable_external_access"] = False
+            config["temp_directory"] = self._private_temp
         return config
 
     # schema ---------------------------------------------------------------------------------------------------
@@ -274,6 +287,11 @@ class Store:
 
     def close(self) -> None:
         self._con.close()
+        self._remove_private_temp()
+
+    def _remove_private_temp(self) -> None:
+        if self._private_temp is not None:
+            shutil.rmtree(self._private_temp, ignore_errors=True)
 
     def __enter__(self) -> Store:
         return self
@@ -351,6 +369,12 @@ class Store:
             "path = excluded.path, file_sha256 = excluded.file_sha256, n_tokens = excluded.n_tokens, "
             "hubtrace_version = excluded.hubtrace_version, run_id = excluded.run_id, created_at = excluded.created_at",
             [model_id, revision, input_set, str(path), file_sha256, n_tokens, __version__, run_id, _now()])
+
+    def forget_fingerprint(self, model_id: str, revision: str, input_set: str) -> None:
+        """Drop a fingerprint's row (its file was found damaged or missing): the next fingerprint stage makes it anew,
+        as for a revision never fingerprinted."""
+        self._con.execute("DELETE FROM fingerprints WHERE model_id = ? AND revision = ? AND input_set = ?",
+                          [model_id, revision, input_set])
 
     def recorded_fingerprint_path(self, model_id: str, revision: str, input_set: str) -> str | None:
         """The fingerprint file recorded for this model, revision and input set (it may have gone since)."""

@@ -44,6 +44,8 @@ HOSTILE_TEXTS: tuple[str, ...] = (
     "\x00nul \x08\x0b\x0c\x1f controls \x7f\x85",                 # characters XML 1.0 forbids
     "\x1b[31mred\x1b[0m \x1b]8;;http://evil.example/\x07link\x1b]8;;\x07 \x1b[2J",  # SGR, OSC 8, clear screen
     "\u202eevil.exe\u202c \u2066iso\u2069 zero\u200bwidth \u2028line",  # bidi override, isolates, separators
+    "ba\u00adse tag\U000e0041\U000e007f var\ufe0f\U000e0100 \u180e\u115f\u3164\uffa0 \u034f\u17b4",  # invisible
+    "nonchar \ufffe \uffff \U0001fffe \ufdd0",                      # noncharacters XML 1.0 forbids
     r"$\frac{1}{0}$ $x^{$ \$ $$",                                 # mathtext (and a broken one)
     'dot "quote" \\l \\N \\G; node [label="x"]',                  # DOT escStrings and quoting
     "=cmd|' /C calc'!A0",                                         # CSV formula injection
@@ -62,6 +64,7 @@ HOSTILE_NAMES: tuple[str, ...] = (
     r"$\frac{1}{0}$",
     "\x1b[31mred\x1b]8;;http:%2F%2Fevil\x07",
     "\u202eexe.txt",
+    "acme-ba\u00adse\ufffe",
     'dot"\\l\\N',
     "=cmd|' %2FC calc'!A0",
     "o'brien\"; DROP TABLE models; --",

@@ -1,0 +1,184 @@
+"""Fault injection: damage one kind of persistent state a scan reads, then scan again.
+
+Issue 24: one flipped byte in a stored fingerprint plus a lost ``<db>.retrieval/`` made every later scan exit at the
+candidate stage, nothing recorded, every night. Each case here starts from the same finished scan of a small hub
+(copied, so the cases do not share state), damages one thing, and runs the real scan job on a real local Ray. The
+next scan must end normally, with every model either fingerprinted and its candidate pairs tested, or named in
+``scan_errors`` of that run, and no stored pair test lost.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+
+from jobs.scan_job import run_scan
+from scanner.retrieval.hub import index_folder
+from scanner.store import Store
+from tests.scan_support import copy_models, query, scan_config
+
+#: A family of two (the chat fine-tune of the base), a camouflaged copy of the chat model, and an independent base.
+MODELS = ("aurora-labs/aurora-base", "finch-nlp/aurora-chat", "nimbus/nimbus-1", "ember-ml/ember-small")
+DAMAGED = "finch-nlp/aurora-chat"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def baseline(zoo, local_ray, tmp_path_factory) -> Path:
+    """A finished scan with candidate retrieval: ``hub/`` and ``out/`` (database, index, fingerprints)."""
+    root = tmp_path_factory.mktemp("baseline")
+    copy_models(zoo, MODELS, root / "hub")
+    run_scan(scan_config(root / "hub", root / "out", pairs={"select": "candidates"}))
+    return root
+
+
+def _copy(baseline: Path, target: Path) -> Path:
+    """The baseline's hub and output under ``target``, the database's recorded paths moved with them."""
+    shutil.copytree(baseline, target, symlinks=True)
+    with Store(target / "out" / "hubtrace.duckdb") as store:
+        store.connection.execute("UPDATE fingerprints SET path = replace(path, ?, ?)", [str(baseline), str(target)])
+    return target
+
+
+def _fingerprint(root: Path, model_id: str) -> Path:
+    return next((root / "out" / "fingerprints" / model_id).rglob("*.safetensors"))
+
+
+def _flip_a_byte(root: Path) -> None:
+    file = _fingerprint(root, DAMAGED)
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def _truncate(root: Path) -> None:
+    file = _fingerprint(root, DAMAGED)
+    file.write_bytes(file.read_bytes()[:1000])
+
+
+def _delete(root: Path) -> None:
+    _fingerprint(root, DAMAGED).unlink()
+
+
+def _row_to_another_file(root: Path) -> None:
+    with Store(root / "out" / "hubtrace.duckdb") as store:
+        store.connection.execute("UPDATE fingerprints SET path = ? WHERE model_id = ?",
+                                 [str(root / "hub" / DAMAGED / "config.json"), DAMAGED])
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted(p for p in index_folder(root / "out" / "hubtrace.duckdb").rglob("*") if p.is_file()
+                  and p.parent.name == "entries")
+
+
+def _damage_entries(root: Path) -> None:
+    for entry in _entries(root):
+        entry.write_bytes(entry.read_bytes()[: len(entry.read_bytes()) // 2])
+
+
+def _manifest(root: Path) -> Path:
+    return next(index_folder(root / "out" / "hubtrace.duckdb").rglob("manifest.json"))
+
+
+def _garbage_manifest(root: Path) -> None:
+    _manifest(root).write_text("{not json")
+
+
+def _index_of_another_dimension(root: Path) -> None:
+    """A valid faiss index of the wrong dimension, its manifest updated to match (what a bug or a tool could write):
+    today a bare AssertionError on every run."""
+    import faiss
+
+    from scanner.retrieval.index import _sha256
+
+    manifest = _manifest(root)
+    index_file = manifest.parent / "index.faiss"
+    wrong = faiss.IndexIDMap2(faiss.IndexFlatIP(7))
+    data = json.loads(manifest.read_text())
+    rows = sum(m["rows"] for m in data["models"])
+    wrong.add_with_ids(np.ones((rows, 7), dtype=np.float32), np.arange(rows, dtype=np.int64))
+    faiss.write_index(wrong, str(index_file))
+    manifest.write_text(json.dumps({**data, "index_sha256": _sha256(index_file)}))
+
+
+def _lose_the_index_folder(root: Path) -> None:
+    shutil.rmtree(index_folder(root / "out" / "hubtrace.duckdb"))
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "fingerprint byte flipped": _flip_a_byte,
+    "fingerprint byte flipped, index folder lost": lambda root: (_flip_a_byte(root), _lose_the_index_folder(root)),
+    "fingerprint truncated": _truncate,
+    "fingerprint file deleted": _delete,
+    "fingerprints row names another file": _row_to_another_file,
+    "retrieval entries truncated": _damage_entries,
+    "retrieval entries truncated, fingerprint byte flipped": lambda root: (_damage_entries(root), _flip_a_byte(root)),
+    "index manifest garbage": _garbage_manifest,
+    "index of another dimension": _index_of_another_dimension,
+    "index folder lost": _lose_the_index_folder,
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_the_next_scan_survives_the_damage_and_loses_nothing(baseline: Path, tmp_path: Path, damage: str) -> None:
+    root = _copy(baseline, tmp_path / "case")
+    db = root / "out" / "hubtrace.duckdb"
+    tests_before = query(db, "SELECT count(*) AS n FROM pair_tests")["n"][0]
+    DAMAGE[damage](root)
+    summary = run_scan(scan_config(root / "hub", root / "out", pairs={"select": "candidates"}))
+    ok = set(query(db, "SELECT model_id FROM current_models WHERE status = 'ok'")["model_id"].to_list())
+    fingerprinted = set(query(db, "SELECT model_id FROM fingerprints")["model_id"].to_list())
+    errors = query(db, "SELECT model_id, stage FROM scan_errors WHERE run_id = ?", [summary.run_id])
+    named = set(errors["model_id"].to_list())
+    for model in MODELS:  # fingerprinted (and so in the candidate stage), or named in this run's errors
+        assert (model in ok and model in fingerprinted) or model in named, (damage, model, errors)
+    assert query(db, "SELECT count(*) AS n FROM pair_tests")["n"][0] >= tests_before  # nothing lost
+    tested = query(db, "SELECT model_a, model_b FROM current_pair_tests WHERE statistic = 'match'")
+    pairs = set(zip(tested["model_a"].to_list(), tested["model_b"].to_list()))
+    assert ("aurora-labs/aurora-base", "finch-nlp/aurora-chat") in pairs  # the family's pair is (still) tested
+    if "fingerprint" in damage or "row" in damage:  # the damaged file was seen, said, and replaced in this run
+        assert DAMAGED in named and DAMAGED in fingerprinted
+        assert "store" in errors.filter(errors["model_id"] == DAMAGED)["stage"].to_list()
+
+
+def test_similar_on_an_unusable_index_says_so_instead_of_an_empty_table(baseline: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from jobs.cli import EXIT_REFUSED, app
+
+    root = _copy(baseline, tmp_path / "case")
+    _index_of_another_dimension(root)
+    result = CliRunner().invoke(app, ["query", "--db", str(root / "out" / "hubtrace.duckdb"), "--similar", DAMAGED])
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert "cannot be used (index of dimension 7" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_without_retrieval_a_damaged_fingerprint_fails_its_pairs_once_and_is_made_again(
+    baseline: Path, tmp_path: Path
+) -> None:
+    """``pairs.select: all`` reads fingerprints only in the pair tasks: the damaged file fails its pairs with a
+    FingerprintError row, its row is forgotten, and the following scan fingerprints it anew and tests them."""
+    root = _copy(baseline, tmp_path / "case")
+    db = root / "out" / "hubtrace.duckdb"
+    _flip_a_byte(root)
+    first = run_scan(scan_config(root / "hub", root / "out"))  # select: all; the one untested pair involves it
+    errors = query(db, "SELECT model_id, stage, error_type FROM scan_errors WHERE run_id = ?", [first.run_id])
+    assert DAMAGED in errors["model_id"].to_list() and "FingerprintError" in errors["error_type"].to_list()
+    assert DAMAGED not in query(db, "SELECT model_id FROM fingerprints")["model_id"].to_list()
+    second = run_scan(scan_config(root / "hub", root / "out"))
+    assert second.fingerprinted == 1 and second.pairs_failed == 0
+    tested = query(db, "SELECT model_a, model_b FROM current_pair_tests")
+    models = set(tested["model_a"].to_list()) | set(tested["model_b"].to_list())
+    assert DAMAGED in models and len(tested) == len(MODELS) * (len(MODELS) - 1) // 2
