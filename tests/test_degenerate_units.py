@@ -4,11 +4,12 @@ Issue 24's reproduction: a model whose gate and up units are all zero tested dep
 p = 1e-854), because MATCH's ties were broken by index order in the gate and the up matchings alike; half-zeroed
 unrelated models gave p = 1e-19. scanner.stats.degenerate now sets such units aside before matching.
 
-Validity tests: 150 independent pairs per case, a one-sided KS test against uniform at alpha = 0.01 (the issue's bar:
-1% false failures per test, about 21% that one of the 24 would fail for some new seed; the seeds are fixed), for phi_MATCH, phi_U, phi_H and localize, with 25% or 50%
-of one side's units (or both sides') zeroed or duplicated, in both argument orders. One-sided, because validity is
-P(p <= a) <= a: a block left with few informative units is conservative by design (fewer than 8: p = 1), which a
-two-sided test would flag as non-uniform (50% duplicated leaves about 9 of 48 units, measured).
+Validity tests: 150 independent pairs per case, a one-sided KS test against uniform at alpha = 0.01 (the issue's
+bar: 1% false failures per test, about 21% that one of the 24 would fail for some new seed; the seeds are fixed),
+for phi_MATCH, phi_U, phi_H and localize, with 25% or 50% of one side's units (or both sides') zeroed or
+duplicated, in both argument orders. One-sided, because validity is P(p <= a) <= a: a block left with few
+informative units is conservative by design (fewer than 8: p = 1), which a two-sided test would flag as
+non-uniform (50% duplicated leaves about 9 of 48 units, measured).
 """
 
 from __future__ import annotations
