@@ -10,8 +10,12 @@ from scanner.text_safety import html_text, script_json, visible
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;display:flex;height:100vh;overflow:hidden}
-#side{width:340px;padding:12px;overflow:auto;border-right:1px solid #ccc;background:#fafafa}
-#view{flex:1}svg{width:100%;height:100%;cursor:grab}
+#side{width:340px;flex:none;padding:12px;overflow:auto;border-right:1px solid #ccc;background:#fafafa;
+box-sizing:border-box}
+#side h2{margin:0 0 8px}#search{width:100%;box-sizing:border-box;font-size:15px;padding:6px}
+#view{flex:1;min-width:0;min-height:0}#canvas{display:block;width:100%;height:100%;cursor:grab}
+@media (max-width:720px){body{flex-direction:column}#side{width:auto;max-height:42vh;border-right:none;
+border-bottom:1px solid #ccc;order:0}#view{order:1}}
 .node rect{fill:#eef4fb;stroke:#24527a;rx:6}.node.flag rect{fill:#fde2e2;stroke:#c0392b}
 .node.root text{font-weight:bold}.node.dim{opacity:.2}.node.hit rect{stroke-width:3}
 .edge{fill:none}.edge.dim{opacity:.1}#legend{list-style:none;padding:0}#legend svg{vertical-align:middle}
@@ -20,8 +24,10 @@ td{vertical-align:top;padding:1px 4px}td:first-child{color:#555}
 
 _SCRIPT = r"""
 const G = JSON.parse(document.getElementById('graph-data').textContent);
-const NS = 'http://www.w3.org/2000/svg', svg = document.querySelector('svg'), root = document.getElementById('world');
-const SX = 190, byId = {};
+const NS = 'http://www.w3.org/2000/svg', svg = document.getElementById('canvas');
+const root = document.getElementById('world');
+// Node boxes hold the id on two lines (organisation, name) at FONT px; boxes stay at least MIN_BOX_PX wide on screen.
+const SX = 162, BOX_W = 150, BOX_H = 42, FONT = 14, MIN_BOX_PX = 110, byId = {};
 // Levels spread out vertically until the drawing's shape roughly matches the window's (wide hubs stay legible).
 const span = i => {
   const v = Object.values(G.pos).map(p => p[i]); return Math.max(1, Math.max(...v) - Math.min(...v)); };
@@ -47,8 +53,12 @@ function draw() {
   for (const n of G.nodes) {
     const p = G.pos[n.id], g = el('g', {class: 'node' + (n.discrepancies ? ' flag' : '') + (n.is_root ? ' root' : ''),
       transform: 'translate(' + p[0]*SX + ',' + (-p[1]*SY) + ')', 'data-id': n.id}, root);
-    const r = el('rect', {x: -80, y: -16, width: 160, height: 32}, g);
-    const t = el('text', {'text-anchor': 'middle', dy: 5, 'font-size': 11}, g); t.textContent = n.id;
+    el('rect', {x: -BOX_W / 2, y: -BOX_H / 2, width: BOX_W, height: BOX_H}, g);
+    const cut = n.id.indexOf('/') + 1, lines = cut > 0 ? [n.id.slice(0, cut), n.id.slice(cut)] : [n.id];
+    const t = el('text', {'text-anchor': 'middle', 'font-size': FONT}, g);
+    lines.forEach((line, i) => { const span = el('tspan', {x: 0, y: (i - (lines.length - 1) / 2) * (FONT + 2) + 4.5},
+      t); span.textContent = line.length > 22 ? line.slice(0, 21) + '\u2026' : line; });
+    el('title', {}, g).textContent = n.id;
     g.addEventListener('click', () => select(n.id)); byId[n.id] = g;
   }
 }
@@ -70,10 +80,19 @@ document.getElementById('search').addEventListener('input', ev => {
 document.getElementById('all').addEventListener('change', draw);
 let view = {x: 0, y: 0, k: 1}, drag = null;
 function apply() { root.setAttribute('transform', 'translate(' + view.x + ',' + view.y + ') scale(' + view.k + ')'); }
-function fit() {  // the whole graph in view on opening, never magnified beyond 1.5x
+function fit() {  // the whole graph in view on opening, never magnified beyond 1.5x, never below readable: a graph
+  // too large for the window (a phone, a big family) opens at the smallest readable zoom with its topmost family
+  // root centred at the top, to pan from there
   const b = root.getBBox(), W = svg.clientWidth, H = svg.clientHeight, pad = 30;
-  const k = Math.min((W - 2 * pad) / Math.max(b.width, 1), (H - 2 * pad) / Math.max(b.height, 1), 1.5);
-  view = {k: k, x: (W - b.width * k) / 2 - b.x * k, y: (H - b.height * k) / 2 - b.y * k};
+  const whole = Math.min((W - 2 * pad) / Math.max(b.width, 1), (H - 2 * pad) / Math.max(b.height, 1), 1.5);
+  const k = Math.max(whole, MIN_BOX_PX / BOX_W);
+  if (k === whole) {
+    view = {k: k, x: (W - b.width * k) / 2 - b.x * k, y: (H - b.height * k) / 2 - b.y * k};
+    return;
+  }
+  const roots = G.nodes.filter(n => n.is_root).map(n => G.pos[n.id]);
+  const top = (roots.length ? roots : Object.values(G.pos)).reduce((p, q) => (q[1] > p[1] ? q : p));
+  view = {k: k, x: W / 2 - top[0] * SX * k, y: pad + BOX_H / 2 * k - (-top[1] * SY) * k};
 }
 svg.addEventListener('wheel', ev => { ev.preventDefault(); const f = ev.deltaY < 0 ? 1.1 : 1 / 1.1;
   view.x = ev.offsetX - (ev.offsetX - view.x) * f; view.y = ev.offsetY - (ev.offsetY - view.y) * f;
@@ -130,12 +149,13 @@ def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: s
 <p>{graph.number_of_nodes()} models, {graph.number_of_edges()} dependent pairs
 (q = {graph.graph.get('q')}, {html_text(str(graph.graph.get('method')))}). Click a model for its evidence;
 red boxes: the card disagrees with the weights.</p>
-{_legend()}
-<input id="search" placeholder="find a model" style="width:95%">
+<input id="search" placeholder="find a model">
 <label><input type="checkbox" id="all"> show every dependent pair, not just the tree</label>
+{_legend()}
 <div id="detail"></div></div>
-<div id="view"><svg><defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7"
-orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#24527a"/></marker></defs><g id="world"></g></svg></div>
+<div id="view"><svg id="canvas"><defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7"
+markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#24527a"/></marker></defs>
+<g id="world"></g></svg></div>
 <script type="application/json" id="graph-data">{payload}</script>
 <script>{_SCRIPT}</script></body></html>
 """

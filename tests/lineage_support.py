@@ -64,6 +64,49 @@ def seed_zoo(cache: Path, seed: int) -> Zoo:
     return build_zoo(cache / f"zoo-small-seed{seed}", spec=ZooSpec(seed=seed, **SMALL_SPEC))
 
 
+#: Measured in the page after its script ran, in screen pixels: the view, the drawn graph, each node box (its width
+#: and its label's font size at the fitted zoom), the search box, and the fitted zoom itself.
+GEOMETRY_PROBE = """
+<script>
+(() => {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+  const world = document.getElementById('world'), scale = world.getScreenCTM().a;
+  const nodes = [...document.querySelectorAll('#world .node')].map(g => ({id: g.dataset.id,
+    box: box(g.querySelector('rect')), font: parseFloat(g.querySelector('text').getAttribute('font-size')) * scale}));
+  const legend = [...document.querySelectorAll('#legend svg')].map(box);
+  document.title = 'GEOMETRY ' + JSON.stringify({view: box(document.getElementById('canvas')), world: box(world),
+    nodes: nodes, search: box(document.getElementById('search')), zoom: scale, legend: legend,
+    window: [innerWidth, innerHeight]});
+})();
+</script>
+"""
+
+
+def page_geometry(page: Path, profile: Path, width: int, height: int, screenshot: Path | None = None) -> dict:
+    """What a person sees of ``page`` in a ``width`` x ``height`` window of headless chromium (`GEOMETRY_PROBE`),
+    and a screenshot of it when asked."""
+    probed = page.with_name(page.stem + ".probed.html")
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", GEOMETRY_PROBE + "</body>"),
+                      encoding="utf-8")
+    dom = _chromium(probed, profile, f"--window-size={width},{height}", "--dump-dom")
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        _chromium(page, profile, f"--window-size={width},{height}", f"--screenshot={screenshot}",
+                  "--hide-scrollbars")
+    title = dom.split("<title>GEOMETRY ", 1)[1].split("</title>", 1)[0]
+    return json.loads(title.replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
+
+
+def _chromium(page: Path, profile: Path, *options: str) -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is needed: apt-get install chromium (make browser)"
+    return subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
+         "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
+         "--virtual-time-budget=5000", *options, page.as_uri()], capture_output=True, text=True, check=True,
+    ).stdout
+
+
 def headless_dom(page: Path, profile: Path) -> str:
     """The DOM headless chromium builds from ``page`` after its scripts ran (Debian's chromium; ``make browser``)."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
