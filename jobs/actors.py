@@ -29,6 +29,7 @@ from scanner.fingerprint_cache import FingerprintCache
 from scanner.fingerprint_store import FingerprintStore
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
+from scanner.stats.weight_statistics import WeightProfile
 
 REASON_CHARS = 4000
 """A scan_errors reason is cut (and says so) only beyond this: real messages are a few hundred characters."""
@@ -62,6 +63,7 @@ class FingerprintOutcome:
     device: str | None = None
     seconds: float = 0.0
     error: WorkFailure | None = None
+    profile: WeightProfile | None = None   # when the scan records weight fingerprints and the family has one
 
 
 @dataclass(frozen=True)
@@ -105,19 +107,21 @@ def _failed(record: ModelRecord, stage: str, error: BaseException, started: floa
 
 
 def fingerprint_record(record: ModelRecord, store: FingerprintStore, inputs: InputSpec, *, device: str = "cpu",
-                       scratch: Path | None = None, token: str | None = None) -> FingerprintOutcome:
+                       scratch: Path | None = None, token: str | None = None,
+                       profile: bool = False) -> FingerprintOutcome:
     """Fetch (Hub records, into a scratch folder deleted afterwards), validate, fingerprint and store one model;
-    every failure is returned, not raised."""
+    every failure is returned, not raised. ``profile``: also read its weight profile (scanner.weight_profiles),
+    where its family has the roles for one."""
     scratch = scratch or default_scratch()
     started = time.perf_counter()
     if record.source != "hub":  # already a folder on a disk the workers read
-        return _fingerprint(record, store, inputs, device, scratch, token, scratch, started)
+        return _fingerprint(record, store, inputs, device, scratch, token, scratch, started, profile)
     with download_folder(scratch) as download:
-        return _fingerprint(record, store, inputs, device, scratch, token, download, started)
+        return _fingerprint(record, store, inputs, device, scratch, token, download, started, profile)
 
 
 def _fingerprint(record: ModelRecord, store: FingerprintStore, inputs: InputSpec, device: str, scratch: Path,
-                 token: str | None, download: Path, started: float) -> FingerprintOutcome:
+                 token: str | None, download: Path, started: float, profile: bool) -> FingerprintOutcome:
     from scanner.fingerprint import fingerprint_model
     from scanner.sources import materialize
     from scanner.validate import validate_checkpoint
@@ -133,11 +137,25 @@ def _fingerprint(record: ModelRecord, store: FingerprintStore, inputs: InputSpec
                                         follow_links=record.follow_links)
         stage = "write"
         address, sha = store.write(fingerprint, record.model_id, record.revision, scratch=scratch)
+        stage = "profile"
+        weights = _weight_profile(valid.adapter) if profile else None
     except Exception as e:  # noqa: BLE001 - a model's failure is data for scan_errors, whatever its type
         return _failed(record, stage, e, started)
     return FingerprintOutcome(record, meta=fingerprint.meta, path=address, file_sha256=sha,
                               n_tokens=inputs.n_sequences * inputs.seq_len, device=device,
-                              seconds=time.perf_counter() - started)
+                              seconds=time.perf_counter() - started, profile=weights)
+
+
+def _weight_profile(adapter) -> WeightProfile | None:  # noqa: ANN001 - an adapter of either kind
+    """The weight profile, or None for a family whose attention and norm roles hubtrace does not know (its pairs
+    then have no weight fingerprints; phi_MATCH is unaffected)."""
+    from scanner.errors import UnsupportedArchitectureError
+    from scanner.weight_profiles import weight_profile
+
+    try:
+        return weight_profile(adapter)
+    except UnsupportedArchitectureError:
+        return None
 
 
 def pick_device() -> str:
@@ -161,7 +179,7 @@ class FingerprintWorker:
     """
 
     def __init__(self, fingerprint_store: str, inputs: dict, threads: int, scratch: str | None,
-                 token: str | None, probe: StoreProbe | None = None) -> None:
+                 token: str | None, probe: StoreProbe | None = None, profiles: bool = False) -> None:
         import torch
         from transformers.utils import logging as transformers_logging
 
@@ -174,6 +192,7 @@ class FingerprintWorker:
         remove_orphans(self._scratch)
         self._token = token
         self._probe = probe
+        self._profiles = profiles
         self._device = pick_device()
         self._lock = threading.Lock()
         self._current: str | None = None
@@ -193,7 +212,7 @@ class FingerprintWorker:
             if unreachable is not None:  # a node that joined later and cannot reach the store: not even a download
                 return FingerprintOutcome(record, error=unreachable)
             return fingerprint_record(record, self._store, self._inputs, device=self._device, scratch=self._scratch,
-                                      token=self._token)
+                                      token=self._token, profile=self._profiles)
         finally:
             with self._lock:
                 self._current = None

@@ -112,6 +112,9 @@ class PairsConfig(_Strict):
     declared: bool = True
     batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch
     sequential: SequentialConfig | None = SequentialConfig()
+    #: Weight fingerprints of public disputes recorded beside each tested pair (off by default; never used to
+    #: draw families): each model's weight profile is read once more when it is fingerprinted (docs/disputes.md).
+    extra_stats: list[Literal["layernorm", "attn-std", "ghostspec"]] = []
 
 
 class RayConfig(_Strict):

@@ -92,7 +92,7 @@ class FingerprintPool:
                              max_restarts=config.ray.max_restarts, max_task_retries=config.ray.max_task_retries)
         download = next((s.download_dir for s in config.sources if getattr(s, "download_dir", None)), None)
         self._args = (store_location, asdict(config.inputs.spec()), max(1, int(shape.num_cpus)),
-                      str(download) if download else None, token, probe)
+                      str(download) if download else None, token, probe, bool(config.pairs.extra_stats))
         self.actors = [self._new_actor() for _ in range(shape.actors)]
         self._load = [0] * len(self.actors)
         self._where: dict[ray.ObjectRef, tuple[int, object]] = {}

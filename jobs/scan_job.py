@@ -36,7 +36,7 @@ from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, disco
 from scanner.text_safety import terminal
 
 if TYPE_CHECKING:
-    from scanner.store import PairKey, Store
+    from scanner.store import PairKey, PairTestRow, Store
 
 #: Error stages worth retrying on the next run even at an unchanged revision (the model may be fine).
 TRANSIENT_STAGES = frozenset({"fetch", "worker", "store"})
@@ -180,6 +180,8 @@ class _Scan:
             self.store.upsert_model(r, outcome.meta, self.run_id, "ok")
             self.store.put_fingerprint(r.model_id, r.revision, outcome.meta.input_set, outcome.path,
                                        outcome.file_sha256, outcome.n_tokens, self.run_id)
+            if outcome.profile is not None:
+                self.store.put_weight_profile(r.model_id, r.revision, outcome.profile)
             self.summary.fingerprinted += 1
             self.say(f"[fingerprint] {r.model_id} ok ({outcome.seconds:.1f} s on {outcome.device})")
         else:
@@ -302,6 +304,52 @@ class _Scan:
         self.observer.on_pairs_stored(stored, total)
         return stored
 
+    # weight fingerprints ------------------------------------------------------------------------------------
+    def weight_statistics_stage(self) -> None:
+        """``pairs.extra_stats``: each weight fingerprint of every pair phi_MATCH tested that has none yet (both
+        models profiled), stored beside it; then the empirical p-values of those that need one, from the hub's own
+        pairs phi_MATCH found independent (scanner.stats.weight_statistics)."""
+        from scanner.stats.weight_statistics import weight_statistic
+        from scanner.store import PairTestRow
+
+        names = self.config.pairs.extra_stats
+        tested = self.store.weight_statistic_rows(self.config.statistic, self.config.statistic)
+        profiles = self.store.weight_profiles({(r[0], r[1]) for r in tested} | {(r[2], r[3]) for r in tested})
+        rows = []
+        for name in names:
+            done = {r[:5] for r in self.store.weight_statistic_rows(name, self.config.statistic)}
+            for model_a, revision_a, model_b, revision_b, input_set, _, _, _, _, reason, _ in tested:
+                a, b = profiles.get((model_a, revision_a)), profiles.get((model_b, revision_b))
+                if a is None or b is None or (model_a, revision_a, model_b, revision_b, input_set) in done:
+                    continue
+                if name == "layernorm" and a.norms.shape[1:] != b.norms.shape[1:]:
+                    continue  # other widths or norm kinds: no cosine to take
+                result = weight_statistic(name, a, b, permutations=999)
+                rows.append(PairTestRow(model_a, revision_a, model_b, revision_b, name, input_set, result.log10_p,
+                                        0, notes=[result.null], reason=reason, run_id=self.run_id,
+                                        value=result.value))
+        self.store.put_pair_tests(rows)
+        self.store.put_pair_tests(self._empirical_p_values(names))
+        self.summary.weight_statistics = len(rows)
+
+    def _empirical_p_values(self, names: list[str]) -> list[PairTestRow]:
+        """The stored rows of the statistics that have only an empirical null, with their p-values against the
+        current pairs whose phi_MATCH p is above NULL_MATCH_P (each pair's own models left out of its null)."""
+        from scanner.stats.weight_statistics import EMPIRICAL_NULL_STATISTICS, NULL_MATCH_P, leave_out_log10_p
+        from scanner.store import PairTestRow, queries
+
+        updated = []
+        for name in (n for n in names if n in EMPIRICAL_NULL_STATISTICS):
+            rows = self.store.weight_statistic_rows(name, self.config.statistic)
+            null = queries.empirical_null(self.store, name, self.config.statistic)
+            for row, log10_p in zip(rows, leave_out_log10_p([(r[0], r[2], r[5]) for r in rows], null)):
+                note = (f"empirical null: this hub's pairs whose phi_MATCH p > {NULL_MATCH_P} ({len(null)} in all, "
+                        "the pair's own models left out)" if log10_p is not None else
+                        "no p-value yet: no independent pair of other models in this hub to compare with")
+                updated.append(PairTestRow(*row[:4], name, row[4], log10_p, 0, notes=[note], reason=row[9],
+                                           run_id=row[10], value=row[5]))
+        return updated
+
     # lineage and exports ----------------------------------------------------------------------------------
     def lineage_stage(self) -> None:
         from lineage_graph.export import lineage_graph, write_graph
@@ -360,6 +408,9 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
                              + f"{plan.declared} declared, {sum(plan.incomparable.values())} incomparable, "
                              f"{plan.already_tested} already tested, {len(plan.jobs)} to test")
                     scan.pair_stage(plan, shape)
+                if config.pairs.extra_stats:
+                    with scan.timed("weight statistics"):
+                        scan.weight_statistics_stage()
                 with scan.timed("lineage"):
                     scan.lineage_stage()
             except BaseException:

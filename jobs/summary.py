@@ -27,6 +27,7 @@ class ScanSummary:
     pairs_tested: int = 0
     retrieval: dict = field(default_factory=dict)       # scanner.retrieval.scan.Retrieved.to_json_dict()
     pairs_failed: int = 0
+    weight_statistics: int = 0       # weight fingerprints recorded beside phi_MATCH (pairs.extra_stats)
     dependent_pairs: int = 0
     families: dict[str, list[str]] = field(default_factory=dict)   # family id -> members (families of 2 or more)
     discrepancies: int = 0
@@ -45,7 +46,7 @@ class ScanSummary:
             "models": self.models, "fingerprinted": self.fingerprinted, "skipped": self.skipped,
             "failed": self.failed, "source_errors": self.source_errors, "failures": dict(self.failures),
             "pairs": self.pairs, "retrieval": self.retrieval, "pairs_tested": self.pairs_tested,
-            "pairs_failed": self.pairs_failed,
+            "pairs_failed": self.pairs_failed, "weight_statistics": self.weight_statistics,
             "dependent_pairs": self.dependent_pairs, "families": self.families,
             "discrepancies": self.discrepancies, "exports": self.exports,
             "stage_seconds": {k: round(v, 2) for k, v in self.stage_seconds.items()}, "seconds": round(self.seconds, 2),
@@ -73,6 +74,8 @@ def render_summary(summary: ScanSummary) -> Group:
           if pairs.get("select") == "candidates" else ()),
         ("pairs tested", f"{summary.pairs_tested} now"
                          + (f", {summary.pairs_failed} failed" if summary.pairs_failed else "")),
+        *((("weight statistics", f"{summary.weight_statistics} recorded beside phi_MATCH (pairs.extra_stats)"),)
+          if summary.weight_statistics else ()),
         ("lineage", f"{summary.dependent_pairs} dependent pairs, {len(summary.families)} families with relatives, "
                     f"{summary.discrepancies} card discrepancies"),
         ("database", summary.db),

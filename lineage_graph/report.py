@@ -28,6 +28,7 @@ from lineage_graph.document import (
 )
 from lineage_graph.lineage import Lineage
 from scanner.results import format_p
+from scanner.statistics_catalog import ROBUSTNESS
 from scanner.store import queries
 from scanner.text_safety import PLOT_TEXT, plot_label, visible
 
@@ -79,6 +80,12 @@ def _unit_map(store: Store, a: dict, b: dict, input_set: str, out: Path) -> tupl
         images.append(plot_unit_map(result.unit_maps[(layer_a, layer_b)], out / "unit_map.png", layer_a=layer_a,
                                     layer_b=layer_b, model_a=a["model_id"], model_b=b["model_id"]))
     return images, list(result.notes), result.to_json_dict()
+
+
+def _value(row: dict) -> str:
+    """A statistic's raw value as stored: its value, or phi_MATCH's closeness."""
+    value = row["value"] if row["value"] is not None else row["closeness"]
+    return "-" if value is None or value != value else f"{value:.4f}"
 
 
 def _meta_table(a: dict, b: dict) -> list[tuple[str, str, str]]:
@@ -160,10 +167,12 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
             Table(("model", "revision", "status", "first seen run", "last seen run"),
                   tuple((str(r["model_id"]), str(r["revision"]), str(r["status"]), str(r["first_seen_run"]),
                          str(r["last_seen_run"])) for r in revisions.iter_rows(named=True)))]
-    if others.height > 1:
-        doc += [Paragraph((plain("Other statistics on record:"),)),
-                Items(tuple((code(r["statistic"]), plain(" on "), code(r["input_set"]),
-                             plain(f": log10 p = {r['log10_p']}")) for r in others.iter_rows(named=True)))]
+    doc += [Heading(2, (plain("Every statistic on record"),)),
+            Paragraph((plain("Each with its raw value (phi_MATCH: the closeness of matched activations), its "
+                             "p-value under independence where it has one, and what it survives or not:"),)),
+            Table(("statistic", "raw value", "p-value", "robust to / defeated by"), tuple(
+                (r["statistic"], _value(r), "none" if r["log10_p"] is None else format_p(r["log10_p"]),
+                 ROBUSTNESS.get(r["statistic"], "")) for r in others.iter_rows(named=True)))]
     doc += [Heading(2, (plain("Reproduce"),)), Paragraph((plain("This report:"),)), CodeLine(command),
             Paragraph((plain("The test itself, from the weights:"),)), CodeLine(retest)]
     md_path = out / "report.md"

@@ -207,6 +207,12 @@ class ArchitectureAdapter:
         """Split stored fused roles into canonical ones (identity for separate projections)."""
         return weights
 
+    @property
+    def attention_heads(self) -> tuple[int, int]:
+        """(query heads, key-value heads) as the family's attention modules use them."""
+        heads = self._text.num_attention_heads
+        return heads, getattr(self._text, "num_key_value_heads", None) or heads
+
     # -- machinery -------------------------------------------------------------------------------------------
 
     def _attention_rows(self) -> tuple[int, int]:

@@ -81,12 +81,12 @@ def render_table(result: PairTestResult) -> str:
                 f"{layer.log10_p:12.2f} {format_p(layer.log10_p):>12}"
             )
     lines.append("")
-    if result.log10_p is not None:
-        lines.append(f"aggregate log10 p = {result.log10_p:.2f}")
-    if result.closeness is not None:
-        lines.append(f"closeness = {result.closeness:.4f} (mean cosine of matched activations; no p-value)")
     if result.value is not None:
         lines.append(f"raw value = {result.value:.6g}")
+    if result.log10_p is not None:
+        lines.append(f"{'aggregate ' if result.layers else ''}log10 p = {result.log10_p:.2f}")
+    if result.closeness is not None:
+        lines.append(f"closeness = {result.closeness:.4f} (mean cosine of matched activations; no p-value)")
     lines += [f"note: {note}" for note in result.notes]
     lines.append(f"verdict: {result.verdict()}")
     return "\n".join(lines)

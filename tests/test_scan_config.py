@@ -13,7 +13,7 @@ from jobs.pool import NoGpuError, pool_shape
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "nightly-hub.yaml", "local-folder.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
 def test_shipped_configs_load(name):
     assert load_config(REPO / "configs" / name).sources
 

@@ -20,13 +20,19 @@ def test_command(
              "e.g. s3://bucket/prefix/org/model/REVISION/INPUT_SET.safetensors).")],
     model_b: Annotated[str, typer.Argument(
         help="Second model: a Hugging Face-format directory, a GGUF file (or a fingerprint file or URL).")],
-    stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd")] = "match",
+    stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd | layernorm | "
+                                                     "attn-std | ghostspec (the weight fingerprints of public "
+                                                     "disputes, docs/disputes.md)")] = "match",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     sequences: Annotated[int, typer.Option(
         help="Canonical input sequences (activation statistics).")] = InputSpec.n_sequences,
     seq_len: Annotated[int, typer.Option(help="Tokens per canonical sequence.")] = InputSpec.seq_len,
     seed: Annotated[int, typer.Option(help="Seed of the canonical inputs and of PERMTEST.")] = 0,
-    permutations: Annotated[int, typer.Option(help="PERMTEST samples T for --stat l2.")] = 99,
+    permutations: Annotated[int, typer.Option(
+        help="PERMTEST samples T for --stat l2 (--stat layernorm takes at least 999).")] = 99,
+    null_db: Annotated[Path | None, typer.Option(
+        "--null-db", help="A scan database whose pairs give --stat attn-std or ghostspec an empirical null (its "
+                          "pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats).")] = None,
     device: Annotated[str, typer.Option(help="torch device for forward passes, e.g. cpu or cuda.")] = "cpu",
     fingerprint: Annotated[
         bool, typer.Option("--fingerprint", help="Compare fingerprints (implied when a side is a fingerprint file).")
@@ -47,10 +53,29 @@ def test_command(
     if fingerprint or any(is_url(side) or is_fingerprint_file(side) for side in (model_a, model_b)):
         result = compare_sides(model_a, model_b, stat, spec, device, follow_links=follow_links)
     else:
+        null = _empirical_null(null_db, stat, (Path(model_a), Path(model_b))) if null_db is not None else ()
         result = compare_models(Path(model_a), Path(model_b), stat, inputs=spec, permutations=permutations,
-                                seed=seed, device=device, follow_links=follow_links)
+                                seed=seed, device=device, follow_links=follow_links, null=null)
     typer.echo(json_visible(json.dumps(result.to_json_dict(), indent=2)) if as_json
                else terminal_lines(render_table(result)))
+
+
+def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> list[float]:
+    """The values of ``stat`` on the database's pairs that phi_MATCH found independent, less the pairs of a model
+    under test when the database scanned it from the same folder (a pair is never part of its own null)."""
+    from scanner.stats.weight_statistics import EMPIRICAL_NULL_STATISTICS
+    from scanner.store import Store, queries
+
+    if stat not in EMPIRICAL_NULL_STATISTICS:
+        raise CommandError(f"--null-db is for --stat {' or '.join(EMPIRICAL_NULL_STATISTICS)}: {stat} has a null "
+                           "of its own")
+    with Store(db, read_only=True) as store:
+        tested = queries.models_at(store, [str(side.resolve()) for side in sides])
+        null = [value for a, b, value in queries.empirical_null(store, stat) if not {a, b} & tested]
+    if not null:
+        raise CommandError(f"{db} records no {stat} values on independent pairs: scan with pairs.extra_stats "
+                           f"including {stat} (docs/disputes.md)")
+    return null
 
 
 def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,

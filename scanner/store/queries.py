@@ -7,6 +7,7 @@ the lineage tables that ``rebuild_lineage`` writes (FDR-controlled, oriented par
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 import polars as pl
@@ -204,8 +205,8 @@ def revision_history(store: Store, model_ids: list[str]) -> pl.DataFrame:
 def pair_tests_between(store: Store, model_a: str, model_b: str) -> pl.DataFrame:
     """The current tests of one pair (``model_a < model_b``), one row per statistic and input set."""
     return store.query(
-        "SELECT statistic, input_set, log10_p, tested_at FROM current_pair_tests WHERE model_a = ? AND model_b = ? "
-        "ORDER BY statistic", [model_a, model_b])
+        "SELECT statistic, input_set, log10_p, value, closeness, notes, tested_at FROM current_pair_tests "
+        "WHERE model_a = ? AND model_b = ? ORDER BY statistic", [model_a, model_b])
 
 
 def read_only_query(store: Store, sql: str, *, as_text: bool = False) -> pl.DataFrame:
@@ -227,3 +228,22 @@ ORDER BY f.created_at DESC
 
 def current_fingerprints(store: Store, model_id: str) -> pl.DataFrame:
     return store.query(CURRENT_FINGERPRINTS_SQL, {"model": model_id})
+
+
+def models_at(store: Store, locations: list[str]) -> set[str]:
+    """The ids of the current models read from these locations (a local folder or file, as the scan recorded it)."""
+    if not locations:
+        return set()
+    placeholders = ", ".join("?" for _ in locations)
+    frame = store.query(f"SELECT DISTINCT model_id FROM current_models WHERE location IN ({placeholders})", locations)
+    return set(frame["model_id"].to_list())
+
+
+def empirical_null(store: Store, statistic: str, match_statistic: str = "match") -> list[tuple[str, str, float]]:
+    """(model_a, model_b, value) of every current pair whose ``statistic`` has a value and whose phi_MATCH p-value is
+    above NULL_MATCH_P: the hub's own independent pairs, the empirical null of a weight fingerprint
+    (scanner.stats.weight_statistics)."""
+    from scanner.stats.weight_statistics import NULL_MATCH_P
+
+    return [(r[0], r[2], r[5]) for r in store.weight_statistic_rows(statistic, match_statistic)
+            if r[6] is not None and r[6] > math.log10(NULL_MATCH_P) and r[5] is not None and math.isfinite(r[5])]

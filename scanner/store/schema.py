@@ -107,6 +107,18 @@ NO_TENSOR_HASH_DDL: tuple[str, ...] = (
 hashed tensors), so the scan's backfill of ``model_tensors`` reads each such header once; migration 6."""
 
 
+WEIGHT_STATISTICS_DDL: tuple[str, ...] = (
+    "ALTER TABLE pair_tests ADD COLUMN IF NOT EXISTS value DOUBLE",
+    "CREATE OR REPLACE VIEW current_pair_tests AS SELECT * FROM pair_tests WHERE NOT superseded",
+    """CREATE TABLE IF NOT EXISTS weight_profiles (
+        model_id VARCHAR NOT NULL, revision VARCHAR NOT NULL, n_layers INTEGER, norm_kinds INTEGER,
+        hidden_size INTEGER, norms BLOB, attn_std DOUBLE[], ghostspec DOUBLE[], made_at TIMESTAMPTZ,
+        PRIMARY KEY (model_id, revision))""",
+)
+"""The weight fingerprints of public disputes (scanner.stats.weight_statistics): each model's profile when a scan
+asks for them (``pairs.extra_stats``), and their raw values beside phi_MATCH in pair_tests; migration 7."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -130,6 +142,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: TENSOR_HASH_DDL),
     Migration(6, "no_tensor_hashes: revisions whose fingerprint was read and holds no tensor hashes (read once)",
               lambda: NO_TENSOR_HASH_DDL),
+    Migration(7, "pair_tests.value and weight_profiles: the weight fingerprints of public disputes",
+              lambda: WEIGHT_STATISTICS_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -9,6 +9,7 @@ leaves one row.
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import secrets
@@ -18,15 +19,18 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from scanner import __version__
 from scanner.errors import HubtraceError
+from scanner.stats.weight_statistics import WeightProfile
 from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
 
@@ -71,6 +75,7 @@ class PairTestRow:
     reason: str = "comparable"                          # 'comparable' | 'declared_base'
     run_id: str | None = None
     closeness: float | None = None                      # phi_MATCH: mean cosine of matched activations (symmetric)
+    value: float | None = None                          # a weight fingerprint's raw value (symmetric)
 
     def normalized(self) -> PairTestRow:
         """The same test with the smaller (model, revision) first; per-block layer indices follow their model."""
@@ -79,7 +84,7 @@ class PairTestRow:
         layers = [{**d, "layer_a": d.get("layer_b"), "layer_b": d.get("layer_a")} for d in self.layers]
         return PairTestRow(self.model_b, self.revision_b, self.model_a, self.revision_a, self.statistic,
                            self.input_set, self.log10_p, self.n_layers, layers, list(self.notes), self.reason,
-                           self.run_id, self.closeness)
+                           self.run_id, self.closeness, self.value)
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -117,6 +122,16 @@ class CandidateRow:
         return (n.model_a, n.revision_a, n.model_b, n.revision_b)
 
 
+@cache
+def _sealed_temp_directory() -> str:
+    """Where sealed readers spill: a private folder of this process, removed when it exits. DuckDB lets SQL read its
+    temp folder even with external access off, and the default, <db>.tmp beside the database, could be a link to
+    anywhere; one folder for all of a process's sealed readers, as DuckDB wants one configuration per file."""
+    folder = tempfile.mkdtemp(prefix="hubtrace-query-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -135,7 +150,7 @@ _PAIR_SCHEMA = pa.schema([
     ("model_a", pa.string()), ("revision_a", pa.string()), ("model_b", pa.string()), ("revision_b", pa.string()),
     ("statistic", pa.string()), ("input_set", pa.string()), ("log10_p", pa.float64()), ("n_layers", pa.int32()),
     ("layers", pa.string()), ("notes", pa.list_(pa.string())), ("reason", pa.string()), ("run_id", pa.string()),
-    ("closeness", pa.float64()),
+    ("closeness", pa.float64()), ("value", pa.float64()),
 ])
 _PAIR_COLUMNS = ", ".join(_PAIR_SCHEMA.names)
 _CANDIDATE_SCHEMA = pa.schema([
@@ -164,9 +179,6 @@ class Store:
             raise StoreError(f"no scan database at {self.path} (run a scan first, or check --db)")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        # A sealed reader spills to a folder of its own: DuckDB lets SQL read its temp folder even with external
-        # access off, and the default, <db>.tmp beside the database, could be a link to anywhere.
-        self._private_temp = tempfile.mkdtemp(prefix="hubtrace-query-") if self._sealed else None
         self._con = self._connect()
         self._depth = 0
         try:
@@ -176,7 +188,7 @@ class Store:
             else:
                 self._migrate()
         except BaseException:
-            self.close()
+            self._con.close()
             raise
 
     @property
@@ -188,13 +200,11 @@ class Store:
         try:
             return duckdb.connect(str(self.path), read_only=self.read_only, config=self._config())
         except duckdb.IOException as exc:
-            self._remove_private_temp()
             conflict = lock_conflict(self.path, str(exc))
             if conflict is None:
                 raise StoreError(f"cannot open the scan database {self.path}: {exc}") from exc
             raise StoreLockedError(conflict) from exc
         except duckdb.Error as exc:
-            self._remove_private_temp()
             raise StoreError(f"{self.path} is not a readable DuckDB database: {exc}") from exc
 
     def _config(self) -> dict[str, Any]:
@@ -203,7 +213,7 @@ class Store:
         config: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         if self._sealed:
             config["enable_external_access"] = False
-            config["temp_directory"] = self._private_temp
+            config["temp_directory"] = _sealed_temp_directory()
         return config
 
     # schema ---------------------------------------------------------------------------------------------------
@@ -287,11 +297,6 @@ class Store:
 
     def close(self) -> None:
         self._con.close()
-        self._remove_private_temp()
-
-    def _remove_private_temp(self) -> None:
-        if self._private_temp is not None:
-            shutil.rmtree(self._private_temp, ignore_errors=True)
 
     def __enter__(self) -> Store:
         return self
@@ -431,7 +436,7 @@ class Store:
             "log10_p": [r.log10_p for r in batch], "n_layers": [r.n_layers for r in batch],
             "layers": [json.dumps(r.layers) for r in batch], "notes": [list(r.notes) for r in batch],
             "reason": [r.reason for r in batch], "run_id": [r.run_id for r in batch],
-            "closeness": [r.closeness for r in batch],
+            "closeness": [r.closeness for r in batch], "value": [r.value for r in batch],
         }, schema=_PAIR_SCHEMA)
         with self.transaction() as con:
             con.register("_pair_batch", table)
@@ -548,6 +553,47 @@ class Store:
                 with suppress(duckdb.TransactionException):
                     con.unregister("_new_revisions")
         return {(min((a, ra), (b, rb)), max((a, ra), (b, rb))) for a, ra, b, rb in rows}
+
+    # weight profiles --------------------------------------------------------------------------------------------
+    def put_weight_profile(self, model_id: str, revision: str, profile: WeightProfile) -> None:
+        """A model's weight profile (scanner.stats.weight_statistics), its norm weights as float32 bytes."""
+        layers, kinds, width = profile.norms.shape
+        self._con.execute(
+            "INSERT OR REPLACE INTO weight_profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [model_id, revision, layers, kinds, width, profile.norms.astype(np.float32).tobytes(),
+             profile.attn_std.ravel().tolist(), profile.ghostspec.ravel().tolist(), _now()])
+
+    def weight_profiles(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], WeightProfile]:
+        """The stored profiles of these (model, revision) keys (those that have one)."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        table = pa.table({"model_id": [k[0] for k in wanted], "revision": [k[1] for k in wanted]})
+        with self.transaction() as con:
+            con.register("_profile_keys", table)
+            try:
+                rows = con.execute(
+                    "SELECT w.model_id, w.revision, w.n_layers, w.norm_kinds, w.hidden_size, w.norms, w.attn_std, "
+                    "w.ghostspec FROM weight_profiles w JOIN _profile_keys USING (model_id, revision)").fetchall()
+            finally:
+                with suppress(duckdb.TransactionException):
+                    con.unregister("_profile_keys")
+        return {(m, r): WeightProfile(
+                    norms=np.frombuffer(norms, dtype=np.float32).astype(np.float64).reshape(layers, kinds, width),
+                    attn_std=np.asarray(attn_std, dtype=np.float64).reshape(layers, -1),
+                    ghostspec=np.asarray(ghostspec, dtype=np.float64).reshape(layers, -1))
+                for m, r, layers, kinds, width, norms, attn_std, ghostspec in rows}
+
+    def weight_statistic_rows(self, statistic: str, match_statistic: str = "match") -> list[tuple]:
+        """Every current test of ``statistic`` with the log10 p of the same pair's ``match_statistic`` test (None
+        where it has none): (model_a, revision_a, model_b, revision_b, input_set, value, match log10 p, log10 p,
+        notes, reason, run_id). The empirical null of a weight fingerprint is read from these."""
+        return [tuple(r) for r in self._rows(
+            "SELECT w.model_a, w.revision_a, w.model_b, w.revision_b, w.input_set, w.value, m.log10_p, w.log10_p, "
+            "w.notes, w.reason, w.run_id FROM current_pair_tests w LEFT JOIN current_pair_tests m "
+            "ON m.statistic = ? AND (m.model_a, m.revision_a, m.model_b, m.revision_b, m.input_set) = "
+            "(w.model_a, w.revision_a, w.model_b, w.revision_b, w.input_set) WHERE w.statistic = ? "
+            "ORDER BY w.model_a, w.model_b", [match_statistic, statistic])]
 
     # errors ---------------------------------------------------------------------------------------------------
     def record_error(self, run_id: str, model_id: str, revision: str | None, location: str | None, stage: str,

@@ -1,0 +1,165 @@
+"""The weight fingerprints quoted in public lineage disputes, each with the null distribution it can have.
+
+* **LayerNorm cosine** (the Solar-Open-100B vs GLM-4.5-Air claim): the mean, over layers, of the cosine between the
+  two models' norm weights at the same layer. Norm weights start at 1.0, so unrelated models score ~0.99 and the raw
+  number says nothing. A permutation of the residual stream is output-preserving, leaves the initialisation
+  (all ones) invariant and commutes with training, so PERMTEST over such permutations of model A gives an exact
+  p-value: the observed cosine ranked among the cosines of A's norms permuted (`layernorm_permtest`).
+* **Intrinsic fingerprint** (Pangu Pro MoE vs Qwen2.5-14B): per layer the standard deviation of W_Q, W_K, W_V and
+  W_O; per projection the Pearson correlation of the two models' z-scored sequences over layers (the shorter one
+  linearly interpolated to the longer, as its authors do); the value is the mean of the four correlations.
+* **GhostSpec** (GhostSpec-corr): per layer the mean singular value of M_qk = W_q W_k^T and of M_vo = W_v W_o; per
+  product the Pearson correlation of the two models' sequences over layers; the value is the mean of the two. Ours
+  averages the top `GHOSTSPEC_TOP` singular values of each product, not all of them (a full SVD of a 4096 x 4096
+  product per layer and model costs minutes on a CPU).
+
+The last two are unchanged by every transformation PERMTEST could use: permutations and rotations of the residual
+stream or of heads move no standard deviation and no singular value, and the scalings that would (W_q by c, W_k by
+1/c) do not leave a model's initialisation invariant, so they would not give a valid null. So these two get a
+p-value only against an empirical null: their values on pairs of models known (or tested) to be independent,
+p = (1 + #{null >= observed}) / (n + 1), valid when the tested pair is exchangeable with those pairs under
+independence; its smallest value is 1 / (n + 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scanner.stats.logp import log10_permutation_p
+
+#: Singular values of each attention product that GhostSpec averages per layer.
+GHOSTSPEC_TOP = 32
+#: A pair whose phi_MATCH p-value is above this joins the empirical null of the weight fingerprints that need one.
+NULL_MATCH_P = 0.05
+
+
+@dataclass(frozen=True)
+class WeightProfile:
+    """What the weight fingerprints read from one model, layer by layer (float64).
+
+    ``norms``: (layers, kinds, d) the residual-stream norm weights as the model applies them (attention and MLP
+    pre-norms, post-norms where the family has them); ``attn_std``: (layers, 4) the standard deviation of W_Q, W_K,
+    W_V, W_O; ``ghostspec``: (layers, 2) the mean of the top singular values of M_qk and M_vo."""
+
+    norms: np.ndarray
+    attn_std: np.ndarray
+    ghostspec: np.ndarray
+
+
+@dataclass(frozen=True)
+class WeightStatistic:
+    """A weight fingerprint's raw value and, where it has one, its log10 p-value and how that was obtained."""
+
+    value: float
+    log10_p: float | None
+    null: str  # what the p-value stands on, or why there is none
+
+
+def layernorm_cosine(norms_a: np.ndarray, norms_b: np.ndarray) -> float:
+    """Mean over the common layers and norm kinds of the cosine between the two models' norm weights."""
+    layers = min(norms_a.shape[0], norms_b.shape[0])
+    a, b = norms_a[:layers].reshape(-1, norms_a.shape[-1]), norms_b[:layers].reshape(-1, norms_b.shape[-1])
+    dot = np.einsum("ij,ij->i", a, b)
+    return float(np.mean(dot / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-300)))
+
+
+def layernorm_permtest(norms_a: np.ndarray, norms_b: np.ndarray, *, permutations: int = 999,
+                       seed: int = 0) -> WeightStatistic:
+    """LayerNorm cosine with PERMTEST over residual-stream permutations of model A (one permutation moves every
+    norm of A alike, as it would move the whole model): exact, p >= 1 / (permutations + 1)."""
+    if norms_a.shape[-1] != norms_b.shape[-1] or norms_a.shape[1] != norms_b.shape[1]:
+        raise ValueError(f"norm weights of shapes {norms_a.shape} and {norms_b.shape} do not line up")
+    rng = np.random.default_rng(seed)
+    observed = layernorm_cosine(norms_a, norms_b)
+    null = [layernorm_cosine(norms_a[..., rng.permutation(norms_a.shape[-1])], norms_b) for _ in range(permutations)]
+    return WeightStatistic(observed, log10_permutation_p(observed, null),
+                           f"PERMTEST over {permutations} residual-stream permutations of model A")
+
+
+def sequence_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two per-layer sequences, the shorter linearly interpolated onto the longer's layers
+    (0 when either is constant: no evidence either way)."""
+    if a.size < 2 or b.size < 2:
+        return 0.0
+    short, long = (a, b) if a.size <= b.size else (b, a)
+    stretched = np.interp(np.linspace(0.0, 1.0, long.size), np.linspace(0.0, 1.0, short.size), short)
+    if np.std(stretched) == 0.0 or np.std(long) == 0.0:
+        return 0.0
+    return float(np.corrcoef(stretched, long)[0, 1])
+
+
+def profile_correlation(profile_a: np.ndarray, profile_b: np.ndarray) -> float:
+    """Mean over the profile's columns (Q, K, V, O; or M_qk, M_vo) of the per-layer sequence correlation."""
+    return float(np.mean([sequence_correlation(profile_a[:, j], profile_b[:, j]) for j in range(profile_a.shape[1])]))
+
+
+def empirical_test(observed: float, null: Sequence[float], what: str) -> WeightStatistic:
+    """A value against its empirical null (values on pairs independent under the null): exact when the tested pair
+    is exchangeable with them; no p-value without a null sample."""
+    if not null:
+        return WeightStatistic(observed, None, f"no p-value: {what} is invariant to every output-preserving "
+                                               "transformation PERMTEST could use, and no empirical null was given")
+    return WeightStatistic(observed, log10_permutation_p(observed, list(null)),
+                           f"empirical null of {len(null)} independent pairs (smallest p 1/{len(null) + 1})")
+
+
+#: The weight fingerprints by name (``hubtrace test --stat``), each with what it reads of a profile.
+WEIGHT_STATISTICS = ("layernorm", "attn-std", "ghostspec")
+#: The weight fingerprints that PERMTEST cannot move, so their p-value stands on an empirical null.
+EMPIRICAL_NULL_STATISTICS = ("attn-std", "ghostspec")
+
+#: What each one survives and what defeats it, as tests/test_weight_statistics.py measures it on the zoo (a fine-tune,
+#: depth and width prunes, a retrained MLP, and copies camouflaged by T1-T6: residual permutation and rotation,
+#: unit permutation, q/k rotation, new norm gains folded into the next maps, up/down scaling).
+WEIGHT_STATISTIC_NOTES = {
+    "layernorm": "LayerNorm cosine survives fine-tuning, pruning and MLP retraining, and is defeated by new norm gains "
+                 "with a residual permutation or rotation (T1, T3, T5: camouflaged copies score about 0); unrelated "
+                 "models score ~0.99, which is why only its p-value says anything",
+    "attn-std": "the intrinsic fingerprint survives fine-tuning, pruning and T1-T6 camouflage, but unrelated models "
+                "trained alike can correlate as well as a fine-tune and its base (up to 0.997 among the zoo's 17 "
+                "independent bases): only its empirical null says what a value is worth",
+    "ghostspec": "GhostSpec survives fine-tuning, pruning and T1-T6 camouflage, but unrelated models trained alike can "
+                 "correlate as well as a fine-tune and its base (up to 0.998 among the zoo's 17 independent bases): "
+                 "only its empirical null says what a value is worth",
+}
+
+
+def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Sequence[float] = (),
+                     permutations: int = 999, seed: int = 0) -> WeightStatistic:
+    """One weight fingerprint of a pair: its value and the p-value its null allows (see the module docstring)."""
+    if name == "layernorm":
+        if a.norms.size == 0 or b.norms.size == 0:
+            return WeightStatistic(float("nan"), None, "no p-value: a model without norm weights has no LayerNorm "
+                                                       "cosine")
+        return layernorm_permtest(a.norms, b.norms, permutations=permutations, seed=seed)
+    if name == "attn-std":
+        return empirical_test(profile_correlation(a.attn_std, b.attn_std), null, "the intrinsic fingerprint")
+    if name == "ghostspec":
+        return empirical_test(profile_correlation(a.ghostspec, b.ghostspec), null, "GhostSpec")
+    raise ValueError(f"unknown weight statistic {name!r}; choose one of {', '.join(WEIGHT_STATISTICS)}")
+
+
+def leave_out_log10_p(observed: Sequence[tuple[str, str, float]], null: Sequence[tuple[str, str, float]],
+                      ) -> list[float | None]:
+    """For each observed (model, model, value): its log10 p against the null pairs that share no model with it
+    (so a pair is never part of its own null, nor a pair of one of its models). None where no such pair is left.
+    Sorted counts and per-model exclusions: O((n + m) log m), not a scan of the null per pair."""
+    values = np.sort(np.asarray([v for _, _, v in null], dtype=np.float64))
+    by_model: dict[str, list[int]] = {}
+    for k, (a, b, _) in enumerate(null):
+        by_model.setdefault(a, []).append(k)
+        by_model.setdefault(b, []).append(k)
+    out: list[float | None] = []
+    for a, b, value in observed:
+        excluded = set(by_model.get(a, ())) | set(by_model.get(b, ()))
+        size = len(null) - len(excluded)
+        if size <= 0 or not np.isfinite(value):
+            out.append(None)
+            continue
+        exceed = int(values.size - np.searchsorted(values, value, side="left"))
+        exceed -= sum(1 for k in excluded if null[k][2] >= value)
+        out.append(float(np.log10((1 + exceed) / (size + 1))))
+    return out

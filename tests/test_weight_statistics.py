@@ -1,0 +1,180 @@
+"""The weight fingerprints of public disputes (scanner.stats.weight_statistics), each with the null it can have.
+
+Fixed seeds throughout. Validity: KS against uniform at alpha = 0.01 over at least 100 independent pairs (1% false
+failures for an exactly valid test; the seeds are fixed). The claims the robustness notes make are measured on the
+zoo here, so a note cannot say more than a test shows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from scanner.adapters import adapter_for
+from scanner.checkpoint import open_checkpoint
+from scanner.compare import compare_models
+from scanner.errors import UnsupportedArchitectureError
+from scanner.stats.weight_statistics import (
+    WeightProfile,
+    layernorm_cosine,
+    layernorm_permtest,
+    leave_out_log10_p,
+    profile_correlation,
+    weight_statistic,
+)
+from scanner.weight_profiles import weight_profile
+from scanner.zoo import Zoo
+
+ALPHA = 0.01
+BASES = ("aurora-labs/aurora-base", "tundra-research/tundra-64", "cobalt-ai/cobalt-base", "deepfield/deepfield-wide",
+         "ember-ml/ember-small")
+
+
+def _profile(path) -> WeightProfile:
+    return weight_profile(adapter_for(open_checkpoint(path)))
+
+
+@pytest.fixture(scope="module")
+def profiles(zoo: Zoo, independent_zoo: Zoo) -> dict[str, WeightProfile]:
+    """Every zoo model's profile, and the 12 independently trained bases' (17 independent models in all)."""
+    out = {m: _profile(zoo[m].path) for m in zoo.ids}
+    out |= {f"independent/{m}": _profile(independent_zoo[m].path) for m in independent_zoo.ids}
+    return out
+
+
+def _independent(profiles: dict[str, WeightProfile]) -> list[str]:
+    return [*BASES, *(m for m in profiles if m.startswith("independent/"))]
+
+
+def test_layernorm_permtest_is_uniform_for_independent_models() -> None:
+    """150 pairs of models whose norm weights are drawn independently, each dimension alike (what training from
+    all-ones gains does under a null that permutes the residual stream): PERMTEST's p-values are uniform."""
+    rng = np.random.default_rng(21)
+    ps = []
+    for _ in range(150):
+        a, b = (1.0 + 0.1 * rng.standard_normal((4, 2, 64)) for _ in range(2))
+        ps.append(10 ** layernorm_permtest(a, b, permutations=999, seed=int(rng.integers(1 << 30))).log10_p)
+    assert stats.kstest(ps, "uniform").pvalue >= ALPHA
+
+
+def test_empirical_null_p_values_are_uniform_over_independent_trained_models(profiles) -> None:
+    """The 136 pairs of the zoo's 17 independent bases: each pair against the others that share no model with it
+    (leave_out_log10_p, as a scan computes them) gives uniform p-values for attn-std and for ghostspec."""
+    models = _independent(profiles)
+    assert len(models) == 17
+    for field in ("attn_std", "ghostspec"):
+        pairs = [(a, b, profile_correlation(getattr(profiles[a], field), getattr(profiles[b], field)))
+                 for a, b in itertools.combinations(models, 2)]
+        ps = [10 ** p for p in leave_out_log10_p(pairs, pairs)]
+        assert len(ps) == 136 and stats.kstest(ps, "uniform").pvalue >= ALPHA, field
+
+
+def test_two_independent_bases_have_a_layernorm_cosine_of_099_and_an_unremarkable_p_value(zoo: Zoo) -> None:
+    """The slides' rebuttal, in miniature: norm weights start at 1.0, so unrelated models score ~0.99."""
+    result = compare_models(zoo["aurora-labs/aurora-base"].path, zoo["tundra-research/tundra-64"].path, "layernorm")
+    assert result.value >= 0.9 and result.log10_p > np.log10(ALPHA)
+
+
+def test_the_robustness_notes_say_what_the_zoo_shows(profiles) -> None:
+    base, chat = profiles["aurora-labs/aurora-base"], profiles["finch-nlp/aurora-chat"]
+    layernorm = {m: weight_statistic("layernorm", base, profiles[m], permutations=999)
+                 for m in ("finch-nlp/aurora-chat", "kestrel/aurora-lite", "lumen/aurora-slim")}
+    assert all(r.log10_p <= np.log10(ALPHA) for r in layernorm.values())  # survives fine-tune and prunes
+    assert weight_statistic("layernorm", chat, profiles["meridian/aurora-remix"]).log10_p <= np.log10(ALPHA)
+    for copy, source in (("nimbus/nimbus-1", "finch-nlp/aurora-chat"), ("pylon/pylon-base", "cobalt-ai/cobalt-base")):
+        assert abs(layernorm_cosine(profiles[source].norms, profiles[copy].norms)) < 0.2  # defeated by T1-T6
+        for field in ("attn_std", "ghostspec"):  # these survive it
+            assert profile_correlation(getattr(profiles[source], field), getattr(profiles[copy], field)) >= 0.97
+    independent = [(a, b) for a, b in itertools.combinations(_independent(profiles), 2)]
+    for field, top in (("attn_std", 0.997), ("ghostspec", 0.998)):
+        values = [profile_correlation(getattr(profiles[a], field), getattr(profiles[b], field)) for a, b in independent]
+        tuned = profile_correlation(getattr(base, field), getattr(chat, field))
+        assert max(values) >= tuned >= 0.99 and round(max(values), 3) == top, field  # as the notes say
+
+
+def test_without_a_null_the_invariant_fingerprints_give_no_p_value_and_say_why(zoo: Zoo) -> None:
+    result = compare_models(zoo["aurora-labs/aurora-base"].path, zoo["finch-nlp/aurora-chat"].path, "ghostspec")
+    assert result.log10_p is None and result.value > 0.99
+    assert any("no empirical null was given" in n for n in result.notes)
+    with_null = compare_models(zoo["aurora-labs/aurora-base"].path, zoo["finch-nlp/aurora-chat"].path, "ghostspec",
+                               null=[0.5] * 99)
+    assert with_null.log10_p == pytest.approx(-2.0)  # above all 99 null values: 1 / 100
+
+
+def test_a_family_without_known_attention_roles_is_refused_with_the_reason(tmp_path) -> None:
+    """GPT-2 is read as a module tree (fused c_attn): no q/k/v/o by role, so no weight fingerprint, said plainly."""
+    from transformers import AutoModelForCausalLM
+
+    from scanner.architectures.tiny import tiny_config
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config("gpt2")).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(UnsupportedArchitectureError, match="read as a module tree"):
+        compare_models(tmp_path / "gpt2", tmp_path / "gpt2", "attn-std")
+
+
+@pytest.fixture(scope="module")
+def scanned(zoo: Zoo, tmp_path_factory: pytest.TempPathFactory):
+    """A real scan (local Ray, DuckDB) of nine zoo models with every weight fingerprint recorded."""
+    import ray
+
+    from jobs.scan_job import run_scan
+    from tests.scan_support import copy_models, scan_config
+
+    models = (*BASES, "finch-nlp/aurora-chat", "nimbus/nimbus-1", "orchid/cobalt-instruct", "pylon/pylon-base")
+    root = tmp_path_factory.mktemp("extra")
+    copy_models(zoo, models, root / "hub")
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        config = scan_config(root / "hub", root / "out",
+                             pairs={"extra_stats": ["layernorm", "attn-std", "ghostspec"]})
+        summary = run_scan(config)
+    finally:
+        ray.shutdown()
+    return config, summary, models, root / "hub"
+
+
+def test_a_scan_records_each_weight_fingerprint_beside_phi_match_and_draws_no_family_from_them(scanned) -> None:
+    from tests.scan_support import query
+
+    config, summary, models, _ = scanned
+    pairs = len(models) * (len(models) - 1) // 2
+    rows = query(config.db_path, "SELECT statistic, count(*) AS n, count(log10_p) AS with_p, "
+                                 "count(value) AS with_value FROM current_pair_tests GROUP BY statistic")
+    counts = {r["statistic"]: r for r in rows.iter_rows(named=True)}
+    assert counts["match"]["n"] == pairs and summary.weight_statistics == 3 * pairs
+    for name in ("layernorm", "attn-std", "ghostspec"):  # every pair, a value and (from this hub's null) a p-value
+        assert counts[name]["n"] == counts[name]["with_value"] == counts[name]["with_p"] == pairs, name
+    assert set(query(config.db_path, "SELECT DISTINCT statistic FROM lineage_edges")["statistic"]) == {"match"}
+    own = query(config.db_path, "SELECT notes FROM current_pair_tests WHERE statistic = 'ghostspec' LIMIT 1")
+    assert "empirical null: this hub's pairs whose phi_MATCH p > 0.05" in own["notes"][0][0]
+
+
+def test_the_command_line_borrows_a_scans_null_without_the_pairs_of_the_models_under_test(scanned) -> None:
+    """`hubtrace test --null-db`: the scan's independent pairs less those of a model it scanned from the same folder,
+    so the p-value agrees with the one the scan stored; a statistic with a null of its own refuses the option."""
+    from typer.testing import CliRunner
+
+    from jobs.cli import EXIT_REFUSED, app
+    from scanner.store import Store, queries
+
+    config, _, _, hub = scanned
+    base, copy = hub / "cobalt-ai/cobalt-base", hub / "pylon/pylon-base"
+    result = CliRunner().invoke(app, ["test", str(base), str(copy), "--stat", "attn-std", "--null-db",
+                                      str(config.db_path), "--json"])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    with Store(config.db_path, read_only=True) as store:
+        stored = queries.pair_tests_between(store, "cobalt-ai/cobalt-base", "pylon/pylon-base")
+        null = queries.empirical_null(store, "attn-std")
+    row = stored.filter(stored["statistic"] == "attn-std").row(0, named=True)
+    kept = [n for n in null if not {n[0], n[1]} & {"cobalt-ai/cobalt-base", "pylon/pylon-base"}]
+    assert printed["value"] == pytest.approx(row["value"]) and printed["log10_p"] == pytest.approx(row["log10_p"])
+    assert f"empirical null of {len(kept)} independent pairs" in printed["notes"][0] and len(kept) < len(null)
+    refused = CliRunner().invoke(app, ["test", str(base), str(copy), "--null-db", str(config.db_path)])
+    assert refused.exit_code == EXIT_REFUSED and "--null-db is for --stat attn-std or ghostspec" in refused.output
