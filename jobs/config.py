@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from lineage_graph.export import ExportFormat
 from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line
@@ -154,10 +155,12 @@ class DevicesConfig(_Strict):
 
 
 class LineageConfig(_Strict):
-    """False-discovery control for calling tested pairs dependent (lineage_graph.persist.rebuild_lineage)."""
+    """False-discovery control for calling tested pairs dependent, and the confidence below which a direction is
+    not claimed (lineage_graph.persist.rebuild_lineage; docs/lineage.md, "Calibrated confidence")."""
 
     q: float = Field(default=0.05, gt=0, lt=1)
     method: Method = "bh"
+    min_direction_confidence: float = Field(default=DEFAULT_MIN_DIRECTION_CONFIDENCE, ge=0.5, le=1.0)
 
 
 class FingerprintCacheConfig(_Strict):

@@ -356,7 +356,8 @@ class _Scan:
         from lineage_graph.persist import rebuild_lineage
 
         lineage = rebuild_lineage(self.store, q=self.config.lineage.q, method=self.config.lineage.method,
-                                  statistic=self.config.statistic)
+                                  statistic=self.config.statistic,
+                                  min_direction_confidence=self.config.lineage.min_direction_confidence)
         self.summary.families = {f.family_id: list(f.members) for f in lineage.families if len(f.members) > 1}
         self.summary.dependent_pairs = sum(e.dependent for e in lineage.edges)
         self.summary.discrepancies = len(lineage.discrepancies)

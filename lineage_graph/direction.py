@@ -29,6 +29,10 @@ pointed the right way on 22 of the 25 true parent links of the zoo, seeds 1-3 an
 (copies and merges aside; 0.88, Wilson 95% interval 0.70-0.96); the three misses are the small zoos' long
 fine-tune, whose rank rose above its base's."""
 
+DEFAULT_MIN_DIRECTION_CONFIDENCE = 0.8
+"""Directions below this confidence are drawn without an arrow and read "direction undecided" (the investigator's
+``lineage.min_direction_confidence``)."""
+
 MERGE_BLIND = frozenset({"activation_rank"})
 """Signals that say nothing between a merge and its parents: averaging two models spreads activations, so a merge
 has a higher activation rank than its parents and the vote would point backwards. Family trees leave them out of

@@ -28,16 +28,21 @@ def _undeclared(model: ModelInfo, family: Family, edges: Mapping[tuple[str, str]
         return []
     out = []
     for parent, kind in links:
+        if kind == "alternative":  # one accusation per model: the tree's parent is named, the note says the rest
+            continue
         edge = _edge(edges, parent, model.model_id)
         confidence = edge.direction.confidence if edge.direction.parent == parent else 1.0 - edge.direction.confidence
         claim = "claims to be trained from scratch" if model.claims_from_scratch else "declares no base model"
+        order = (f"{parent} is the {'second ' if kind == 'merge' else ''}parent with confidence {confidence:.2f}"
+                 if edge.direction.claimed else
+                 f"which of the two came first is undecided: confidence {confidence:.2f} that {parent} did")
         out.append(Discrepancy(
             model.model_id,
             "false_from_scratch" if model.claims_from_scratch else "undeclared_base",
             parent,
             confidence,
             f"{model.model_id} {claim}, but its weights depend on {parent} (log10 p = {edge.test.log10_p:.1f}; "
-            f"{parent} is the {'second ' if kind == 'merge' else ''}parent with confidence {confidence:.2f})",
+            f"{order})",
             {"log10_p": edge.test.log10_p, "log10_q": edge.log10_q, "direction_reasons": list(edge.direction.reasons)},
         ))
     return out

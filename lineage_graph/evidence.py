@@ -59,6 +59,14 @@ class Direction:
     child: str | None
     confidence: float
     reasons: tuple[str, ...] = ()
+    decided: bool = True
+    """False when the confidence is below the level the investigator set (``lineage.min_direction_confidence``):
+    the pair keeps its place in the tree, but is drawn without an arrow and reads "direction undecided"."""
+
+    @property
+    def claimed(self) -> bool:
+        """Whether an arrow parent -> child is drawn: a parent is known and the confidence reaches the set level."""
+        return self.parent is not None and self.decided
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import networkx as nx
 
+from lineage_graph.evidence import Direction
 from lineage_graph.lineage import Lineage
-from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn
+from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn, link_kind
 from scanner.text_safety import PLOT_TEXT, dot_string, json_document, plot_label, xml_text
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
         if link and (u, v) not in links:
             u, v = v, u  # the tree chose the other orientation: draw the edge the way the tree reads
         graph.add_edge(u, v, log10_p=e.test.log10_p, log10_q=e.log10_q, joins_family=e.joins_family,
-                       strength=e.strength, statistic=e.test.statistic, directed=d.parent is not None,
+                       strength=e.strength, statistic=e.test.statistic, directed=d.claimed,
+                       direction=_direction_word(d, link),
                        confidence=(d.confidence if (u, v) == (d.parent, d.child) or d.parent is None
                                    else 1 - d.confidence),
                        reasons="; ".join(d.reasons), tree_link=link, blocks_matched=len(e.block_map),
@@ -68,6 +70,15 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
     if model is not None:
         graph = graph.subgraph({model} | set(graph.predecessors(model)) | set(graph.successors(model))).copy()
     return graph
+
+
+def _direction_word(direction: Direction, link: str) -> str:
+    """What an export says of an edge's direction, in one word an investigator can filter on."""
+    if link == "copy":
+        return "copy"
+    if direction.claimed:
+        return "decided"
+    return "undecided" if direction.parent is not None else "unknown"
 
 
 ROW_SLOTS = 10
@@ -128,15 +139,22 @@ def write_dot(graph: nx.DiGraph, path: Path) -> None:
                          + ", ".join(f"{k}={dot_string(v)}" for k, v in sorted(attrs.items())) + "];")
         lines.append("  }")
     for u, v, a in sorted(graph.edges(data=True)):
-        link = LINK_STYLES.get(a.get("tree_link") or "")
+        kind = link_kind(a)
+        link = LINK_STYLES[kind] if kind else None
         style = "dotted" if link is None else "dashed" if link.dashed else "bold"
         extra = f", color={dot_string(link.color if link else OTHER_COLOR)}"
         extra += "" if arrow_drawn(a) else ", dir=none"
-        label = f"log10 p {a['log10_p']:.0f}, conf {a['confidence']:.2f}"
+        label = f"log10 p {a['log10_p']:.0f}, {_confidence_label(a)}"
         lines.append(f"  {dot_string(u)} -> {dot_string(v)} [style={style}{extra}, label={dot_string(label)}, "
                      f"penwidth={1 + math.log10(1 + a['strength']):.2f}, reasons={dot_string(a.get('reasons', ''))}];")
     lines.append("}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _confidence_label(attrs: dict) -> str:
+    """The confidence as an edge label: undecided links say so (their confidence is below the level set)."""
+    word = attrs.get("direction")
+    return f"conf {attrs['confidence']:.2f}" + (" undecided" if word == "undecided" else "")
 
 
 def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") -> None:
@@ -162,15 +180,17 @@ def draw_tree(graph: nx.DiGraph, title: str = "hubtrace lineage") -> Figure:
     fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * width), max(4.5, 2.4 * depth + 1.5)))
     drawn = [(u, v, a) for u, v, a in graph.edges(data=True) if a.get("tree_link")]
     top = max((a["strength"] for *_, a in drawn), default=1.0)
+    # Siblings' labels alternate along their links, so a parent with many children does not stack them in one row.
+    order = {(u, v): k for u in pos for k, v in enumerate(sorted(graph.successors(u), key=lambda c: pos[c][0]))}
     for u, v, a in drawn:
-        merge, link = a["tree_link"] == "merge", LINK_STYLES[a["tree_link"]]
+        merge, link = a["tree_link"] in ("merge", "alternative"), LINK_STYLES[link_kind(a)]
         ax.annotate("", xy=pos[v], xytext=pos[u], arrowprops=dict(
             arrowstyle="-|>" if arrow_drawn(a) else "-", mutation_scale=18, shrinkA=22, shrinkB=22,
             linestyle="--" if link.dashed else "-", lw=0.8 + 4.0 * math.log1p(a["strength"]) / math.log1p(top),
             color=link.color))
-        t = 0.3 if merge else 0.5  # merge labels sit nearer the child, clear of the tree labels
+        t = 0.3 if merge else 0.4 + 0.2 * (order[(u, v)] % 2)  # merge labels nearer the child, clear of the others
         mx, my = pos[u][0] + t * (pos[v][0] - pos[u][0]), pos[u][1] + t * (pos[v][1] - pos[u][1])
-        ax.text(mx, my, f"p=1e{a['log10_p']:.0f}\nconf {a['confidence']:.2f}", fontsize=7, ha="center", va="center",
+        ax.text(mx, my, f"p=1e{a['log10_p']:.0f}\n{_confidence_label(a)}", fontsize=7, ha="center", va="center",
                 color="#333", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
     for n, (x, y) in pos.items():
         a = graph.nodes[n]
@@ -183,7 +203,7 @@ def draw_tree(graph: nx.DiGraph, title: str = "hubtrace lineage") -> Figure:
     ax.set_ylim(-depth + 0.4, 0.6)
     ax.axis("off")
     ax.set_title(title)
-    kinds = {a["tree_link"] for *_, a in drawn} | {"tree"}
+    kinds = {link_kind(a) for *_, a in drawn} | {"tree"}
     ax.legend(handles=[
         *(Line2D([], [], color=s.color, lw=2.5 if k == "tree" else 2, ls="--" if s.dashed else "-",
                  label=s.legend + ("; width: −log10 p" if k == "tree" else "")) for k, s in LINK_STYLES.items()
@@ -199,8 +219,8 @@ def styled(graph: nx.DiGraph) -> nx.DiGraph:
     which has no style of its own, and Gephi's viz color and shape for GEXF (added by write_graph)."""
     out = graph.copy()
     for *_, a in out.edges(data=True):
-        link = LINK_STYLES.get(a.get("tree_link") or "")
-        if link is not None:
+        if (kind := link_kind(a)) is not None:
+            link = LINK_STYLES[kind]
             a.update(line_style="dashed" if link.dashed else "solid", arrow=arrow_drawn(a))
     return out
 
@@ -208,8 +228,8 @@ def styled(graph: nx.DiGraph) -> nx.DiGraph:
 def _gexf_viz(graph: nx.DiGraph) -> nx.DiGraph:
     """Tree links with GEXF's edge viz (colour and shape), which Gephi draws; other edges as they are."""
     for *_, a in graph.edges(data=True):
-        link = LINK_STYLES.get(a.get("tree_link") or "")
-        if link is not None:
+        if (kind := link_kind(a)) is not None:
+            link = LINK_STYLES[kind]
             r, g, b = (int(link.color[i:i + 2], 16) for i in (1, 3, 5))
             a["viz"] = {"color": {"r": r, "g": g, "b": b, "a": 1.0}, "shape": "dashed" if link.dashed else "solid"}
     return graph

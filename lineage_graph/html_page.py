@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn
+from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn, link_kind
 from scanner.text_safety import html_text, script_json, visible
 
 _STYLE = """
@@ -45,9 +45,9 @@ function draw() {
     const cut = Math.min(0.45, 20 / len * Math.max(1, Math.abs(x2 - x1) / Math.max(1, Math.abs(y2 - y1)) * 0.4));
     const line = el('line', {x1: x1 + (x2 - x1) * cut, y1: y1 + (y2 - y1) * cut, x2: x2 - (x2 - x1) * cut,
       y2: y2 - (y2 - y1) * cut, 'stroke-width': w,
-      class: 'edge ' + (e.tree_link || 'other'), 'marker-end': e.arrow ? 'url(#arrow)' : ''}, root);
+      class: 'edge ' + e.style, 'marker-end': e.arrow ? 'url(#arrow)' : ''}, root);
     el('title', {}, line).textContent = e.source + ' -> ' + e.target + '\nlog10 p = ' + e.log10_p.toFixed(1) +
-      '\nconfidence ' + e.confidence.toFixed(2) + '\n' + e.reasons;
+      '\nconfidence ' + e.confidence.toFixed(2) + ' (' + e.direction + ')\n' + e.reasons;
     e.svg = line;
   }
   for (const n of G.nodes) {
@@ -65,8 +65,9 @@ function draw() {
 function select(id) {
   const n = G.nodes.find(x => x.id === id), rows = Object.entries(n).filter(([k]) => k !== 'id')
     .map(([k, v]) => '<tr><td>' + k + '</td><td>' + esc(v) + '</td></tr>').join('');
-  const rel = G.edges.filter(e => e.source === id || e.target === id).map(e => '<li>' + esc(e.source) + ' &rarr; ' +
-    esc(e.target) + ' (log10 p ' + e.log10_p.toFixed(1) + ', conf ' + e.confidence.toFixed(2) + ')<br><small>' +
+  const rel = G.edges.filter(e => e.source === id || e.target === id).map(e => '<li>' + esc(e.source) +
+    (e.arrow ? ' &rarr; ' : ' &mdash; ') + esc(e.target) + ' (log10 p ' + e.log10_p.toFixed(1) + ', conf ' +
+    e.confidence.toFixed(2) + (e.arrow ? '' : ', direction ' + esc(e.direction)) + ')<br><small>' +
     esc(e.reasons) + '</small></li>').join('');
   document.getElementById('detail').innerHTML = '<h3>' + esc(id) + '</h3><table>' + rows +
     '</table><h4>Dependences</h4><ul>' + rel + '</ul>';
@@ -117,14 +118,14 @@ def _shown(value: object) -> object:
 
 
 def _edge_css() -> str:
-    """One rule per tree link kind from LINK_STYLES (the PNG and DOT draw from the same table)."""
+    """One rule per link kind from LINK_STYLES (the PNG and DOT draw from the same table)."""
     rules = [f".edge.{kind}{{stroke:{s.color}{';stroke-dasharray:6 4' if s.dashed else ''}}}"
              for kind, s in LINK_STYLES.items()]
     return "".join(rules) + f".edge.other{{stroke:{OTHER_COLOR};stroke-dasharray:2 3}}\n"
 
 
 def _legend() -> str:
-    """A legend entry per tree link kind: a short line drawn with the kind's own class, and its meaning."""
+    """A legend entry per link kind: a short line drawn with the kind's own class, and its meaning."""
     items = []
     for kind, s in LINK_STYLES.items():
         arrow = ' marker-end="url(#arrow)"' if s.arrow else ""
@@ -137,7 +138,7 @@ def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: s
     """The page as one string: graph data as inline JSON, drawing and interaction in inline script."""
     data = {
         "nodes": [{"id": n, **{k: v for k, v in a.items() if k != "label"}} for n, a in sorted(graph.nodes(data=True))],
-        "edges": [{"source": u, "target": v, **a, "arrow": arrow_drawn(a)}
+        "edges": [{"source": u, "target": v, **a, "arrow": arrow_drawn(a), "style": link_kind(a) or "other"}
                   for u, v, a in sorted(graph.edges(data=True))],
         "pos": {n: [x, y] for n, (x, y) in pos.items()},
         "maxStrength": max((a["strength"] for *_, a in graph.edges(data=True)), default=1.0),

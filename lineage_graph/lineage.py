@@ -8,7 +8,15 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from lineage_graph.direction import MERGE_BLIND, combine, declared_ancestry, evidence_graph, orient, votes
+from lineage_graph.direction import (
+    DEFAULT_MIN_DIRECTION_CONFIDENCE,
+    MERGE_BLIND,
+    combine,
+    declared_ancestry,
+    evidence_graph,
+    orient,
+    votes,
+)
 from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import Direction, Discrepancy, Edge, ModelInfo, PairTest
 from lineage_graph.families import Family, assign_ids, components, family_tree
@@ -32,6 +40,8 @@ class Lineage:
     edges: list[Edge]
     families: list[Family]
     discrepancies: list[Discrepancy]
+    min_direction_confidence: float = DEFAULT_MIN_DIRECTION_CONFIDENCE
+    """Directions below this confidence are not claimed (drawn without an arrow, "direction undecided")."""
 
     def family_of(self, model_id: str) -> Family | None:
         return next((f for f in self.families if model_id in f.members), None)
@@ -74,10 +84,12 @@ def compute_lineage(
     method: Method = "bh",
     statistic: str = "match",
     previous_families: Mapping[str, Collection[str]] | None = None,
+    min_direction_confidence: float = DEFAULT_MIN_DIRECTION_CONFIDENCE,
 ) -> Lineage:
     """The lineage of these models from their pair tests (tests of unknown models and without a p are ignored).
 
-    previous_families (family id -> members, from the last rebuild) keeps family ids stable.
+    previous_families (family id -> members, from the last rebuild) keeps family ids stable; a direction whose
+    confidence is below min_direction_confidence is kept but not claimed (``Direction.decided``).
     """
     by_id = {m.model_id: m for m in models}
     usable = sorted((t for t in tests if t.model_a in by_id and t.model_b in by_id and t.log10_p is not None
@@ -100,7 +112,20 @@ def compute_lineage(
             root, parents = tree.root, tree.parents
             edges = _orient_links(edges, tree, members)
         families.append(Family(fid, tuple(sorted(members)), root, parents))
-    return Lineage(q, method, statistic, by_id, edges, families, find_discrepancies(by_id, edges, families))
+    edges = [_decide(e, min_direction_confidence) for e in edges]
+    return Lineage(q, method, statistic, by_id, edges, families, find_discrepancies(by_id, edges, families),
+                   min_direction_confidence)
+
+
+def _decide(edge: Edge, level: float) -> Edge:
+    """The edge with its direction claimed only when its confidence reaches ``level``; an unclaimed one says why."""
+    d = edge.direction
+    if d.parent is None or d.confidence >= level:
+        return edge
+    reason = (f"direction undecided: confidence {d.confidence:.2f} is below the level set "
+              f"(lineage.min_direction_confidence = {level:g}); {d.parent} and {d.child} are related, and which "
+              "came first is not claimed")
+    return replace(edge, direction=replace(d, decided=False, reasons=(*d.reasons, reason)))
 
 
 def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapping[str, set[str]],
@@ -151,10 +176,12 @@ def _orient_links(edges: list[Edge], tree: Phylogeny, members: frozenset[str]) -
                       "the same function, so the weights cannot say which is the original: which way it points rests "
                       "on the votes above alone (none: confidence 0.5, no direction claimed)")
         else:
-            kind = "merge parent" if links[link] == "merge" else "parent"
+            kind = {"merge": "merge parent", "alternative": "alternative parent"}.get(links[link], "parent")
             reason = (f"family tree: {parent} is the {kind} of {child} (closeness {closeness:.4f}); the tree is rooted "
                       f"at {tree.root}, the placement that agrees best with the family's shape and the direction "
                       "evidence of its links")
+            if link in tree.notes:
+                reason += f"; {tree.notes[link]}"
         out.append(replace(e, direction=Direction(parent, child, tree.confidence[link],
                                                   (*[r for r in e.direction.reasons if r != "no direction evidence"],
                                                    reason))))

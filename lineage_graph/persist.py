@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.multiple_testing import Method
@@ -74,6 +75,7 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
          "input_set": e.test.input_set, "log10_p": e.test.log10_p, "log10_q": e.log10_q, "dependent": e.dependent,
          "joins_family": e.joins_family,
          "parent": e.direction.parent, "child": e.direction.child, "direction_confidence": e.direction.confidence,
+         "direction_decided": e.direction.claimed, "min_direction_confidence": lineage.min_direction_confidence,
          "direction_reasons": list(e.direction.reasons), "blocks_matched": len(e.block_map),
          "block_map": json.dumps([{"layer_a": a, "layer_b": b} for a, b in e.block_map]),
          "family_id": family_of.get(e.test.model_a) if e.joins_family else None,
@@ -84,7 +86,8 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
                          "family_id": pl.String, "tree_link": pl.String}, infer_schema_length=None)
     families = pl.DataFrame([
         {"family_id": f.family_id, "root": f.root, "n_members": len(f.members),
-         "first_built_at": first_built.get(f.family_id, now), "built_at": now, "q": lineage.q, "method": lineage.method}
+         "first_built_at": first_built.get(f.family_id, now), "built_at": now, "q": lineage.q, "method": lineage.method,
+         "min_direction_confidence": lineage.min_direction_confidence}
         for f in lineage.families
     ])
     members = pl.DataFrame([
@@ -102,23 +105,27 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
     return {"lineage_edges": edges, "families": families, "family_members": members, "discrepancies": discrepancies}
 
 
-def _compute(store: Store, q: float, method: Method, statistic: str) -> tuple[Lineage, dict[str, datetime]]:
+def _compute(store: Store, q: float, method: Method, statistic: str, min_direction_confidence: float
+             ) -> tuple[Lineage, dict[str, datetime]]:
     previous, first_built = lineage_tables.stored_families(store)
     lineage = compute_lineage(_models(store, _activation_ranks(store)), _tests(store, statistic), q=q, method=method,
-                              statistic=statistic, previous_families=previous)
+                              statistic=statistic, previous_families=previous,
+                              min_direction_confidence=min_direction_confidence)
     return lineage, first_built
 
 
 def read_lineage(store: Store, *, statistic: str = "match") -> Lineage:
-    """The lineage as last rebuilt (same q and method, same family ids), recomputed in memory without writing:
-    works on a read-only store."""
+    """The lineage as last rebuilt (same q, method and direction level, same family ids), recomputed in memory
+    without writing: works on a read-only store."""
     q, method = lineage_tables.last_fdr_setting(store) or (0.05, "bh")
-    return _compute(store, q, method, statistic)[0]
+    level = lineage_tables.last_direction_level(store)
+    return _compute(store, q, method, statistic, DEFAULT_MIN_DIRECTION_CONFIDENCE if level is None else level)[0]
 
 
-def rebuild_lineage(store: Store, *, q: float = 0.05, method: Method = "bh", statistic: str = "match") -> Lineage:
+def rebuild_lineage(store: Store, *, q: float = 0.05, method: Method = "bh", statistic: str = "match",
+                    min_direction_confidence: float = DEFAULT_MIN_DIRECTION_CONFIDENCE) -> Lineage:
     """Recompute the whole lineage from current_models/current_pair_tests and replace the lineage tables."""
-    lineage, first_built = _compute(store, q, method, statistic)
+    lineage, first_built = _compute(store, q, method, statistic, min_direction_confidence)
     frames = _frames(lineage, first_built, datetime.now(UTC))
     lineage_tables.replace_lineage_tables(store, frames)
     return lineage

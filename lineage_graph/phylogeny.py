@@ -28,17 +28,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
 CLONE_CLOSENESS = 0.999
 """Pairs at least this close are copies: their activations agree to the noise of floating point."""
-MERGE_RATIO = 0.8
+MERGE_RATIO = 0.87
 """A member m is a merge of x and y when d(x, m) + d(m, y) <= MERGE_RATIO * d(x, y). Along a lineage distances
 add (a base between two fine-tunes: ratio ~1); an average of x and y sits much closer to both than they are to
-each other (ratio (1 - a)^2 + a^2 for weights a, 1 - a in the small-drift limit; 0.71 measured on the zoo's
-0.6/0.4 soup; about 1.0 for every triple of the zoo not centred on the soup)."""
+each other (ratio (1 - a)^2 + a^2 for weights a, 1 - a in the small-drift limit). Set at the middle of the gap the
+fitted zoos leave (bench/bench_family_trees.py): their merges measure 0.67-0.71, every triple centred on a member
+that is no merge 1.04 or more."""
+PLACEMENT_MARGIN = 0.3
+"""A child c drawn under p, itself under g, is placed only when c is nearer p than g by at least this share of the
+p-g distance: r = (d(c, g) - d(c, p)) / d(p, g) >= PLACEMENT_MARGIN. With additive distances r = 1 when c derives
+from p and -1 when it derives from g (then a sibling of p); between, the data cannot tell p from g and c is linked to
+both ("alternative"). The fitted zoos' true links measure r >= 0.59; the margin is half of that."""
 SHAPE_PRIOR = True
 """Weigh placements of the root by the tree's shape (rumour centrality); False leaves the votes alone (ablation)."""
 MERGE_BONUS = 0.9
@@ -53,15 +59,18 @@ def sigmoid(x: float) -> float:
 class Phylogeny:
     """One family's tree: root, links child -> ((parent, kind), ...), and each link's confidence.
 
-    kind: "tree" (nearest relative), "merge" (a merge's second parent) or "copy" (the child is a copy of the parent:
-    the same function, so which of the two came first is the direction votes' call alone, 0.5 without any)."""
+    kind: "tree" (nearest relative), "merge" (a merge's second parent), "copy" (the child is a copy of the parent:
+    the same function, so which of the two came first is the direction votes' call alone, 0.5 without any) or
+    "alternative" (a parent as likely as the tree's: the data cannot tell which of the two the child derives from;
+    see PLACEMENT_MARGIN). ``notes`` says why, per (parent, child) link, where a link needs more than its kind."""
 
     root: str
     parents: dict[str, tuple[tuple[str, str], ...]]
     confidence: dict[tuple[str, str], float]
     """(parent, child) -> probability-like confidence that the link points the right way."""
     ancestors: dict[str, frozenset[str]]
-    """model -> its ancestors along tree links (merge links not followed)."""
+    """model -> its ancestors along tree links (merge and alternative links not followed)."""
+    notes: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def clone_groups(members: frozenset[str], closeness: Mapping[tuple[str, str], float]) -> list[frozenset[str]]:
@@ -229,6 +238,7 @@ def family_phylogeny(
         parents[m] = [(x, "tree"), (y, "merge")]
         for p in (x, y):
             confidence[(p, m)] = sigmoid(geometry + _lo(head_merge_odds, x, m) + _lo(head_merge_odds, y, m))
+    notes = _alternatives(tree, root, parents, distance, confidence)
     for m in members:
         if head[m] != m:
             parents[m] = [(head[m], "copy")]
@@ -236,4 +246,30 @@ def family_phylogeny(
             confidence[(head[m], m)] = sigmoid(lo) if lo else 0.5
     ancestors = _ancestors({c: links[0][0] for c, links in parents.items()})
     return Phylogeny(root, {c: tuple(links) for c, links in parents.items()}, confidence,
-                     {m: frozenset(ancestors.get(m, ())) for m in members})
+                     {m: frozenset(ancestors.get(m, ())) for m in members}, notes)
+
+
+def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, str]]],
+                  distance: Mapping[tuple[str, str], float], confidence: dict[tuple[str, str], float]
+                  ) -> dict[tuple[str, str], str]:
+    """Link each child that the distances cannot place between its tree parent p and p's own parent g to g as well
+    (PLACEMENT_MARGIN), with the same direction confidence (the child is the later model either way); returns the
+    note each such link carries. Merges keep their own geometry and are left alone."""
+    parent_of = _orient(tree, root)
+    notes = {}
+    for child, p in parent_of.items():
+        g = parent_of.get(p)
+        if g is None:
+            continue
+        d_pg, d_cp, d_cg = (distance.get(_key(*pair)) for pair in ((p, g), (child, p), (child, g)))
+        if d_pg is None or d_cp is None or d_cg is None or d_pg <= 0:
+            continue
+        margin = (d_cg - d_cp) / d_pg
+        if margin < PLACEMENT_MARGIN:
+            parents[child].append((g, "alternative"))
+            confidence[(g, child)] = confidence[(p, child)]
+            notes[(g, child)] = notes[(p, child)] = (
+                f"cannot tell whether {child} derives from {p} or from {g}: it is {d_cp:.3f} from {p} and {d_cg:.3f} "
+                f"from {g}, which are {d_pg:.3f} apart (placed only when it is nearer one of them by "
+                f"{PLACEMENT_MARGIN:.0%} of that; here {margin:.0%}), so it is linked to both")
+    return notes

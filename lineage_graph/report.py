@@ -132,7 +132,9 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
     doc: list[Block] = [Heading(1, (plain(f"Evidence report: {first} vs {second}"),)),
                         Paragraph((bold("Verdict:"), plain(f" {verdict}")))]
     if edge.dependent:
-        direction = (f"{d.parent} → {d.child} (confidence {d.confidence:.2f})" if d.parent
+        direction = (f"{d.parent} → {d.child} (confidence {d.confidence:.2f})" if d.claimed else
+                     f"undecided: the evidence leans {d.parent} → {d.child} with confidence {d.confidence:.2f}, below "
+                     f"the level set ({lineage.min_direction_confidence:g}), so no direction is claimed" if d.parent
                      else "undetermined (no evidence either way)")
         doc += [Paragraph((bold("Direction:"), plain(f" {direction}")))]
         if d.reasons:

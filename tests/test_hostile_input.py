@@ -274,7 +274,7 @@ def elements(page: str) -> _Elements:
 
 
 PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "div", "h2", "p", "input", "label", "svg", "defs",
-             "marker", "path", "g", "rect", "text", "line", "script", "ul", "li"}  # ul/li: the link-style legend
+             "marker", "path", "g", "rect", "text", "tspan", "line", "script", "ul", "li"}  # ul/li: the link legend
 
 
 @pytest.mark.slow
@@ -295,7 +295,8 @@ def test_lineage_page_draws_every_model_and_nothing_injected(scanned, tmp_path: 
 # -- evidence reports --------------------------------------------------------------------------------------------
 
 
-REPORT_SECTIONS = {"Discrepancies", "Per-block evidence", "Block map", "Models and revisions", "Reproduce"}
+REPORT_SECTIONS = {"Discrepancies", "Per-block evidence", "Block map", "Models and revisions",
+                   "Every statistic on record", "Reproduce"}
 
 
 @pytest.mark.parametrize("pair", [(0, 1), (4, 6), (11, 9)])

@@ -324,10 +324,13 @@ def test_the_png_tree_keeps_every_label_whole_and_apart(zoo_pairs, zoo_models) -
         assert all(not a.overlaps(b) for b in models[i + 1:]), "overlapping model boxes"
 
 
-def _copy_and_tree() -> nx.DiGraph:
+def _copy_and_tree(declared: bool = True) -> nx.DiGraph:
     """Three models: a copy of a base (closeness above CLONE_CLOSENESS) and a fine-tune: one copy link, one tree
-    link (synthetic p-values: no zoo, the fast tier)."""
-    models = [ModelInfo(m, "r0", "LlamaForCausalLM", 4, 64, 256) for m in ("org/base", "org/copy", "org/tuned")]
+    link (synthetic p-values: no zoo, the fast tier). The fine-tune's card declares the base, which decides the tree
+    link's direction; without it nothing does (confidence 0.5: undecided)."""
+    bases = {"org/tuned": ("org/base",)} if declared else {}
+    models = [ModelInfo(m, "r0", "LlamaForCausalLM", 4, 64, 256, declared_base_models=bases.get(m, ()))
+              for m in ("org/base", "org/copy", "org/tuned")]
     pairs = [PairTest("org/base", "org/copy", "match", -300.0, 4, closeness=0.99995),
              PairTest("org/base", "org/tuned", "match", -200.0, 4, closeness=0.95),
              PairTest("org/copy", "org/tuned", "match", -200.0, 4, closeness=0.949)]
@@ -349,7 +352,8 @@ def test_copy_links_are_drawn_dashed_without_an_arrow_in_every_format(tmp_path: 
 
     graph = _copy_and_tree()
     copy, tree = _link(graph, "copy"), _link(graph, "tree")
-    assert graph.edges[copy]["directed"]  # the tree stored an orientation: the drawings must not claim it
+    assert graph.edges[copy]["direction"] == "copy" and not graph.edges[copy]["directed"]
+    assert graph.edges[tree]["direction"] == "decided" and graph.edges[tree]["directed"]
     paths = {fmt: write_graph(graph, fmt, tmp_path / f"lineage.{fmt}") for fmt in ("dot", "graphml", "gexf")}
 
     dot_edges = {(e.get_source().strip('"'), e.get_destination().strip('"')): e.get_attributes()
@@ -409,3 +413,37 @@ def test_copy_links_in_the_page_in_headless_chromium(tmp_path: Path) -> None:
     assert [a["marker-end"] for a in drawn if a["class"] == "edge tree"] == ["url(#arrow)"]
     assert "copy: same function, no direction" in dom
     assert ".edge.copy{stroke:#6a3d9a;stroke-dasharray:6 4}" in dom
+
+
+def test_undecided_links_keep_their_place_and_lose_their_arrow_in_every_format(tmp_path: Path) -> None:
+    """A tree link below lineage.min_direction_confidence: in the tree, drawn in the "undecided" style without an
+    arrow in DOT, GraphML, GEXF, the PNG and the page, and saying so in its reasons."""
+    from matplotlib.colors import to_rgba
+
+    from lineage_graph.export import draw_tree
+    from lineage_graph.link_styles import LINK_STYLES
+
+    graph = _copy_and_tree(declared=False)
+    tree = _link(graph, "tree")
+    assert graph.edges[tree]["direction"] == "undecided" and not graph.edges[tree]["directed"]
+    assert "direction undecided: confidence 0.50 is below the level set" in graph.edges[tree]["reasons"]
+    paths = {fmt: write_graph(graph, fmt, tmp_path / f"lineage.{fmt}") for fmt in ("dot", "graphml", "gexf", "html")}
+    assert 'dir=none' in next(line for line in paths["dot"].read_text().splitlines()
+                              if line.startswith(f'  "{tree[0]}" -> "{tree[1]}"'))
+    graphml = nx.read_graphml(paths["graphml"])
+    assert (graphml.edges[tree]["arrow"], graphml.edges[tree]["direction"]) == (False, "undecided")
+    color = LINK_STYLES["undecided"].color
+    gexf = {(e.get("source"), e.get("target")): e for e in ElementTree.parse(paths["gexf"]).iter()
+            if e.tag.endswith("}edge")}
+    viz = gexf[tree].find("{http://www.gexf.net/1.2draft/viz}color")
+    assert "#" + "".join(f"{int(viz.get(c)):02x}" for c in "rgb") == color
+    axes = draw_tree(graph).axes[0]
+    assert LINK_STYLES["undecided"].legend in [t.get_text() for t in axes.get_legend().get_texts()]
+    heads = [type(a.arrow_patch.get_arrowstyle()).__name__ for a in axes.texts
+             if getattr(a, "arrow_patch", None) is not None]
+    assert heads == ["Curve", "Curve"]  # neither the copy nor the undecided link has an arrow head
+    assert any(a.arrow_patch.get_edgecolor() == pytest.approx(to_rgba(color)) for a in axes.texts
+               if getattr(a, "arrow_patch", None) is not None)
+    drawn = _drawn_lines(headless_dom(paths["html"], tmp_path / "profile"))
+    assert sorted(a["class"] for a in drawn) == ["edge copy", "edge undecided"]
+    assert all(not a.get("marker-end") for a in drawn)

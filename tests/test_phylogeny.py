@@ -113,6 +113,26 @@ def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> Non
     assert 1.0 - 1e-6 > CLONE_CLOSENESS
 
 
+def test_a_child_the_distances_cannot_place_is_linked_to_both_candidates() -> None:
+    """SmolLM2's depth-and-width prune in miniature: made from the base, measured 0.494 from the base's fine-tune and
+    0.512 from the base, which are 0.105 apart (docs/lineage.md). r = (0.512 - 0.494) / 0.105 = 0.17, below the
+    margin: the prune is linked to both, with the note. With additive distances it is placed, once."""
+    lo = math.log(0.9 / 0.1)
+    odds = {("base", "ft"): lo, ("base", "prune"): lo, ("ft", "prune"): lo}  # each pair: the first is the parent
+    unsure = {("base", "ft"): 1 - 0.105, ("base", "prune"): 1 - 0.512, ("ft", "prune"): 1 - 0.494}
+    tree = family_phylogeny(frozenset({"base", "ft", "prune"}), unsure, odds, {})
+    assert tree.root == "base" and tree.parents["ft"] == (("base", "tree"),)
+    assert tree.parents["prune"] == (("ft", "tree"), ("base", "alternative"))
+    assert tree.confidence[("base", "prune")] == tree.confidence[("ft", "prune")] > 0.5
+    assert "cannot tell whether prune derives from ft or from base" in tree.notes[("base", "prune")]
+    assert tree.ancestors["prune"] == frozenset({"ft", "base"})  # along the tree's own link, not the alternative
+    placed = family_phylogeny(frozenset({"base", "ft", "prune"}), _additive({"ft": ("base", 0.105),
+                                                                              "prune": ("ft", 0.494)}), odds, {})
+    assert placed.parents["prune"] == (("ft", "tree"),) and not placed.notes
+    margin = (0.599 - 0.494) / 0.105  # r = 1 on the additive tree: far above the margin
+    assert margin - phylogeny.PLACEMENT_MARGIN > 0.5
+
+
 def test_pairs_stored_before_closeness_still_make_trees() -> None:
     """Rows of an older store have no closeness: the family falls back to the p-value tree, nothing fails."""
     base = ModelInfo("o/base", n_layers=4, hidden_size=64, intermediate_size=128)
@@ -238,7 +258,7 @@ def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(
     0.5 (no direction claimed); the base's links are directed by the family's shape alone."""
     from dataclasses import replace
 
-    from lineage_graph.persist import rebuild_lineage
+    from lineage_graph.persist import read_lineage, rebuild_lineage
     from scanner.store import Store
     from tests.store_support import Meta, record, test_row
 
@@ -253,15 +273,18 @@ def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(
         store.put_pair_tests([replace(test_row(a, "r1", b, "r1", -80.0, run), closeness=star[(a, b)])
                               for a, b in itertools.combinations(models, 2)])
         store.finish_run(run, "succeeded", {})
-        rebuild_lineage(store)
-        rows = store.query("SELECT model_a, model_b, parent, child, direction_confidence, tree_link "
-                           "FROM lineage_edges WHERE tree_link IS NOT NULL").to_dicts()
+        rebuild_lineage(store, min_direction_confidence=0.7)
+        rows = store.query("SELECT model_a, model_b, parent, child, direction_confidence, direction_decided, "
+                           "min_direction_confidence, tree_link FROM lineage_edges WHERE tree_link IS NOT NULL"
+                           ).to_dicts()
+        assert read_lineage(store).min_direction_confidence == 0.7  # a reader recomputes at the stored level
     assert len(rows) == len(models) - 1
     for r in rows:
         assert {r["parent"], r["child"]} == {r["model_a"], r["model_b"]} and 0.5 <= r["direction_confidence"] <= 1.0
+        assert r["direction_decided"] == (r["direction_confidence"] >= 0.7) and r["min_direction_confidence"] == 0.7
     by_pair = {frozenset((r["model_a"], r["model_b"])): r for r in rows}
     copy = by_pair[frozenset(("o/ft1", "x/copy"))]
-    assert copy["tree_link"] == "copy" and copy["direction_confidence"] == 0.5
+    assert copy["tree_link"] == "copy" and copy["direction_confidence"] == 0.5 and not copy["direction_decided"]
     for ft in ("o/ft2", "o/ft3"):
         link = by_pair[frozenset(("o/base", ft))]
         assert link["tree_link"] == "tree" and (link["parent"], link["child"]) == ("o/base", ft)

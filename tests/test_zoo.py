@@ -44,7 +44,8 @@ def up(state: dict[str, torch.Tensor], block: int) -> torch.Tensor:
 
 
 def test_zoo_has_every_relation_and_consistent_lineage(zoo: Zoo) -> None:
-    assert set(RELATIONS) == {m.relation for m in zoo.models.values()}
+    held_out_only = {"upscale_depth", "distilled"}  # scanner.zoo.held_out's recipe adds these two
+    assert set(RELATIONS) - held_out_only == {m.relation for m in zoo.models.values()}
     bases = zoo.with_relation("base")
     assert len(bases) >= 4 and all(m.family == m.id and m.parents == () for m in bases)
     assert zoo[TWIN].details["twin_of"] == BASE and zoo[TWIN].arch == zoo[BASE].arch
@@ -214,3 +215,31 @@ def test_independent_models_are_deterministic_and_unrelated(tmp_path: Path) -> N
     assert not torch.equal(x["model.layers.0.mlp.up_proj.weight"], y["model.layers.0.mlp.up_proj.weight"])
     for m in first.models.values():
         assert m.relation == "base" and m.card == "honest" and m.details["training"]["final_loss"] < 5.0
+
+
+def test_depth_up_scaling_repeats_the_recorded_blocks_and_a_student_keeps_no_weights() -> None:
+    """The held-out recipe's two derivations (scanner.zoo.held_out): an up-scaled model's block j is a copy of its
+    parent's block blocks[j]; a distilled student learns its teacher's distributions from its own initialisation."""
+    from scanner.zoo.arch import ArchSpec
+    from scanner.zoo.derivations import distill, upscale_depth
+    from scanner.zoo.languages import MarkovLanguage
+    from scanner.zoo.training import TrainSpec, distillation_loss
+
+    arch = ArchSpec(num_layers=3)
+    parent = new_model(arch, seed=1)
+    blocks = [0, 1, 1, 2]
+    child = upscale_depth(parent, blocks)
+    p, c = parent.state_dict(), child.state_dict()
+    assert child.config.num_hidden_layers == 4
+    for j, i in enumerate(blocks):
+        assert torch.equal(c[f"model.layers.{j}.mlp.up_proj.weight"], p[f"model.layers.{i}.mlp.up_proj.weight"])
+    assert torch.equal(c["model.embed_tokens.weight"], p["model.embed_tokens.weight"])
+
+    language = MarkovLanguage(3, vocab_size=arch.vocab_size)
+    tokens = language.sample(4, arch.seq_len, torch.Generator().manual_seed(0))
+    student, log = distill(parent, arch, init_seed=2, language=language, spec=TrainSpec(steps=30, lr=5e-3))
+    fresh = new_model(arch, seed=2)
+    with torch.no_grad():
+        assert float(distillation_loss(student, parent, tokens)) < 0.8 * float(distillation_loss(fresh, parent, tokens))
+    teacher_up, student_up = up(p, 0), up(student.state_dict(), 0)
+    assert not torch.equal(teacher_up, student_up) and log.steps == 30

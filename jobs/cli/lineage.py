@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
+from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from scanner.errors import HubtraceError
 from scanner.text_safety import json_visible, terminal
 
@@ -35,19 +36,26 @@ def lineage_command(
     db: Db,
     q: Annotated[float, typer.Option("--q", help="False-discovery rate for calling pairs dependent.")] = 0.05,
     method: Annotated[str, typer.Option("--method", help="bh (Benjamini-Hochberg) | by (Benjamini-Yekutieli)")] = "bh",
+    min_direction_confidence: Annotated[float, typer.Option(
+        "--min-direction-confidence",
+        help="Directions below this confidence are drawn without an arrow, as 'direction undecided' "
+             "(docs/lineage.md).")] = DEFAULT_MIN_DIRECTION_CONFIDENCE,
 ) -> None:
     """Rebuild lineage_edges, families, family_members and discrepancies from the current pair tests."""
     from lineage_graph.multiple_testing import METHODS
     from lineage_graph.persist import rebuild_lineage
 
-    if method not in METHODS or not 0 < q < 1:
-        raise CommandError(f"--method must be one of {', '.join(METHODS)} and --q in (0, 1)")
+    if method not in METHODS or not 0 < q < 1 or not 0.5 <= min_direction_confidence <= 1:
+        raise CommandError(f"--method must be one of {', '.join(METHODS)}, --q in (0, 1) and "
+                           "--min-direction-confidence in [0.5, 1]")
     with _open(db, read_only=False) as store:
-        lineage = rebuild_lineage(store, q=q, method=method)
-    dependent = sum(e.dependent for e in lineage.edges)
-    typer.echo(f"{len(lineage.models)} models, {len(lineage.edges)} tested pairs, {dependent} dependent "
+        lineage = rebuild_lineage(store, q=q, method=method, min_direction_confidence=min_direction_confidence)
+    dependent = [e for e in lineage.edges if e.dependent]
+    undecided = sum(e.direction.parent is not None and not e.direction.claimed for e in dependent)
+    typer.echo(f"{len(lineage.models)} models, {len(lineage.edges)} tested pairs, {len(dependent)} dependent "
                f"(FDR q={q}, {method}), {sum(len(f.members) > 1 for f in lineage.families)} families with "
-               f"relatives, {len(lineage.discrepancies)} discrepancies")
+               f"relatives, {undecided} directions undecided (confidence < {min_direction_confidence:g}), "
+               f"{len(lineage.discrepancies)} discrepancies")
 
 
 def graph_command(

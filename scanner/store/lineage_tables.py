@@ -55,6 +55,13 @@ def last_fdr_setting(store: Store) -> tuple[float, str] | None:
     return (last["q"][0], last["method"][0]) if last.height else None
 
 
+def last_direction_level(store: Store) -> float | None:
+    """The min_direction_confidence of the last lineage build (None before any build, or for a build from before the
+    level was stored)."""
+    last = store.query("SELECT min_direction_confidence FROM families ORDER BY built_at DESC LIMIT 1")
+    return last["min_direction_confidence"][0] if last.height else None
+
+
 def replace_lineage_tables(store: Store, frames: Mapping[str, pl.DataFrame]) -> None:
     """Replace every lineage table by its frame in one transaction: readers see the old lineage or the new one."""
     unknown = set(frames) - set(LINEAGE_TABLES)

@@ -119,6 +119,15 @@ WEIGHT_STATISTICS_DDL: tuple[str, ...] = (
 asks for them (``pairs.extra_stats``), and their raw values beside phi_MATCH in pair_tests; migration 7."""
 
 
+DIRECTION_LEVEL_DDL: tuple[str, ...] = (
+    "ALTER TABLE lineage_edges ADD COLUMN IF NOT EXISTS direction_decided BOOLEAN",
+    "ALTER TABLE lineage_edges ADD COLUMN IF NOT EXISTS min_direction_confidence DOUBLE",
+    "ALTER TABLE families ADD COLUMN IF NOT EXISTS min_direction_confidence DOUBLE",
+)
+"""Whether each edge's direction is claimed (its confidence reaches the level the investigator set, which is stored
+with the build so a reader recomputes the same lineage); migration 8. NULL in rows built before it."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -144,6 +153,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: NO_TENSOR_HASH_DDL),
     Migration(7, "pair_tests.value and weight_profiles: the weight fingerprints of public disputes",
               lambda: WEIGHT_STATISTICS_DDL),
+    Migration(8, "lineage_edges.direction_decided and the min_direction_confidence of each lineage build",
+              lambda: DIRECTION_LEVEL_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import transformers
@@ -29,13 +29,23 @@ from transformers import LlamaForCausalLM
 from scanner.zoo.arch import ArchSpec, arch_of, new_model, save_model
 from scanner.zoo.camouflage import camouflage
 from scanner.zoo.cards import CardClass, classify_card, make_card, write_card
-from scanner.zoo.derivations import finetune, merge, prune_depth, prune_width, retrain_mlps, scattered_units
+from scanner.zoo.derivations import (
+    distill,
+    finetune,
+    merge,
+    prune_depth,
+    prune_width,
+    retrain_mlps,
+    scattered_units,
+    upscale_depth,
+)
 from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.training import Optimizer, TrainSpec, eval_loss, train_lm
 
 ZOO_VERSION = 1
 GROUND_TRUTH = "ground_truth.json"
-RELATIONS = ("base", "finetune", "merge", "prune_depth", "prune_width", "retrained_mlp", "camouflage")
+RELATIONS = ("base", "finetune", "merge", "prune_depth", "prune_width", "retrained_mlp", "camouflage", "upscale_depth",
+             "distilled")
 
 
 @dataclass(frozen=True)
@@ -202,7 +212,7 @@ def relative_drift(parent: LlamaForCausalLM, child: LlamaForCausalLM) -> float:
     return (diff / sum(float(v.double().pow(2).sum()) for v in p.values())) ** 0.5
 
 
-class _Builder:
+class ZooBuilder:
     """Derives, saves, documents and records models one at a time; keeps them in memory as parents."""
 
     def __init__(self, root: Path, seed: int, batch_size: int) -> None:
@@ -321,13 +331,31 @@ class _Builder:
         self.add(model_id, child, parents=(parent,), relation="retrained_mlp", policy=policy, license_id=license_id,
                  language=language, details=details)
 
+    def upscale_depth(self, model_id: str, parent: str, blocks: Sequence[int], heal_steps: int, lr: float,
+                      *, policy: CardClass, license_id: str) -> None:
+        child = upscale_depth(self.models[parent], blocks)
+        language = self.languages[parent]
+        log = train_lm(child, language, self.train_spec(model_id, heal_steps, lr))
+        self.add(model_id, child, parents=(parent,), relation="upscale_depth", policy=policy, license_id=license_id,
+                 language=language, details={"blocks": list(blocks), "training": log.to_json()})
+
+    def distill(self, model_id: str, teacher: str, steps: int, lr: float, *, policy: CardClass,
+                license_id: str) -> None:
+        """A student with weights of its own: a base of a new family (no weight lineage), its teacher in details."""
+        init_seed = derived_seed(self.seed, f"{model_id}/init")
+        language = self.languages[teacher]
+        student, log = distill(self.models[teacher], arch_of(self.models[teacher]), init_seed, language,
+                               self.train_spec(model_id, steps, lr))
+        self.add(model_id, student, parents=(), relation="distilled", policy=policy, license_id=license_id,
+                 language=language, details={"teacher": teacher, "init_seed": init_seed, "training": log.to_json()})
+
     def camouflage(self, model_id: str, parent: str, *, policy: CardClass, license_id: str) -> None:
         child, record = camouflage(self.models[parent], derived_seed(self.seed, f"{model_id}/camouflage"))
         self.add(model_id, child, parents=(parent,), relation="camouflage", policy=policy, license_id=license_id,
                  language=self.languages[parent], details={"camouflage": record.to_json()})
 
 
-def _default_recipe(b: _Builder, spec: ZooSpec) -> None:
+def _default_recipe(b: ZooBuilder, spec: ZooSpec) -> None:
     """The default hub: 5 independent bases (two of them twins) and 11 derivatives of two of them."""
     arch = spec.arch
     lang = [MarkovLanguage(derived_seed(spec.seed, f"language/{k}"), vocab_size=arch.vocab_size) for k in range(7)]
@@ -362,14 +390,14 @@ def _default_recipe(b: _Builder, spec: ZooSpec) -> None:
     b.camouflage("pylon/pylon-base", cobalt, policy="silent", license_id="apache-2.0")
 
 
-def _independent_recipe(b: _Builder, spec: IndependentSpec) -> None:
+def _independent_recipe(b: ZooBuilder, spec: IndependentSpec) -> None:
     lang = [MarkovLanguage(derived_seed(spec.seed, f"language/{k}"), vocab_size=spec.arch.vocab_size)
             for k in range(spec.languages)]
     for k in range(spec.n):
         b.base(f"indie-{k:02d}/solo-{k:02d}", lang[k % spec.languages], spec.arch, spec.steps, spec.lr)
 
 
-def _chain_recipe(b: _Builder, spec: ChainSpec) -> None:
+def _chain_recipe(b: ZooBuilder, spec: ChainSpec) -> None:
     lang = [MarkovLanguage(derived_seed(spec.seed, f"language/{k}"), vocab_size=spec.arch.vocab_size)
             for k in range(spec.length + 1)]
     previous = "chain-labs/chain-base"
@@ -391,8 +419,17 @@ def _cached(root: Path, kind: str, digest: str) -> Zoo | None:
     return zoo if complete and zoo.kind == kind and zoo.spec_hash == digest else None
 
 
-def _build(root: Path, kind: str, spec: ZooSpec | IndependentSpec | ChainSpec, force: bool,
-           recipe: Callable[[_Builder], None]) -> Zoo:
+class RecipeSpec(Protocol):
+    """What a recipe's knobs must give: a seed, a batch size, and a JSON form whose hash keys the cached build."""
+
+    seed: int
+    batch_size: int
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def build_recipe(root: Path, kind: str, spec: RecipeSpec, force: bool, recipe: Callable[[ZooBuilder], None]) -> Zoo:
+    """Build (or reuse, when the same kind and spec were built there) the models ``recipe`` derives under ``root``."""
     root = Path(root)
     spec_json = spec.to_json()
     digest = spec_hash(kind, spec_json)
@@ -416,10 +453,10 @@ def _exclusive(root: Path) -> Iterator[None]:
 
 
 def _build_locked(root: Path, kind: str, spec_json: dict[str, Any], digest: str, seed: int, batch_size: int,
-                  recipe: Callable[[_Builder], None]) -> Zoo:
+                  recipe: Callable[[ZooBuilder], None]) -> Zoo:
     (root / GROUND_TRUTH).unlink(missing_ok=True)
     start = time.perf_counter()
-    builder = _Builder(root, seed, batch_size)
+    builder = ZooBuilder(root, seed, batch_size)
     recipe(builder)
     zoo = Zoo(root, kind, digest, round(time.perf_counter() - start, 2), builder.records)
     tmp = root / (GROUND_TRUTH + ".tmp")
@@ -431,7 +468,7 @@ def _build_locked(root: Path, kind: str, spec_json: dict[str, Any], digest: str,
 def build_zoo(root: Path, *, spec: ZooSpec | None = None, force: bool = False) -> Zoo:
     """Build (or reuse) the default zoo under ``root``; takes about a minute or two on one CPU thread."""
     spec = spec or ZooSpec()
-    return _build(root, "default", spec, force, lambda b: _default_recipe(b, spec))
+    return build_recipe(root, "default", spec, force, lambda b: _default_recipe(b, spec))
 
 
 def train_independent_models(
@@ -439,10 +476,10 @@ def train_independent_models(
 ) -> Zoo:
     """Build (or reuse) ``n`` independent bases under ``root`` (a few seconds each), for validity studies."""
     spec = IndependentSpec(n=n, seed=seed, arch=arch or ArchSpec(), steps=steps)
-    return _build(root, "independent", spec, force, lambda b: _independent_recipe(b, spec))
+    return build_recipe(root, "independent", spec, force, lambda b: _independent_recipe(b, spec))
 
 
 def build_chain(root: Path, *, spec: ChainSpec | None = None, force: bool = False) -> Zoo:
     """Build (or reuse) a fine-tune chain base -> ft1 -> ... -> ft<length> under ``root`` (seconds)."""
     spec = spec or ChainSpec()
-    return _build(root, "chain", spec, force, lambda b: _chain_recipe(b, spec))
+    return build_recipe(root, "chain", spec, force, lambda b: _chain_recipe(b, spec))

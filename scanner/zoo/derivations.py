@@ -1,4 +1,5 @@
-"""Ways a hub model is derived from another: fine-tune, merge, structured prune, MLP retraining.
+"""Ways a hub model is derived from another: fine-tune, merge, structured prune, depth up-scaling, MLP retraining,
+distillation.
 
 Each returns a new model (the parent is left untouched) plus what ground truth must record.
 """
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from scanner.zoo.arch import arch_of, new_model
+from scanner.zoo.arch import ArchSpec, arch_of, new_model
 from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.training import TrainLog, TrainSpec, single_thread, train_lm
 
@@ -40,17 +41,35 @@ def merge(models: Sequence[LlamaForCausalLM], weights: Sequence[float]) -> Llama
 
 def prune_depth(parent: LlamaForCausalLM, kept_blocks: Sequence[int]) -> LlamaForCausalLM:
     """Keep only ``kept_blocks`` (in order); block ``kept_blocks[j]`` of the parent becomes block ``j``."""
-    child = new_model(arch_of(parent).with_(num_layers=len(kept_blocks)), seed=0)
-    state = {}
-    for key, value in parent.state_dict().items():
-        if key.startswith("model.layers."):
-            _, _, index, rest = key.split(".", 3)
-            if int(index) in kept_blocks:
-                state[f"model.layers.{list(kept_blocks).index(int(index))}.{rest}"] = value.clone()
-        else:
-            state[key] = value.clone()
+    return stack_blocks(parent, kept_blocks)
+
+
+def upscale_depth(parent: LlamaForCausalLM, blocks: Sequence[int]) -> LlamaForCausalLM:
+    """Depth up-scaling (as SOLAR-10.7B was made from Mistral-7B): the parent's blocks in ``blocks`` order with some
+    repeated, e.g. [0, 1, 2, 1, 2, 3] for a 4-block parent; the child is the larger model."""
+    if len(set(blocks)) == len(blocks):
+        raise ValueError("up-scaling repeats at least one block")
+    return stack_blocks(parent, blocks)
+
+
+def stack_blocks(parent: LlamaForCausalLM, blocks: Sequence[int]) -> LlamaForCausalLM:
+    """A model whose block ``j`` is a copy of the parent's block ``blocks[j]`` (blocks dropped, kept or repeated)."""
+    child = new_model(arch_of(parent).with_(num_layers=len(blocks)), seed=0)
+    state = {k: v.clone() for k, v in parent.state_dict().items() if not k.startswith("model.layers.")}
+    source = parent.state_dict()
+    for j, i in enumerate(blocks):
+        prefix = f"model.layers.{i}."
+        state |= {f"model.layers.{j}.{k[len(prefix):]}": v.clone() for k, v in source.items() if k.startswith(prefix)}
     child.load_state_dict(state)
     return child
+
+
+def distill(teacher: LlamaForCausalLM, arch: ArchSpec, init_seed: int, language: MarkovLanguage,
+            spec: TrainSpec) -> tuple[LlamaForCausalLM, TrainLog]:
+    """A student of its own random initialisation trained to match the teacher's next-token distributions on the
+    teacher's language (knowledge distillation, KL at temperature 1): it inherits behaviour, not weights."""
+    student = new_model(arch, init_seed)
+    return student, train_lm(student, language, spec, teacher=teacher)
 
 
 def scattered_units(width: int, keep: int, num_blocks: int, generator: torch.Generator) -> list[list[int]]:

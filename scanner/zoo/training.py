@@ -71,13 +71,24 @@ def eval_loss(model: LlamaForCausalLM, language: MarkovLanguage, n_seq: int = 32
     return float(lm_loss(model.eval(), tokens))
 
 
+def distillation_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, tokens: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) of the next-token distributions, averaged over positions (nats)."""
+    with torch.no_grad():
+        target = F.log_softmax(teacher(input_ids=tokens).logits, dim=-1)
+    predicted = F.log_softmax(student(input_ids=tokens).logits, dim=-1)
+    return F.kl_div(predicted.flatten(0, 1), target.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
 def train_lm(
     model: LlamaForCausalLM,
     language: MarkovLanguage,
     spec: TrainSpec,
     params: Iterable[torch.nn.Parameter] | None = None,
+    *,
+    teacher: LlamaForCausalLM | None = None,
 ) -> TrainLog:
-    """Train ``model`` in place on ``language`` (all parameters unless ``params`` is given); returns the log."""
+    """Train ``model`` in place on ``language`` (all parameters unless ``params`` is given): on the next token, or on
+    ``teacher``'s next-token distributions when one is given (distillation). Returns the log."""
     initial = eval_loss(model, language)
     trainable = list(model.parameters() if params is None else params)
     if spec.optimizer == "adam":
@@ -89,7 +100,8 @@ def train_lm(
     model.train()
     with single_thread():
         for _ in range(spec.steps):
-            loss = lm_loss(model, language.sample(spec.batch_size, seq_len, data))
+            tokens = language.sample(spec.batch_size, seq_len, data)
+            loss = lm_loss(model, tokens) if teacher is None else distillation_loss(model, teacher.eval(), tokens)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
