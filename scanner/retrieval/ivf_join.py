@@ -2,8 +2,8 @@
 
 faiss answers an inverted-file (IVF) search one query at a time: it scores every coarse centroid, then scans the
 probed lists vector by vector. With centroids scored exhaustively, the best number of lists grows like sqrt(N)
-and so does the work per query; at hub scale that is the whole cost (measured on 2 cores: 240 µs per query
-signature at 1,000 7B-shaped models, about 2 hours of CPU for a 10,000-model rebuild; BENCHMARKS.md). Here:
+and so does the work per query; at hub scale that is the whole cost (measured on 2 idle cores: 218 µs per query
+signature at 1,000 7B-shaped models, and growing like sqrt(N) beyond; BENCHMARKS.md, "Candidate retrieval"). Here:
 
 * the lists' centroids (leaves) are grouped by a second k-means into groups of about ``LEAVES_PER_GROUP``; the
   coarse search is itself a small faiss IVF over the leaves whose lists are those groups: a query scores the
