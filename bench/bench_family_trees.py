@@ -29,7 +29,7 @@ import itertools
 import pickle
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import networkx as nx
@@ -55,7 +55,7 @@ Inputs = tuple[list[PairTest], list[ModelInfo], set[tuple[str, str]]]
 
 @dataclass
 class Tally:
-    """Counts over true links (and tree links, for placement) of one or more family sets."""
+    """Counts over true links (and models, for placement) of one or more family sets."""
 
     placed: int = 0
     links: int = 0
@@ -64,15 +64,14 @@ class Tally:
     wrong: int = 0
     undecided: int = 0
     wrong_confident: int = 0
-    cannot_tell: int = 0  # children linked to two candidate parents ("alternative")
-    by_bin: dict[int, list[int]] | None = None  # bin -> [right, total] over every true link's leaning
+    cannot_tell: int = 0  # models linked to two candidate parents ("alternative")
+    by_bin: dict[int, list[int]] = field(default_factory=dict)  # bin -> [right, total] of every true link's leaning
 
     def __add__(self, other: Tally) -> Tally:
-        bins = {k: [a + b for a, b in zip((self.by_bin or {}).get(k, [0, 0]), (other.by_bin or {}).get(k, [0, 0]))]
-                for k in {*(self.by_bin or {}), *(other.by_bin or {})}}
-        return Tally(self.placed + other.placed, self.links + other.links, self.copies + other.copies,
-                     self.right + other.right, self.wrong + other.wrong, self.undecided + other.undecided,
-                     self.wrong_confident + other.wrong_confident, self.cannot_tell + other.cannot_tell, bins)
+        counts = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "by_bin"}
+        bins = {k: [a + b for a, b in zip(self.by_bin.get(k, [0, 0]), other.by_bin.get(k, [0, 0]))]
+                for k in {*self.by_bin, *other.by_bin}}
+        return Tally(**counts, by_bin=bins)
 
 
 def _zoo_inputs(build: Callable[[], Zoo]) -> Callable[[], Inputs]:
@@ -157,7 +156,7 @@ def score(lineage: Lineage, tests: list[PairTest], truth: set[tuple[str, str]]) 
     for f in lineage.families:
         for p, c, kind in f.tree_edges():
             linked.setdefault(c, []).append((p, kind))
-    tally = Tally(links=len(linked), by_bin={})
+    tally = Tally(links=len(linked))
     for c, parents in linked.items():
         right = {kind: g(p) == g(c) if kind == "copy" else frozenset((g(p), g(c))) in true_pairs
                  for p, kind in parents}
@@ -204,7 +203,7 @@ def reliability_table(totals: dict[str, Tally]) -> list[str]:
     for k in range(len(BINS) - 1):
         lo, hi = BINS[k], BINS[k + 1]
         label = f"[{lo:.2f}, {hi:.2f}{']' if k == len(BINS) - 2 else ')'}"
-        lines.append(f"| {label} | " + " | ".join(_pct(*(totals[n].by_bin or {}).get(k, [0, 0])) for n in names) + " |")
+        lines.append(f"| {label} | " + " | ".join(_pct(*totals[n].by_bin.get(k, [0, 0])) for n in names) + " |")
     return lines
 
 
@@ -234,7 +233,7 @@ def main() -> None:
                     lineage = compute_lineage(withhold_cards(models), tests,
                                               min_direction_confidence=args.level)
                 t = score(lineage, tests, truth)
-                totals[(group, name)] = totals.get((group, name), Tally(by_bin={})) + t
+                totals[(group, name)] = totals.get((group, name), Tally()) + t
                 print(row(label, name, t), flush=True)
     for (group, name), t in totals.items():
         print(row(f"**all {group}**", name, t))

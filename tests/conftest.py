@@ -198,6 +198,16 @@ def seed_zoo(request: pytest.FixtureRequest) -> Zoo:
     return _seed_zoo(request.param)
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs for one test module's scans (a module that needs other resources defines its own)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def s3_env():
     """One moto S3 server for the session, its AWS_* variables set in this process (and so inherited by the Ray

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import ray
 
 from jobs.scan_job import run_scan
 from scanner.retrieval.hub import index_folder
@@ -26,13 +25,6 @@ from tests.scan_support import copy_models, query, scan_config
 #: A family of two (the chat fine-tune of the base), a camouflaged copy of the chat model, and an independent base.
 MODELS = ("aurora-labs/aurora-base", "finch-nlp/aurora-chat", "nimbus/nimbus-1", "ember-ml/ember-small")
 DAMAGED = "finch-nlp/aurora-chat"
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,12 @@ import shutil
 from itertools import combinations
 
 import pytest
-import ray
 from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.scan_job import run_scan
 from scanner.retrieval.hub import index_folder
 from tests.scan_support import SUBSET, copy_models, query, scan_config
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -119,24 +119,16 @@ def test_a_family_without_known_attention_roles_is_refused_with_the_reason(tmp_p
 
 
 @pytest.fixture(scope="module")
-def scanned(zoo: Zoo, tmp_path_factory: pytest.TempPathFactory):
+def scanned(zoo: Zoo, local_ray, tmp_path_factory: pytest.TempPathFactory):
     """A real scan (local Ray, DuckDB) of nine zoo models with every weight fingerprint recorded."""
-    import ray
-
     from jobs.scan_job import run_scan
     from tests.scan_support import copy_models, scan_config
 
     models = (*BASES, "finch-nlp/aurora-chat", "nimbus/nimbus-1", "orchid/cobalt-instruct", "pylon/pylon-base")
     root = tmp_path_factory.mktemp("extra")
     copy_models(zoo, models, root / "hub")
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        config = scan_config(root / "hub", root / "out",
-                             pairs={"extra_stats": ["layernorm", "attn-std", "ghostspec"]})
-        summary = run_scan(config)
-    finally:
-        ray.shutdown()
-    return config, summary, models, root / "hub"
+    config = scan_config(root / "hub", root / "out", pairs={"extra_stats": ["layernorm", "attn-std", "ghostspec"]})
+    return config, run_scan(config), models, root / "hub"
 
 
 def test_a_scan_records_each_weight_fingerprint_beside_phi_match_and_draws_no_family_from_them(scanned) -> None:
