@@ -97,13 +97,15 @@ def page_geometry(page: Path, profile: Path, width: int, height: int, screenshot
     return json.loads(title.replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
 
 
-def _chromium(page: Path, profile: Path, *options: str) -> str:
+def _chromium(page: Path | str, profile: Path, *options: str) -> str:
+    """Headless chromium on a file (a Path) or a URL (a str, e.g. a running `hubtrace serve`)."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "Debian's chromium is needed: apt-get install chromium (make browser)"
     return subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
          "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
-         "--virtual-time-budget=5000", *options, page.as_uri()], capture_output=True, text=True, check=True,
+         "--virtual-time-budget=5000", *options, page.as_uri() if isinstance(page, Path) else page],
+        capture_output=True, text=True, check=True,
     ).stdout
 
 

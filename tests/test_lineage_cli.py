@@ -10,33 +10,24 @@ strongest independent one -1.25, far from any FDR cut.
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 import re
 import shlex
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib.image
 import networkx as nx
 import pytest
 from click.testing import Result
-from rich.console import Console
 from typer.testing import CliRunner
 
-from jobs.actors import PairJob, fingerprint_record
 from jobs.cli import EXIT_REFUSED, app
-from jobs.scan_job import ScanObserver, _Scan, discover
 from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from lineage_graph.export import FORMATS
-from scanner.fingerprint import read_fingerprint
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.fingerprint_store import FingerprintStore
-from scanner.store import PairTestRow, Store
 from scanner.zoo import Zoo
-from tests.scan_support import SUBSET, copy_models, query, scan_config
+from tests.scan_support import SUBSET, query, scan_subset
 
 runner = CliRunner()
 BASE, CHAT, LITE, NIMBUS = "aurora-labs/aurora-base", "finch-nlp/aurora-chat", "kestrel/aurora-lite", "nimbus/nimbus-1"
@@ -47,36 +38,11 @@ SUMMARY = (r"6 models, 15 tested pairs, 6 dependent \(FDR q={q}, {method}\), 1 f
 """The rebuild's one line; any of its 6 dependent pairs may lean below the level (the zoo's last bits decide)."""
 
 
-def _pair_rows(jobs: list[PairJob], statistic: str, run_id: str) -> list[PairTestRow]:
-    """The rows `_Scan.pair_stage` stores for these jobs, compared in this process: the scan's compare_batch would
-    start a Ray instance just to ask it for a GPU."""
-    rows = []
-    for job in jobs:
-        result = compare_fingerprints(read_fingerprint(job.path_a), read_fingerprint(job.path_b), statistic)
-        rows.append(PairTestRow(job.model_a, job.revision_a, job.model_b, job.revision_b, statistic, job.input_set,
-                                result.log10_p, result.n_layers, [asdict(layer) for layer in result.layers],
-                                list(result.notes), job.reason, run_id, result.closeness))
-    return rows
-
-
 @pytest.fixture(scope="module")
 def db(zoo: Zoo, tmp_path_factory) -> Path:
     """SUBSET as a finished scan leaves it (models, fingerprint files, 15 pair tests, lineage rebuilt at the default
     q = 0.05, BH), written by the scan's own discovery, fingerprinting, storing, planning and lineage steps."""
-    root = tmp_path_factory.mktemp("lineage-cli")
-    config = scan_config(copy_models(zoo, SUBSET, root / "hub"), root / "out")
-    config.db_path.parent.mkdir(parents=True)
-    with Store(config.db_path) as store:
-        fingerprints = FingerprintStore(config.fingerprint_location)
-        scan = _Scan(config, store, fingerprints, ScanObserver(), Console(file=io.StringIO()))
-        for record in discover(config):
-            outcome = fingerprint_record(record, fingerprints, config.inputs.spec())
-            assert outcome.error is None, outcome.error
-            scan._store_fingerprint(outcome)
-        store.put_pair_tests(_pair_rows(scan.plan().jobs, config.statistic, scan.run_id))
-        scan.lineage_stage()
-        store.finish_run(scan.run_id, "succeeded", scan.summary.to_json_dict())
-    return config.db_path
+    return scan_subset(zoo, SUBSET, tmp_path_factory.mktemp("lineage-cli"))
 
 
 def hubtrace(*args: str | Path) -> Result:

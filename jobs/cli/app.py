@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from jobs.cli import architectures, compare, fingerprint, lineage, localize, query, scan
+from jobs.cli import architectures, compare, fingerprint, lineage, localize, query, scan, serve
 from jobs.cli.refusals import RefusingCommand
 
 app = typer.Typer(
@@ -28,6 +28,7 @@ COMMANDS = {
     "report": lineage.report_command,
     "scan": scan.scan_command,
     "architectures": architectures.architectures_command,
+    "serve": serve.serve_command,
 }
 """Every command by the name a person types."""
 

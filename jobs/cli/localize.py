@@ -11,7 +11,6 @@ import typer
 from scanner.errors import HubtraceError
 from scanner.inputs import InputSpec
 from scanner.text_safety import json_visible, terminal_lines
-from scanner.validate import validate_checkpoint
 
 if TYPE_CHECKING:
     from scanner.localize import LocalizeResult
@@ -53,6 +52,7 @@ def localize_command(
     from scanner.fingerprint import fingerprint_pair
     from scanner.fingerprint_store import fingerprint_side, is_url
     from scanner.localize import localize, localize_replayed, plot_unit_map
+    from scanner.validate import validate_checkpoint
 
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
     if replay is None:
@@ -82,6 +82,8 @@ def localize_command(
 
 def _depths_differ(path_a: str, path_b: str, follow_links: bool) -> bool:
     """Both sides are model directories with different block counts (a depth prune: the case replay is for)."""
+    from scanner.validate import validate_checkpoint
+
     if not (Path(path_a).is_dir() and Path(path_b).is_dir()):
         return False
     depth_a, depth_b = (validate_checkpoint(p, check_values=False, follow_links=follow_links).adapter.shape.n_layers

@@ -8,6 +8,7 @@ the lineage tables that ``rebuild_lineage`` writes (FDR-controlled, oriented par
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from datetime import datetime
 
 import polars as pl
@@ -247,3 +248,268 @@ def empirical_null(store: Store, statistic: str, match_statistic: str = "match")
 
     return [(r[0], r[2], r[5]) for r in store.weight_statistic_rows(statistic, match_statistic)
             if r[6] is not None and r[6] > math.log10(NULL_MATCH_P) and r[5] is not None and math.isfinite(r[5])]
+
+
+# -- the local web app (`hubtrace serve`, jobs/web): one read per page part, never the whole hub ------------------
+
+OVERVIEW_SQL = """
+SELECT (SELECT count(*) FROM current_models) AS models,
+       (SELECT count(*) FROM current_pair_tests) AS pair_tests,
+       (SELECT count(*) FROM lineage_edges WHERE dependent) AS dependent_pairs,
+       (SELECT count(*) FROM families) AS families,
+       (SELECT count(*) FROM families WHERE n_members > 1) AS families_with_relatives,
+       (SELECT count(*) FROM discrepancies) AS discrepancies,
+       (SELECT max(built_at) FROM families) AS lineage_built_at,
+       (SELECT arg_max(q, built_at) FROM families) AS q,
+       (SELECT arg_max(method, built_at) FROM families) AS method,
+       (SELECT max(started_at) FROM scan_runs) AS last_scan_at
+"""
+"""What the database holds, in one row: counts, when the lineage was last rebuilt (NULL before the first
+``hubtrace lineage``) with its FDR q and method, and when the last scan started."""
+
+FAMILIES_PAGE_SQL = """
+WITH flagged AS (SELECT m.family_id, count(*) AS discrepancies
+                 FROM discrepancies d JOIN family_members m USING (model_id) GROUP BY m.family_id)
+SELECT f.family_id, f.root, f.n_members, coalesce(x.discrepancies, 0) AS discrepancies, f.built_at
+FROM families f LEFT JOIN flagged x USING (family_id)
+ORDER BY f.n_members DESC, f.family_id
+LIMIT $limit OFFSET $offset
+"""
+"""One page of the families, largest first, with how many discrepancies their members carry."""
+
+DISCREPANCIES_PAGE_SQL = """
+SELECT model_id, kind, related_model, confidence, detail, count(*) OVER () AS total
+FROM discrepancies ORDER BY confidence DESC, model_id, kind
+LIMIT $limit OFFSET $offset
+"""
+"""One page of the discrepancies (a card that disagrees with the weights), most confident first; ``total`` on each
+row counts them all."""
+
+SEARCH_MODELS_SQL = """
+SELECT m.model_id, m.status, m.architecture, m.license, f.family_id, count(*) OVER () AS total
+FROM current_models m LEFT JOIN family_members f USING (model_id)
+WHERE contains(lower(m.model_id), lower($text))
+ORDER BY lower(m.model_id) <> lower($text), NOT starts_with(lower(m.model_id), lower($text)),
+         length(m.model_id), m.model_id
+LIMIT $limit OFFSET $offset
+"""
+"""Current models whose id contains $text anywhere (case-insensitive; no wildcard characters: ``%`` and ``_`` are
+text): the exact id first, then ids starting with it, then shorter ids; ``total`` counts every match."""
+
+MODEL_FINGERPRINTS_SQL = """
+SELECT f.input_set, f.n_tokens, f.file_sha256, f.path, f.hubtrace_version, f.run_id, f.created_at
+FROM fingerprints f JOIN current_models m USING (model_id, revision)
+WHERE m.model_id = $model ORDER BY f.created_at DESC
+"""
+"""The stored facts of $model's fingerprints at its current revision, one row per input set."""
+
+MODEL_FAMILY_SQL = """
+SELECT m.family_id, f.root, f.n_members, m.is_root, m.parents, m.merge_parents
+FROM family_members m JOIN families f USING (family_id) WHERE m.model_id = $model
+"""
+"""$model's family in the last lineage rebuild: its root and size, and $model's parents in the family tree."""
+
+MODEL_RELATIVES_SQL = """
+WITH tests AS (
+    SELECT model_a, model_b, statistic, input_set, closeness FROM current_pair_tests
+    WHERE $model IN (model_a, model_b)
+    QUALIFY row_number() OVER (PARTITION BY model_a, model_b, statistic, input_set ORDER BY tested_at DESC) = 1)
+SELECT CASE WHEN e.model_a = $model THEN e.model_b ELSE e.model_a END AS model_id,
+       e.dependent, e.log10_p, e.log10_q, e.statistic, e.parent, e.child, e.direction_confidence,
+       coalesce(e.direction_decided, true) AS direction_decided, e.direction_reasons, e.tree_link, e.blocks_matched,
+       t.closeness
+FROM lineage_edges e LEFT JOIN tests t USING (model_a, model_b, statistic, input_set)
+WHERE $model IN (e.model_a, e.model_b)
+ORDER BY NOT e.dependent, e.log10_p, model_id
+"""
+"""Every pair of the last lineage rebuild that holds $model: the other model, its p-value and FDR-adjusted one,
+whether it counts as dependent, the direction (parent, child, confidence, whether it reaches the level set to be
+claimed, reasons), the tree link it is, and the pair test's closeness; dependent pairs first, strongest first."""
+
+MODEL_PAIR_TESTS_SQL = """
+SELECT CASE WHEN model_a = $model THEN model_b ELSE model_a END AS model_id,
+       statistic, input_set, log10_p, value, closeness, reason, tested_at
+FROM current_pair_tests WHERE $model IN (model_a, model_b) AND model_a <> model_b
+ORDER BY log10_p NULLS LAST, model_id, statistic
+"""
+"""Every current pair test that holds $model, every statistic, strongest first (what there is before a lineage
+rebuild)."""
+
+MODEL_DISCREPANCIES_SQL = """
+SELECT model_id, kind, related_model, confidence, detail FROM discrepancies
+WHERE $model IN (model_id, related_model) ORDER BY confidence DESC, model_id, kind
+"""
+"""Discrepancies about $model's card, and those of other cards that name $model."""
+
+MODEL_ERRORS_SQL = """
+SELECT run_id, revision, stage, error_type, reason, location, "at" FROM scan_errors
+WHERE model_id = $model ORDER BY "at" DESC
+"""
+"""Every scan error recorded for $model, newest first."""
+
+FAMILY_SQL = """
+SELECT family_id, root, n_members, first_built_at, built_at, q, method, min_direction_confidence
+FROM families WHERE family_id = $family
+"""
+"""One family's row, as the last lineage rebuild wrote it."""
+
+FAMILY_MEMBERS_SQL = """
+WITH members AS (SELECT * FROM family_members WHERE family_id = $family),
+flagged AS (SELECT model_id, count(*) AS discrepancies FROM discrepancies
+            WHERE model_id IN (SELECT model_id FROM members) GROUP BY model_id)
+SELECT m.model_id, m.is_root, m.parents, m.merge_parents, e.log10_p, e.direction_confidence,
+       coalesce(e.direction_decided, true) AS direction_decided, e.tree_link,
+       coalesce(x.discrepancies, 0) AS discrepancies, c.license, c.architecture, c.created_at
+FROM members m
+LEFT JOIN lineage_edges e ON len(m.parents) > 0
+     AND e.model_a = least(m.model_id, m.parents[1]) AND e.model_b = greatest(m.model_id, m.parents[1])
+LEFT JOIN flagged x USING (model_id)
+LEFT JOIN current_models c USING (model_id)
+ORDER BY m.model_id
+"""
+"""Every member of $family with its tree parents and merge parents, the evidence of the link to its first parent
+(p-value, direction confidence and whether it is claimed, link kind), its number of discrepancies and a few card
+fields."""
+
+LINEAGE_EDGES_AMONG_SQL = """
+SELECT model_a, model_b, statistic, input_set, log10_p, log10_q, dependent, joins_family, parent, child,
+       direction_confidence, coalesce(direction_decided, true) AS direction_decided, direction_reasons, block_map,
+       tree_link
+FROM lineage_edges
+WHERE dependent AND model_a IN (SELECT unnest($models)) AND model_b IN (SELECT unnest($models))
+ORDER BY model_a, model_b
+"""
+"""The dependent pairs of the last lineage rebuild whose two models are both in $models (a list)."""
+
+PAIR_EVIDENCE_SQL = """
+WITH test AS (
+    SELECT revision_a, revision_b, statistic, input_set, n_layers, layers, reason, closeness
+    FROM current_pair_tests WHERE model_a = $a AND model_b = $b
+    QUALIFY row_number() OVER (PARTITION BY statistic, input_set ORDER BY tested_at DESC) = 1)
+SELECT e.model_a, e.model_b, e.statistic, e.input_set, e.log10_p, e.log10_q, e.dependent, e.joins_family,
+       e.parent, e.child, e.direction_confidence, coalesce(e.direction_decided, true) AS direction_decided,
+       e.direction_reasons, e.block_map, e.tree_link, t.revision_a, t.revision_b, t.n_layers, t.layers, t.reason,
+       t.closeness
+FROM lineage_edges e LEFT JOIN test t USING (statistic, input_set)
+WHERE e.model_a = $a AND e.model_b = $b
+"""
+"""One pair ($a < $b) as the last lineage rebuild judged it, with the per-block layers of the test it judged."""
+
+DISCREPANCIES_OF_SQL = """
+SELECT model_id, kind, related_model, confidence, detail, evidence FROM discrepancies
+WHERE model_id IN (SELECT unnest($models)) ORDER BY model_id, kind
+"""
+"""The discrepancies of the cards of $models (a list)."""
+
+TABLES_SQL = """
+SELECT table_name AS name, 'table' AS kind, column_count AS columns FROM duckdb_tables()
+WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
+UNION ALL
+SELECT view_name, 'view', column_count FROM duckdb_views()
+WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal AND NOT temporary
+ORDER BY name
+"""
+"""The database's own tables and views (DuckDB's catalogue), by name."""
+
+
+def overview(store: Store) -> dict:
+    """`OVERVIEW_SQL` as a dict."""
+    return store.query(OVERVIEW_SQL).row(0, named=True)
+
+
+def families_page(store: Store, *, limit: int, offset: int = 0) -> pl.DataFrame:
+    return store.query(FAMILIES_PAGE_SQL, {"limit": limit, "offset": offset})
+
+
+def discrepancies_page(store: Store, *, limit: int, offset: int = 0) -> pl.DataFrame:
+    return store.query(DISCREPANCIES_PAGE_SQL, {"limit": limit, "offset": offset})
+
+
+def search_models(store: Store, text: str, *, limit: int, offset: int = 0) -> pl.DataFrame:
+    return store.query(SEARCH_MODELS_SQL, {"text": text, "limit": limit, "offset": offset})
+
+
+def model_fingerprints(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(MODEL_FINGERPRINTS_SQL, {"model": model_id})
+
+
+def model_family(store: Store, model_id: str) -> dict | None:
+    """`MODEL_FAMILY_SQL`'s row, or None for a model in no family (no lineage rebuild since it was scanned)."""
+    frame = store.query(MODEL_FAMILY_SQL, {"model": model_id})
+    return frame.row(0, named=True) if frame.height else None
+
+
+def model_relatives(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(MODEL_RELATIVES_SQL, {"model": model_id})
+
+
+def model_pair_tests(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(MODEL_PAIR_TESTS_SQL, {"model": model_id})
+
+
+def model_discrepancies(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(MODEL_DISCREPANCIES_SQL, {"model": model_id})
+
+
+def model_errors(store: Store, model_id: str) -> pl.DataFrame:
+    return store.query(MODEL_ERRORS_SQL, {"model": model_id})
+
+
+def family(store: Store, family_id: str) -> dict | None:
+    """`FAMILY_SQL`'s row, or None for an unknown family id."""
+    frame = store.query(FAMILY_SQL, {"family": family_id})
+    return frame.row(0, named=True) if frame.height else None
+
+
+def family_members(store: Store, family_id: str) -> pl.DataFrame:
+    return store.query(FAMILY_MEMBERS_SQL, {"family": family_id})
+
+
+def lineage_edges_among(store: Store, model_ids: list[str]) -> pl.DataFrame:
+    return store.query(LINEAGE_EDGES_AMONG_SQL, {"models": list(model_ids)})
+
+
+def pair_evidence(store: Store, model_a: str, model_b: str) -> dict | None:
+    """`PAIR_EVIDENCE_SQL`'s row for the pair in either order, or None when the last rebuild did not judge it."""
+    a, b = sorted((model_a, model_b))
+    frame = store.query(PAIR_EVIDENCE_SQL, {"a": a, "b": b})
+    return frame.row(0, named=True) if frame.height else None
+
+
+def discrepancies_of(store: Store, model_ids: list[str]) -> pl.DataFrame:
+    return store.query(DISCREPANCIES_OF_SQL, {"models": list(model_ids)})
+
+
+def tables(store: Store) -> pl.DataFrame:
+    """`TABLES_SQL` with each one's exact row count (``rows``)."""
+    frame = store.query(TABLES_SQL)
+    counts = [store.query(f"SELECT count(*) AS n FROM {_identifier(name)}")["n"][0] for name in frame["name"]]
+    return frame.with_columns(pl.Series("rows", counts, dtype=pl.Int64))
+
+
+def table_batches(store: Store, table: str, *, batch_rows: int = 10_000) -> Iterator[pl.DataFrame]:
+    """Every row of one of `tables` (``KeyError`` at once for any other name) in frames of about ``batch_rows`` (at
+    least one, empty for an empty table, so its columns are known), read on a connection of its own: an export of a
+    big table never holds all of it in memory, and the store's connection stays free for other reads meanwhile."""
+    if table not in set(store.query(TABLES_SQL)["name"]):
+        raise KeyError(table)
+    return _batches(store, f"SELECT * FROM {_identifier(table)}", batch_rows)
+
+
+def _batches(store: Store, sql: str, batch_rows: int) -> Iterator[pl.DataFrame]:
+    cursor = store.connection.cursor()
+    try:
+        reader = cursor.sql(sql).to_arrow_reader(batch_rows)
+        empty = True
+        for batch in reader:
+            empty = False
+            yield pl.from_arrow(batch)
+        if empty:
+            yield pl.from_arrow(reader.schema.empty_table())
+    finally:
+        cursor.close()
+
+
+def _identifier(name: str) -> str:
+    """A name from the catalogue as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'

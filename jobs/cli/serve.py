@@ -1,0 +1,63 @@
+"""`hubtrace serve`: the scan database as a read-only web app on this machine (jobs/web; docs/serve.md), served by
+waitress until Ctrl-C. It holds the file open read-only, as `hubtrace query` does: other readers may share it, a
+scan cannot start until the app stops."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from jobs.cli.refusals import CommandError
+from scanner.text_safety import terminal
+
+THREADS = 4
+"""Requests answered at once (each worker thread has its own read-only connection)."""
+
+
+def serve_command(
+    db: Annotated[Path, typer.Option("--db", help="The scan's DuckDB file.")],
+    host: Annotated[str, typer.Option(
+        "--host", help="Address to listen on. The default answers this machine only; another address lets anyone "
+                       "who can reach it read the whole database.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port, printed).")] = 8000,
+) -> None:
+    """Browse a scan database in a web browser: families, models, pair evidence, a read-only SQL box, downloads."""
+    from waitress import create_server
+
+    from jobs.web.app import LOCAL_NAMES, create_app
+    from jobs.web.database import EXTENSION
+
+    local = _loopback(host)
+    # a missing, locked or outdated database: a StoreError, refused in one line
+    app = create_app(db, host_names=LOCAL_NAMES | {host} if local else None)
+    try:
+        server = create_server(app, host=host, port=port, threads=THREADS, ident="hubtrace")
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    if not local:
+        typer.echo(f"hubtrace: warning: listening on {host}: anyone who can reach this address can read the whole "
+                   "database", err=True)
+    listening = getattr(server, "effective_listen", None) or [(server.effective_host, server.effective_port)]
+    for address, bound in listening:
+        shown = f"[{address}]" if ":" in address else address
+        typer.echo(terminal(f"hubtrace serve: http://{shown}:{bound}/ (read-only view of {db}; Ctrl-C stops)"))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        app.extensions[EXTENSION].close()
+
+
+def _loopback(host: str) -> bool:
+    """Whether host names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

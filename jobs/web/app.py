@@ -1,0 +1,79 @@
+"""The app: Flask with every template autoescaped and every printed string made visible (`text.shown`), GET
+only, one read-only store per worker thread, and response headers that let a page load nothing but the app's own
+stylesheet (no script, no frame, no other site). Served by waitress (jobs/cli/serve.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import Flask, Response, abort, render_template, request
+from jinja2 import StrictUndefined
+from werkzeug.exceptions import HTTPException
+
+from jobs.web import text
+from jobs.web.database import EXTENSION, Database
+from jobs.web.views import discrepancies, family, home, model, pair, search, sql, tables
+from scanner.store import Store
+
+LOCAL_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Host names a loopback-bound app answers to (with the address it is bound to): a request with any other Host
+header is refused, so a web page the person visits cannot reach the app through a name of its own that it points
+at 127.0.0.1 (DNS rebinding)."""
+
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; base-uri 'none'; "
+       "frame-ancestors 'none'")
+"""What a page may load: the app's stylesheet and images inlined by hubtrace (the report's charts); never a script."""
+
+
+class HubtraceFlask(Flask):
+    jinja_options = {"autoescape": True, "finalize": text.shown, "undefined": StrictUndefined}
+    """Autoescape every template, whatever its file name; hub text made visible; a misspelt variable an error."""
+
+
+def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES) -> Flask:
+    """The app on one scan database, which must open read-only now (a `StoreError` says why not). ``host_names``:
+    the only Host header names it answers (None: any, for an app bound to an address others reach)."""
+    Store(db, read_only=True).close()
+    app = HubtraceFlask(__name__)
+    if host_names is not None:
+        app.before_request(_addressed_to(frozenset(host_names)))
+    app.extensions[EXTENSION] = Database(Path(db))
+    app.jinja_env.filters.update(text.FILTERS)
+    app.jinja_env.globals["database_name"] = Path(db).name
+    for view in (home, discrepancies, search, model, pair, family, sql, tables):
+        app.register_blueprint(view.blueprint)
+    app.after_request(_headers)
+    app.register_error_handler(HTTPException, _error_page)
+    return app
+
+
+def _addressed_to(names: frozenset[str]) -> Callable[[], None]:
+    def check() -> None:
+        if _host_name(request.headers.get("Host", "")) not in names:
+            abort(403, description="This app answers only requests addressed to this machine "
+                                   f"({', '.join(sorted(names))}).")
+    return check
+
+
+def _host_name(header: str) -> str | None:
+    """The name in a Host header, without port or IPv6 brackets (None for one that does not parse)."""
+    try:
+        return urlsplit("//" + header).hostname
+    except ValueError:
+        return None
+
+
+def _headers(response: Response) -> Response:
+    """Every response: nothing loaded from elsewhere, no sniffing, no referrer; a view may set a CSP of its own."""
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+def _error_page(error: HTTPException) -> Any:
+    """A refusal as a page that says what went wrong and where to go, with its status; never a traceback."""
+    return render_template("error.html", title=error.name, message=error.description), error.code or 500

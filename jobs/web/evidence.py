@@ -1,0 +1,47 @@
+"""The pair page's body: `hubtrace report A B`'s own document (lineage_graph.report: verdict, direction, per-block
+chart, block and unit maps, metadata, every statistic, how to reproduce), written once per pair into a private
+folder and kept: the database cannot change while the app holds it open, so neither can the report."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+from markupsafe import Markup
+
+from jobs.web.stored_lineage import pair_lineage
+from lineage_graph.report import write_report
+from scanner.store import Store
+from scanner.text_safety import html_text
+
+REPORT_FOLDER = "report-folder"
+"""What the report's own command line writes into, in place of the private folder the page was drawn in."""
+CACHED_REPORTS = 128
+
+_drawing = threading.Lock()
+"""One report drawn at a time: matplotlib's font and figure machinery is not made for threads."""
+
+
+def report_body(db: Path, model_a: str, model_b: str) -> Markup | None:
+    """The report's HTML body (every text in it escaped by lineage_graph.document), or None when the last lineage
+    rebuild did not judge this pair."""
+    first, second = sorted((model_a, model_b))
+    body = _body(db, first, second)
+    return None if body is None else Markup(body)  # lineage_graph.document escaped every text
+
+
+@lru_cache(maxsize=CACHED_REPORTS)
+def _body(db: Path, first: str, second: str) -> str | None:
+    with _drawing, Store(db, read_only=True) as store, tempfile.TemporaryDirectory(prefix="hubtrace-pair-") as tmp:
+        lineage = pair_lineage(store, first, second)
+        if lineage is None:
+            return None
+        out = Path(tmp) / "report"
+        try:
+            page = write_report(store, lineage, first, second, out, db).html.read_text(encoding="utf-8")
+        except KeyError:  # a model of the pair is no longer current
+            return None
+    body = page.split("<body>", 1)[1].rsplit("</body>", 1)[0]
+    return body.replace(html_text(str(out)), REPORT_FOLDER)

@@ -1,0 +1,66 @@
+"""The SQL box (``/sql?q=STATEMENT``, and ``/sql.csv`` / ``/sql.json`` for the whole answer): one statement through
+`queries.read_only_query`, the sealed path `hubtrace query` takes: DuckDB's parser admits only a statement that
+reads, on a connection that reaches no file but the database."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+from flask import Blueprint, Response, abort, render_template, request
+
+from jobs.web.database import store
+from jobs.web.exports import csv_chunks, json_chunks
+from scanner.errors import one_line
+from scanner.store import StoreError, queries
+
+blueprint = Blueprint("sql", __name__)
+ROWS_SHOWN = 500
+"""Rows of an answer shown on the page; the downloads carry all of them."""
+EXPORT_ROWS = 10_000
+EXAMPLES = (
+    ("Models whose card claims training from scratch",
+     "SELECT model_id, license, declared_base_models FROM current_models WHERE claims_from_scratch"),
+    ("The strongest dependences", "SELECT model_a, model_b, log10_p, parent, child FROM lineage_edges "
+                                  "WHERE dependent ORDER BY log10_p LIMIT 50"),
+    ("Discrepancies by kind", "SELECT kind, count(*) AS n FROM discrepancies GROUP BY kind ORDER BY n DESC"),
+    ("Licences in the database", "SELECT license, count(*) AS n FROM current_models GROUP BY license ORDER BY n DESC"),
+)
+
+
+@blueprint.get("/sql")
+def page() -> tuple[str, int]:
+    sql = request.args.get("q", "")
+    frame, error = None, None
+    if sql.strip():
+        try:
+            frame = answer(sql)
+        except (StoreError, duckdb.Error) as exc:
+            error = message(exc)
+    return render_template("sql.html", sql=sql, frame=frame, rows=frame.head(ROWS_SHOWN).rows() if frame is not None
+                           else [], error=error, examples=EXAMPLES, rows_shown=ROWS_SHOWN), 400 if error else 200
+
+
+@blueprint.get("/sql.<any(csv, json):fmt>")
+def download(fmt: str) -> Response:
+    sql = request.args.get("q", "")
+    try:
+        frame = answer(sql)
+    except (StoreError, duckdb.Error) as exc:
+        abort(400, description=message(exc))
+    chunks = csv_chunks if fmt == "csv" else json_chunks
+    return Response(chunks(frame.iter_slices(EXPORT_ROWS)), mimetype="text/csv" if fmt == "csv" else
+                    "application/json", headers={"Content-Disposition": f'attachment; filename="query.{fmt}"'})
+
+
+def answer(sql: str) -> pl.DataFrame:
+    """The statement's answer, as `hubtrace query` gets it: values polars cannot hold come as text."""
+    try:
+        return queries.read_only_query(store(), sql)
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
+        return queries.read_only_query(store(), sql, as_text=True)
+
+
+def message(error: Exception) -> str:
+    """The refusal on one line, without DuckDB's ``LINE 1: ... ^`` excerpt."""
+    text = one_line(str(error).split("\nLINE ")[0], limit=None)
+    return text if isinstance(error, StoreError) else f"SQL: {text}"

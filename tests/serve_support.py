@@ -1,0 +1,149 @@
+"""Helpers for the `hubtrace serve` tests (and bench/bench_serve.py): a real server process on a database, a small
+scanned hub with hostile models written through the Store's API, a real scan of zoo models, and what headless
+chromium measures of a served page."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from scanner.sources import ModelRecord
+from scanner.store import PairTestRow, Store
+from scanner.testing.hostile import HOSTILE_NAMES, HOSTILE_TEXTS
+from tests.lineage_support import _chromium
+from tests.store_support import T0, Meta, scanned_hub
+
+HUBTRACE = Path(sys.executable).with_name("hubtrace")
+"""The installed entry point (``pip install -e .``); ``python -m jobs.cli.app`` where there is none."""
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    """The base URL it printed, ending in ``/``."""
+    process: subprocess.Popen
+
+
+@contextmanager
+def serving(db: Path, log: Path, *options: str) -> Iterator[Server]:
+    """`hubtrace serve --db db --port 0` in a process of its own until the block ends: its base URL is read from the
+    line it prints once it listens (stderr goes to ``log``)."""
+    command = [str(HUBTRACE)] if HUBTRACE.exists() else [sys.executable, "-m", "jobs.cli.app"]
+    with log.open("w") as errors:
+        process = subprocess.Popen([*command, "serve", "--db", str(db), "--port", "0", *options],
+                                   stdout=subprocess.PIPE, stderr=errors, text=True)
+        try:
+            line = process.stdout.readline()
+            found = re.search(r"http://\S+/", line)
+            assert found, f"no URL in {line!r}; stderr: {log.read_text()}"
+            yield Server(found.group(0), process)
+        finally:
+            process.terminate()
+            process.wait()
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    text: str
+
+
+def get(url: str, *, headers: dict[str, str] | None = None, method: str = "GET") -> Answer:
+    """One request, any status (urllib raises on 4xx and 5xx; this returns them)."""
+    request = urllib.request.Request(url, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(request) as response:
+            return Answer(response.status, dict(response.headers), response.read().decode("utf-8"))
+    except urllib.error.HTTPError as error:
+        return Answer(error.code, dict(error.headers), error.read().decode("utf-8"))
+
+
+def page_url(base: str, path: str, **params: str) -> str:
+    """``base`` + ``path`` with the parameters url-encoded (ids hold ``/``, ``&``, newlines, anything)."""
+    return base.rstrip("/") + path + ("?" + urllib.parse.urlencode(params) if params else "")
+
+
+# -- databases ---------------------------------------------------------------------------------------------------
+
+
+def hostile_hub(store: Store) -> list[str]:
+    """`scanned_hub`'s two nights, then a third that finds a model per `HOSTILE_NAMES` (id ``hostile/<name>``) whose
+    card carries `HOSTILE_TEXTS` in its licence, tags and declared bases, each tested dependent on the one before it
+    (per-block layers and notes included) and the fourth claiming training from scratch, so the lineage has a family,
+    directions, discrepancies and pair reports full of hostile text; and an error whose reason is hostile. Returns
+    the hostile ids."""
+    scanned_hub(store)
+    night = store.start_run({"night": 3})
+    ids = [f"hostile/{name}" for name in HOSTILE_NAMES]
+    for i, model_id in enumerate(ids):
+        texts = HOSTILE_TEXTS[i::len(ids)]
+        store.upsert_model(ModelRecord(
+            model_id=model_id, revision="r1", source="local", location=f"/hub/{model_id}",
+            base_models=(ids[i - 1], *texts) if i else texts, base_model_relation="finetune",
+            claims_from_scratch=i == 3, license=texts[0], tags=(*texts, "ok"), created_at=T0 + timedelta(days=i),
+            last_modified=T0 + timedelta(days=i)), Meta(), night, "ok")
+    layers = [{"layer_a": b, "layer_b": b, "log10_p": -25.0, "rho": 0.9, "n_units": 128} for b in range(2)]
+    store.put_pair_tests([PairTestRow(a, "r1", b, "r1", "match", "v1", -50.0 if j == i + 1 else -0.4, 2, layers,
+                                      [HOSTILE_TEXTS[i % len(HOSTILE_TEXTS)]], "comparable", night, 0.9)
+                          for i, a in enumerate(ids) for j, b in enumerate(ids) if j > i])
+    store.record_error(night, ids[1], "r1", f"/hub/{ids[1]}", "validate", "CheckpointError", HOSTILE_TEXTS[1])
+    store.finish_run(night, "succeeded", {})
+    return ids
+
+
+# -- what a person sees ------------------------------------------------------------------------------------------
+
+#: Measured in a served page after it is laid out: the window, how wide the page is (a phone must not scroll
+#: sideways), the header's search box, the smallest font of any element holding visible text, each table's right
+#: edge and the right edge of the scrolling box it sits in (none: null), the family drawing's boxes whose label
+#: does not fit inside, and whether the stylesheet applied.
+SERVE_PROBE = """
+<script>
+(() => {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+  const shown = e => e.getClientRects().length && [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+  const texts = [...document.body.querySelectorAll('*')].filter(shown);
+  const scroller = e => { for (let x = e; x && x !== document.body; x = x.parentElement) {
+    if (['auto', 'scroll'].includes(getComputedStyle(x).overflowX)) return x; } return null; };
+  const tables = [...document.querySelectorAll('table')].map(t => { const s = scroller(t);
+    return {right: t.getBoundingClientRect().right, box: s ? s.getBoundingClientRect().right : null}; });
+  const fonts = texts.map(e => [parseFloat(getComputedStyle(e).fontSize), e.tagName,
+    e.textContent.trim().slice(0, 30)]);
+  const labels = [...document.querySelectorAll('svg.family .box')].filter(g => {  // a label wider than its box
+    const r = g.querySelector('rect').getBBox(), t = g.querySelector('text').getBBox();
+    return t.x < r.x || t.x + t.width > r.x + r.width; }).map(g => g.querySelector('title').textContent);
+  document.title = 'GEOMETRY ' + JSON.stringify({window: [innerWidth, innerHeight], labels_outside: labels,
+    page_width: document.documentElement.scrollWidth, search: box(document.querySelector('header input[type=search]')),
+    smallest_font: fonts.reduce((a, b) => (b[0] < a[0] ? b : a), [1e9, '', '']), tables: tables,
+    styled: getComputedStyle(document.querySelector('main')).maxWidth !== 'none'});
+})();
+</script>
+"""
+
+
+def served_geometry(url: str, folder: Path, width: int, height: int, screenshot: Path) -> dict:
+    """`SERVE_PROBE`'s measures of the page at ``url`` in a ``width`` x ``height`` headless chromium, and a screenshot
+    of the page as served. The probe runs in a copy of the page (the app's Content-Security-Policy runs no script)
+    whose ``<base>`` points at the server, so it is styled by the app's own stylesheet."""
+    with urllib.request.urlopen(url) as response:
+        page = response.read().decode("utf-8")
+    probed = folder / f"probed-{width}x{height}.html"
+    probed.write_text(page.replace("<head>", f'<head><base href="{html.escape(url)}">', 1)
+                      .replace("</body>", SERVE_PROBE + "</body>"), encoding="utf-8")
+    dom = _chromium(probed, folder / "profile", f"--window-size={width},{height}", "--dump-dom")
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    _chromium(url, folder / "profile", f"--window-size={width},{height}", f"--screenshot={screenshot}",
+              "--hide-scrollbars")
+    return json.loads(html.unescape(dom.split("<title>GEOMETRY ", 1)[1].split("</title>", 1)[0]))
