@@ -45,7 +45,7 @@ from scanner.zoo.held_out import FINAL_SEEDS, HELD_OUT_SEEDS, HeldOutSpec, build
 from tests.lineage_support import seed_zoo, true_parent_links, withhold_cards, zoo_lineage_inputs
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
-SIGNALS = ("structure", "activation_rank")
+SIGNALS = ("structure", "depth", "activation_rank")
 """The vote signals that can speak with cards and dates withheld."""
 BINS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 """Edges of the reliability table's confidence bins (the last bin includes 1.0)."""

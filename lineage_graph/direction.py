@@ -20,6 +20,7 @@ RELIABILITY: dict[str, float] = {
     "declared": 0.95,
     "declared_ancestry": 0.9,
     "structure": 0.85,
+    "depth": 0.75,
     "dates": 0.75,
     "activation_rank": 0.8,
     "scratch_claim": 0.65,
@@ -27,7 +28,9 @@ RELIABILITY: dict[str, float] = {
 """Assumed probability that each signal points the right way when it votes. activation_rank's is measured: it
 pointed the right way on 22 of the 25 true parent links of the zoo, seeds 1-3 and the fine-tune chain where it voted
 (copies and merges aside; 0.88, Wilson 95% interval 0.70-0.96); the three misses are the small zoos' long
-fine-tune, whose rank rose above its base's."""
+fine-tune, whose rank rose above its base's. depth (fewer blocks, the same units and experts) is below structure
+and below the default level: a depth prune and a depth up-scaling (blocks repeated, as SOLAR-10.7B was made) differ
+only in which model is the parent, so alone it leaves the direction undecided."""
 
 DEFAULT_MIN_DIRECTION_CONFIDENCE = 0.8
 """Directions below this confidence are drawn without an arrow and read "direction undecided" (the investigator's
@@ -78,24 +81,28 @@ def _declared_votes(a: ModelInfo, b: ModelInfo, ancestors: Mapping[str, set[str]
     return votes
 
 
-def _smaller(x: ModelInfo, y: ModelInfo) -> str | None:
-    """A reason when x's blocks and units fit strictly inside y's (x is the pruned one), else None."""
+def _smaller(x: ModelInfo, y: ModelInfo) -> tuple[str, str] | None:
+    """(signal, reason) when x's blocks and units fit strictly inside y's (x is the pruned one), else None: signal
+    "depth" when only the block count differs (an up-scaling would read the same), else "structure"."""
     dims = [(x.n_layers, y.n_layers, "blocks"), (x.intermediate_size, y.intermediate_size, "MLP units"),
             (x.n_experts or 1, y.n_experts or 1, "experts")]
     if any(u is None or v is None for u, v, _ in dims) or x.hidden_size != y.hidden_size:
         return None
     if all(u <= v for u, v, _ in dims) and any(u < v for u, v, _ in dims):
         shrunk = ", ".join(f"{u} vs {v} {name}" for u, v, name in dims if u < v)
-        return f"{x.model_id} fits inside {y.model_id} ({shrunk}): the smaller model is the pruned one"
+        if all(u == v for u, v, _ in dims[1:]):
+            return "depth", (f"{x.model_id} has fewer blocks than {y.model_id} ({shrunk}): the shallower model is "
+                             "taken as the pruned one (a depth up-scaling would be the reverse)")
+        return "structure", f"{x.model_id} fits inside {y.model_id} ({shrunk}): the smaller model is the pruned one"
     return None
 
 
 def _structure_votes(a: ModelInfo, b: ModelInfo) -> list[Vote]:
     votes = []
     for child, parent in ((a, b), (b, a)):
-        reason = _smaller(child, parent)
-        if reason:
-            votes.append(Vote(parent.model_id, "structure", reason))
+        found = _smaller(child, parent)
+        if found:
+            votes.append(Vote(parent.model_id, *found))
     return votes
 
 

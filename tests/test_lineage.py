@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import false_discovery_control
 
-from lineage_graph.direction import RELIABILITY, Vote, combine, orient
+from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE, RELIABILITY, Vote, combine, orient
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.export import FORMATS, lineage_graph, write_graph
 from lineage_graph.families import assign_ids
@@ -126,10 +126,16 @@ def test_one_marginal_false_discovery_does_not_join_two_families() -> None:
 
 def test_direction_combines_signals_and_states_reasons() -> None:
     base = ModelInfo("org/base", n_layers=4, hidden_size=64, intermediate_size=128, claims_from_scratch=True)
-    pruned = ModelInfo("x/pruned", n_layers=3, hidden_size=64, intermediate_size=128)
+    pruned = ModelInfo("x/pruned", n_layers=3, hidden_size=64, intermediate_size=96)
     d = orient(base, pruned, {})
     assert (d.parent, d.child) == ("org/base", "x/pruned")
     assert any(r.startswith("structure:") for r in d.reasons) and d.confidence > 0.85
+    # Fewer blocks alone could be a depth prune or, read the other way, a depth up-scaling: below the level.
+    shallow = orient(ModelInfo("org/deep", n_layers=6, hidden_size=64, intermediate_size=128),
+                     ModelInfo("x/shallow", n_layers=4, hidden_size=64, intermediate_size=128), {})
+    assert shallow.reasons[0].startswith("depth:") and shallow.parent == "org/deep"
+    assert shallow.confidence == pytest.approx(RELIABILITY["depth"])
+    assert shallow.confidence < DEFAULT_MIN_DIRECTION_CONFIDENCE
     # A declaration outweighs one weak opposite vote; a lone weak vote gives a weak confidence.
     strong = combine("a", "b", [Vote("a", "declared", "b declares a"), Vote("b", "activation_rank", "r")])
     assert strong.parent == "a" and 0.5 < strong.confidence < RELIABILITY["declared"]

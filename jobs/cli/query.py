@@ -9,9 +9,7 @@ read them, so only queries run (scanner.store.read_only_sql) on a connection tha
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from datetime import date, time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,7 +17,7 @@ import typer
 
 from jobs.cli.refusals import CommandError
 from scanner.errors import one_line
-from scanner.text_safety import csv_cell, json_document, json_visible, terminal, terminal_lines
+from scanner.text_safety import terminal, terminal_lines
 
 if TYPE_CHECKING:
     import polars as pl
@@ -134,14 +132,10 @@ def _render(frame: pl.DataFrame, fmt: str) -> str:
     """The frame as text: a table with every row and column, CSV (nested values as JSON text) or a JSON array."""
     import polars as pl
 
-    if fmt == "json":  # through Python: polars' own writer cannot write every type a query can return
-        return json_visible(json_document(frame.to_dicts(), default=_json_value))  # NaN and infinities as null
-    if fmt == "csv":
-        unwritable = [name for name, dtype in frame.schema.items() if dtype.is_nested() or dtype == pl.Binary]
-        frame = frame.with_columns(
-            pl.Series(name, [None if v is None else json.dumps(v, default=_json_value) for v in frame[name].to_list()],
-                      dtype=pl.String) for name in unwritable)
-        return _text_cells(frame, csv_cell).write_csv().removesuffix("\n")  # no cell a spreadsheet runs as a formula
+    if fmt in ("csv", "json"):  # the writers `hubtrace serve` downloads with: the same cells either way
+        from jobs.exports import csv_chunks, json_chunks
+
+        return "".join((csv_chunks if fmt == "csv" else json_chunks)([frame])).removesuffix("\n")
     frame = _text_cells(frame, terminal)  # hub text cannot move the cursor, recolour or reorder the table
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=TABLE_STR_CHARS,
                    fmt_table_cell_list_len=-1):
@@ -187,11 +181,6 @@ def _escaped(value: Any, dtype: pl.DataType, escape: Callable[[str], str]) -> An
     if isinstance(dtype, pl.List | pl.Array):
         return [_escaped(v, dtype.inner, escape) for v in value]
     return value
-
-
-def _json_value(value: object) -> str:
-    """Dates and times as ISO 8601; anything else JSON has no type for (decimals, bytes) as its text."""
-    return value.isoformat() if isinstance(value, date | time) else str(value)
 
 
 def _without_excerpt(error: Exception) -> str:

@@ -8,8 +8,8 @@ import duckdb
 import polars as pl
 from flask import Blueprint, Response, abort, render_template, request
 
+from jobs.exports import csv_chunks, json_chunks
 from jobs.web.database import store
-from jobs.web.exports import csv_chunks, json_chunks
 from scanner.errors import one_line
 from scanner.store import StoreError, queries
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, abort, render_template
 
+from jobs.exports import csv_chunks, json_chunks
 from jobs.web.database import store
-from jobs.web.exports import csv_chunks, json_chunks
 from scanner.store import queries
 
 blueprint = Blueprint("tables", __name__)

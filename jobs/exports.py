@@ -1,6 +1,7 @@
-"""Tables and query answers as downloads, written while they are read (a frame at a time): CSV whose text cells no
-spreadsheet runs as a formula (`csv_cell`), and a JSON array of row objects that any parser reads (no NaN or
-Infinity: `json_document`) with invisible characters as ``\\u`` escapes (`json_visible`: the same values)."""
+"""Tables and query answers as CSV or JSON (`hubtrace query --format`, `hubtrace serve` downloads), written while
+they are read (a frame at a time): CSV whose text cells no spreadsheet runs as a formula (`csv_cell`), and a JSON
+array of row objects that any parser reads (no NaN or Infinity: `json_document`) with invisible characters as
+``\\u`` escapes (`json_visible`: the same values)."""
 
 from __future__ import annotations
 
