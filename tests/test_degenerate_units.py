@@ -10,6 +10,9 @@ for phi_MATCH, phi_U, phi_H and localize, with 25% or 50% of one side's units (o
 duplicated, in both argument orders. One-sided, because validity is P(p <= a) <= a: a block left with few
 informative units is conservative by design (fewer than 8: p = 1), which a two-sided test would flag as
 non-uniform (50% duplicated leaves about 9 of 48 units, measured).
+
+Retrieval scores are no p-values, but they choose which pairs are tested: constant units (one signature in every
+model) must not make unrelated models candidates; the unscreened control shows that they would.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from scipy import stats
 from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
 from scanner.localize import localize
+from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
+from scanner.retrieval.index import RetrievalIndex
+from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams, projection, retrieval_entry, unit_signatures
 from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, screen_units
 from scanner.stats.independence import phi_h, phi_match, phi_u
 from tests.synthetic_fingerprints import template_fingerprint
@@ -154,3 +160,68 @@ def test_the_note_reaches_the_pair_result(tmp_path: Path, template: Fingerprint)
     b = _fingerprint(template, "other", *_glu(rng, x, None, 0.0))
     result = compare_fingerprints(a, b)
     assert any("set aside" in note and "24 all-zero" in note for note in result.notes)
+
+
+RETRIEVAL_MODELS, RETRIEVAL_BLOCKS = 10, 6
+
+
+def _constant_rows(rows: int, tokens: int, params: SignatureParams) -> tuple[np.ndarray, np.ndarray]:
+    """(gate, up) rows constant over the tokens, signs chosen so their signature is as far as it can be along the
+    direction that picks indexed units (the worst case: it takes indexed places)."""
+    _, direction = projection(tokens, params)
+    ones = np.ones((1, tokens), dtype=np.float32)
+    sg, su = max(((g, u) for g in (1.0, -1.0) for u in (1.0, -1.0)),
+                 key=lambda s: float(unit_signatures(s[0] * ones, s[1] * ones, params)[0] @ direction))
+    scale = np.linspace(1.0, 3.0, rows, dtype=np.float32)[:, None]
+    return sg * scale * np.repeat(ones, rows, axis=0), su * scale * np.repeat(ones, rows, axis=0)
+
+
+def _retrieval_models(template: Fingerprint, constant_units: int) -> dict[str, Fingerprint]:
+    """Independent models (random activations: a width-16 GLU's units would all lie in one 16-dimensional space and
+    collide by chance), each block with ``constant_units`` constant units, and a noisy copy of the first model (the
+    one related pair)."""
+    rng = np.random.default_rng(17)
+    models = {}
+    for m in range(RETRIEVAL_MODELS):
+        blocks = []
+        for _ in range(RETRIEVAL_BLOCKS):
+            gate, up = rng.normal(size=(UNITS, TOKENS)), rng.normal(size=(UNITS, TOKENS))
+            if constant_units:
+                gate[:constant_units], up[:constant_units] = _constant_rows(constant_units, TOKENS, DEFAULT_PARAMS)
+            blocks.append([MLPActivations(gate=gate.astype(np.float32), up=up.astype(np.float32))])
+        meta = dataclasses.replace(template.meta, model=f"indie-{m}", n_layers=RETRIEVAL_BLOCKS,
+                                   intermediate_size=UNITS, n_experts=0)
+        models[meta.model] = Fingerprint(meta, blocks)
+    first = models["indie-0"]
+    noisy = [[MLPActivations(gate=e.gate + 0.05 * rng.normal(size=e.gate.shape).astype(np.float32),
+                             up=e.up + 0.05 * rng.normal(size=e.up.shape).astype(np.float32)) for e in block]
+             for block in first.blocks]
+    models["copy-of-0"] = Fingerprint(dataclasses.replace(first.meta, model="copy-of-0"), noisy)
+    return models
+
+
+def _candidates(models: dict[str, Fingerprint], params: SignatureParams, folder: Path) -> set[frozenset[str]]:
+    entries = {(name, "r"): retrieval_entry(fp, params) for name, fp in models.items()}
+    index = RetrievalIndex(folder, next(iter(models.values())).meta.input_set, params)
+    index.sync({key: (lambda e=entry: e) for key, entry in entries.items()})
+    return {frozenset((p.model_a, p.model_b)) for p in scored_pairs(index, entries, min_score=MIN_SCORE)}
+
+
+@pytest.mark.parametrize("constant_units", [1, 12])
+def test_constant_units_do_not_make_unrelated_models_retrieval_candidates(
+        template: Fingerprint, tmp_path: Path, constant_units: int) -> None:
+    """A constant unit has the same signature in every model. Screened (the default), the unrelated models of a
+    hub whose blocks hold one or a quarter of such units are not candidates and the noisy copy is; unscreened (the
+    control, showing the check can fail), unrelated pairs collide in every block."""
+    models = _retrieval_models(template, constant_units)
+    related = frozenset(("indie-0", "copy-of-0"))
+    screened = _candidates(models, DEFAULT_PARAMS, tmp_path / "screened")
+    assert screened == {related}
+    unscreened = _candidates(models, dataclasses.replace(DEFAULT_PARAMS, screen=False), tmp_path / "unscreened")
+    assert len(unscreened - {related}) >= 10
+    zero = dataclasses.replace(models["indie-1"], blocks=[[MLPActivations(gate=np.zeros((UNITS, TOKENS), np.float32),
+                                                                         up=np.zeros((UNITS, TOKENS), np.float32))]
+                                                          for _ in range(RETRIEVAL_BLOCKS)])
+    assert retrieval_entry(zero).vectors.shape[0] == 0  # an all-zero model has nothing to retrieve by
+    older = {k: v for k, v in DEFAULT_PARAMS.to_json_dict().items() if k != "screen"}  # an entry from before
+    assert SignatureParams.from_json_dict(older) != DEFAULT_PARAMS  # the screen: made again, not reused

@@ -95,7 +95,7 @@ def read_entry(path: str | Path) -> RetrievalEntry:
         with safe_open(str(path), framework="numpy") as handle:
             meta = handle.metadata() or {}
         tensors = load_file(str(path))
-        params = SignatureParams(**json.loads(meta["params"]))
+        params = SignatureParams.from_json_dict(json.loads(meta["params"]))
         return RetrievalEntry(tensors["vectors"], tensors["blocks"], tensors["indexed"].astype(bool),
                               int(meta["n_layers"]), meta["input_set"], params)
     except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:

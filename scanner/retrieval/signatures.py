@@ -21,18 +21,31 @@ again (version 2; ``SignatureParams(version=1)`` keeps the whole signature, for 
 lies far along the direction, so that component is what unrelated units have in common: left in, it raised the
 cosine of unrelated units by about 0.2 and their chance of passing the collision threshold about thirtyfold,
 which at hub scale buried the related pairs under unrelated ones (BENCHMARKS.md).
+
+Only informative units compete (``screen``): units that are all-zero or whose direction another unit of the
+block repeats (scanner.stats.degenerate, the screen φ_MATCH uses) and units constant over the canonical tokens are
+set aside first. A constant unit's signature is the same vector in every model, and a block of duplicated units
+fills the places with copies of one signature, so either would make unrelated models collide in every block:
+every pair of a hub holding such models would become a candidate. The screen reads one model's own units, so the
+score stays a function of the unit sets (scanner.retrieval.candidates) and the selected p-values stay valid.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
+from scanner.stats.degenerate import screen_units
 
 SIGNATURE_VERSION = 2
 _NORM_FLOOR = 1e-12
+CONSTANT_SPREAD = 1e-3
+"""A unit whose activations over the tokens span less than this fraction of their largest magnitude is constant:
+float16, which fingerprints are stored in, resolves about 1e-3 of a value, so as stored it is one direction."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +57,20 @@ class SignatureParams:
     query_units_per_block: int = 64   # signatures per block that query it (a superset: the next ones in order)
     seed: int = 20261123          # of the fixed projection and direction: never change without a new version
     version: int = SIGNATURE_VERSION
+    screen: bool = True           # only informative units compete (False: every unit, as entries before the screen)
 
     def to_json_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, data: dict) -> SignatureParams:
+        """Params as an entry file stores them; a field the file lacks takes the value entries had before the field
+        existed (``PARAMS_BEFORE_FIELDS``), so an older entry compares unequal and is made again."""
+        return cls(**{**PARAMS_BEFORE_FIELDS, **data})
+
+
+PARAMS_BEFORE_FIELDS = {"screen": False}
+"""What entries written before a field existed were made with."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +136,8 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
     vectors, blocks, indexed = [], [], []
     for layer, experts in enumerate(fingerprint.blocks):
         signatures = np.concatenate([unit_signatures(e.gate, e.up, params) for e in experts])
+        if params.screen:
+            signatures = signatures[informative_units(experts)]
         tokens = experts[0].gate.shape[1]
         kept = select_units(signatures, params, tokens, params.query_units_per_block)
         chosen = signatures[kept]
@@ -120,6 +146,18 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
         indexed.append(np.arange(kept.shape[0]) < params.units_per_block)
     return RetrievalEntry(np.concatenate(vectors), np.concatenate(blocks), np.concatenate(indexed),
                           len(fingerprint.blocks), fingerprint.meta.input_set, params)
+
+
+def informative_units(experts: Sequence[MLPActivations]) -> np.ndarray:
+    """Bool per unit of the block (experts in order): not all-zero, not constant over the tokens, and of a
+    direction no other unit of the block has, in the gate and in the up view."""
+    gate = np.concatenate([np.asarray(e.gate, dtype=np.float32) for e in experts])
+    up = np.concatenate([np.asarray(e.up, dtype=np.float32) for e in experts])
+    constant = np.zeros(gate.shape[0], dtype=bool)
+    for view in (gate, up):
+        spread = view.max(axis=1) - view.min(axis=1)
+        constant |= spread <= CONSTANT_SPREAD * np.maximum(np.abs(view).max(axis=1), _NORM_FLOOR)
+    return screen_units(gate, up).informative & ~constant
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
