@@ -147,14 +147,14 @@ def _fingerprint(record: ModelRecord, store: FingerprintStore, inputs: InputSpec
 
 
 def _weight_profile(adapter) -> WeightProfile | None:  # noqa: ANN001 - an adapter of either kind
-    """The weight profile, or None for a family whose attention and norm roles hubtrace does not know (its pairs
-    then have no weight fingerprints; phi_MATCH is unaffected)."""
-    from scanner.errors import UnsupportedArchitectureError
+    """The weight profile, or None for a family whose attention and norm roles hubtrace does not know or weights
+    that do not fit them (its pairs then have no weight fingerprints; the fingerprint and phi_MATCH are unaffected:
+    an optional statistic never costs a model its fingerprint)."""
     from scanner.weight_profiles import weight_profile
 
     try:
         return weight_profile(adapter)
-    except UnsupportedArchitectureError:
+    except Exception:  # noqa: BLE001 - see the docstring
         return None
 
 

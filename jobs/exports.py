@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Iterable, Iterator
 from datetime import date, time
 from typing import Any
@@ -53,7 +52,7 @@ def _csv_value(value: Any) -> str:
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, list | tuple | dict):
-        return csv_cell(json.dumps(value, default=_json_value, ensure_ascii=False))
+        return csv_cell(json_document(value, default=_json_value))  # as the JSON download writes it: NaN as null
     return _json_value(value) if isinstance(value, date | time) else str(value)
 
 

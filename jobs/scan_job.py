@@ -196,7 +196,15 @@ class _Scan:
         stored = self.fingerprints.existing()
         current = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix) if row[3] in stored]
         by_key = {(c.model_id, c.revision, c.input_set): c for c in current}
-        for key, reason in unreadable_entries(self.config.db_path, current).items():
+        try:
+            unreadable = unreadable_entries(self.config.db_path, current)
+        except OSError as e:  # not one fingerprint's fault: recorded once, and no fingerprint is forgotten for it
+            self.store.record_error(self.run_id, "(retrieval)", None, str(self.config.db_path), "retrieval",
+                                    type(e).__name__, f"stored entries not checked: {one_line(e)}")
+            self.summary.failures["retrieval"] += 1
+            self.say(f"[retrieval] stored entries not checked: {terminal(one_line(e))}")
+            return
+        for key, reason in unreadable.items():
             self.store.forget_fingerprint(*key)
             self._record_lost_fingerprint(key[0], key[1], by_key[key].path, "FingerprintError", reason)
 
@@ -316,18 +324,23 @@ class _Scan:
         tested = self.store.weight_statistic_rows(self.config.statistic, self.config.statistic)
         profiles = self.store.weight_profiles({(r[0], r[1]) for r in tested} | {(r[2], r[3]) for r in tested})
         rows = []
+        unprofiled = sum(1 for r in tested if (r[0], r[1]) not in profiles or (r[2], r[3]) not in profiles)
+        if unprofiled:
+            self.say(f"[weight statistics] {unprofiled} of {len(tested)} pairs have a model without a weight profile "
+                     "(fingerprinted before pairs.extra_stats was set, or roles unknown): no weight statistics")
         for name in names:
             done = {r[:5] for r in self.store.weight_statistic_rows(name, self.config.statistic)}
             for model_a, revision_a, model_b, revision_b, input_set, _, _, _, _, reason, _ in tested:
                 a, b = profiles.get((model_a, revision_a)), profiles.get((model_b, revision_b))
                 if a is None or b is None or (model_a, revision_a, model_b, revision_b, input_set) in done:
                     continue
-                if name == "layernorm" and a.norms.shape[1:] != b.norms.shape[1:]:
-                    continue  # other widths or norm kinds: no cosine to take
-                result = weight_statistic(name, a, b, permutations=999)
-                rows.append(PairTestRow(model_a, revision_a, model_b, revision_b, name, input_set, result.log10_p,
-                                        0, notes=[result.null], reason=reason, run_id=self.run_id,
-                                        value=result.value))
+                try:
+                    result = weight_statistic(name, a, b, permutations=999)
+                    value, log10_p, note = result.value, result.log10_p, result.null
+                except Exception as e:  # noqa: BLE001 - an extra statistic never stops the scan
+                    value, log10_p, note = float("nan"), None, f"no value: {one_line(e)}"
+                rows.append(PairTestRow(model_a, revision_a, model_b, revision_b, name, input_set, log10_p, 0,
+                                        notes=[note], reason=reason, run_id=self.run_id, value=value))
         self.store.put_pair_tests(rows)
         self.store.put_pair_tests(self._empirical_p_values(names))
         self.summary.weight_statistics = len(rows)
@@ -342,9 +355,9 @@ class _Scan:
         for name in (n for n in names if n in EMPIRICAL_NULL_STATISTICS):
             rows = self.store.weight_statistic_rows(name, self.config.statistic)
             null = queries.empirical_null(self.store, name, self.config.statistic)
-            for row, log10_p in zip(rows, leave_out_log10_p([(r[0], r[2], r[5]) for r in rows], null)):
-                note = (f"empirical null: this hub's pairs whose phi_MATCH p > {NULL_MATCH_P} ({len(null)} in all, "
-                        "the pair's own models left out)" if log10_p is not None else
+            for row, (log10_p, size) in zip(rows, leave_out_log10_p([(r[0], r[2], r[5]) for r in rows], null)):
+                note = (f"empirical null: {size} of this hub's pairs whose phi_MATCH p > {NULL_MATCH_P}, none with "
+                        f"either of this pair's models (p cannot go below 1/{size + 1})" if log10_p is not None else
                         "no p-value yet: no independent pair of other models in this hub to compare with")
                 updated.append(PairTestRow(*row[:4], name, row[4], log10_p, 0, notes=[note], reason=row[9],
                                            run_id=row[10], value=row[5]))

@@ -235,8 +235,9 @@ def _block_log10_p(paired: list[tuple[Units, Units]], pairing: ExpertPairing, ro
 
 @dataclass(frozen=True)
 class Units:
-    """One MLP's informative units (scanner.stats.degenerate: all-zero and duplicated ones set aside, so no tie is
-    broken by index order): gate and up activations with unit-length rows, on the device, and each row's unit."""
+    """One MLP's informative units (scanner.stats.degenerate: all-zero, constant and duplicated ones set aside, so
+    no tie is broken by index order): gate and up activations with unit-length rows, on the device, and each row's
+    unit."""
 
     gate: Any
     up: Any

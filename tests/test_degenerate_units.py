@@ -1,4 +1,5 @@
-"""Valid p-values whatever the weights: all-zero and duplicated units never make unrelated models look related.
+"""Valid p-values whatever the weights: all-zero, constant and duplicated units never make unrelated models look
+related.
 
 Issue 24's reproduction: a model whose gate and up units are all zero tested dependent on every model (rho = 1,
 p = 1e-854), because MATCH's ties were broken by index order in the gate and the up matchings alike; half-zeroed
@@ -143,7 +144,11 @@ def test_duplicated_and_constant_units_are_set_aside_and_the_rest_still_detects_
     gate[0], up[0] = 3.0, -2.0  # a constant unit: one direction with any other constant unit
     gate[1], up[1] = 1.0, 1.0
     screen = screen_units(gate, up)
-    assert screen.duplicated >= 12 + 2 and screen.zero == 0
+    assert screen.constant == 2 and screen.duplicated >= 12 and screen.zero == 0
+    lone_gate, lone_up = _glu(rng, x, None, 0.0)
+    lone_gate[5], lone_up[5] = 2.0, 0.5  # one constant unit, repeated by no other: in every model its direction
+    lone = screen_units(lone_gate, lone_up)
+    assert (lone.constant, lone.duplicated, lone.kept) == (1, 0, UNITS - 1) and not lone.informative[5]
     assert screen.kept >= MIN_INFORMATIVE_UNITS
     noisy = (gate + 0.01 * rng.normal(size=gate.shape), up + 0.01 * rng.normal(size=up.shape))
     result = phi_match(gate, up, *noisy)
@@ -151,7 +156,7 @@ def test_duplicated_and_constant_units_are_set_aside_and_the_rest_still_detects_
     assert "duplicated" in result.set_aside
 
 
-def test_the_note_reaches_the_pair_result(tmp_path: Path, template: Fingerprint) -> None:
+def test_the_note_reaches_the_pair_result(template: Fingerprint) -> None:
     from scanner.fingerprint_compare import compare_fingerprints
 
     rng = np.random.default_rng(16)

@@ -109,6 +109,14 @@ def _lose_the_index_folder(root: Path) -> None:
     shutil.rmtree(index_folder(root / "out" / "hubtrace.duckdb"))
 
 
+def _entries_folder_unwritable(root: Path) -> None:
+    """No entry can be written (a full or read-only disk; as root, a file where the folder was): once, every stored
+    fingerprint was taken for damaged and the whole hub fingerprinted again."""
+    entries = index_folder(root / "out" / "hubtrace.duckdb") / "entries"
+    shutil.rmtree(entries)
+    entries.write_text("not a folder")
+
+
 DAMAGE: dict[str, Callable[[Path], None]] = {
     "fingerprint byte flipped": _flip_a_byte,
     "fingerprint byte flipped, index folder lost": lambda root: (_flip_a_byte(root), _lose_the_index_folder(root)),
@@ -120,6 +128,7 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "index manifest garbage": _garbage_manifest,
     "index of another dimension": _index_of_another_dimension,
     "index folder lost": _lose_the_index_folder,
+    "retrieval entries folder unwritable": _entries_folder_unwritable,
 }
 
 
@@ -143,6 +152,8 @@ def test_the_next_scan_survives_the_damage_and_loses_nothing(baseline: Path, tmp
     if "fingerprint" in damage or "row" in damage:  # the damaged file was seen, said, and replaced in this run
         assert DAMAGED in named and DAMAGED in fingerprinted
         assert "store" in errors.filter(errors["model_id"] == DAMAGED)["stage"].to_list()
+    if damage == "retrieval entries folder unwritable":  # recorded, and no sound fingerprint taken for damaged
+        assert set(errors["stage"].to_list()) == {"retrieval"}
 
 
 def test_similar_on_an_unusable_index_says_so_instead_of_an_empty_table(baseline: Path, tmp_path: Path) -> None:

@@ -68,6 +68,12 @@ def test_binds_this_machine_only_and_answers_only_get(server: Server) -> None:
     assert rebound.status == 403 and "addressed to this machine" in rebound.text
     assert get(server.url, method="POST").status == 405
     assert get(page_url(server.url, "/sql", q="SELECT 1"), method="POST").status == 405
+    # another site's page (an <img> or a link pointing at the SQL box) is refused; the app's own links are not
+    sql_box = page_url(server.url, "/sql", q="SELECT 1")
+    for site in ("cross-site", "same-site"):
+        refused = get(sql_box, headers={"Sec-Fetch-Site": site})
+        assert refused.status == 403 and "not requests another site makes" in refused.text
+    assert get(sql_box, headers={"Sec-Fetch-Site": "same-origin"}).status == 200
 
 
 def _listening(port: int) -> set[str]:
@@ -191,6 +197,10 @@ def test_sql_box_reads_and_refuses_every_write(server: Server, hub: tuple[Path, 
     sql = "SELECT model_id, declared_base_models FROM current_models ORDER BY model_id"
     rows = json.loads(page(server, "/sql.json", q=sql))
     assert len(rows) == len(list(csv.reader(io.StringIO(page(server, "/sql.csv", q=sql))))) - 1 > 10
+    long = page(server, "/sql", q="SELECT range AS i FROM range(10000000000)")  # read up to the 501st row only
+    assert "More than 500 rows, the first 500 shown" in long and "<td>499</td>" in long and "<td>500</td>" not in long
+    assert page(server, "/sql.csv", q="SELECT 1 AS one WHERE false") == "one\n"  # an empty answer keeps its header
+    assert json.loads(page(server, "/sql.json", q="SELECT 1 AS one WHERE false")) == []
     copied = tmp_path / "copied.csv"
     for statement, said in (
             ("CREATE TABLE x (i INTEGER)", "CREATE refused"), ("DROP TABLE models", "DROP refused"),

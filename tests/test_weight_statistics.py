@@ -7,8 +7,10 @@ zoo here, so a note cannot say more than a test shows.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -70,8 +72,10 @@ def test_empirical_null_p_values_are_uniform_over_independent_trained_models(pro
     for field in ("attn_std", "ghostspec"):
         pairs = [(a, b, profile_correlation(getattr(profiles[a], field), getattr(profiles[b], field)))
                  for a, b in itertools.combinations(models, 2)]
-        ps = [10 ** p for p in leave_out_log10_p(pairs, pairs)]
+        answers = leave_out_log10_p(pairs, pairs)
+        ps = [10 ** p for p, _ in answers]
         assert len(ps) == 136 and stats.kstest(ps, "uniform").pvalue >= ALPHA, field
+        assert {size for _, size in answers} == {105}  # the pairs of the other 15 models: p >= 1/106, as noted
 
 
 def test_two_independent_bases_have_a_layernorm_cosine_of_099_and_an_unremarkable_p_value(zoo: Zoo) -> None:
@@ -86,6 +90,9 @@ def test_the_robustness_notes_say_what_the_zoo_shows(profiles) -> None:
                  for m in ("finch-nlp/aurora-chat", "kestrel/aurora-lite", "lumen/aurora-slim")}
     assert all(r.log10_p <= np.log10(ALPHA) for r in layernorm.values())  # survives fine-tune and prunes
     assert weight_statistic("layernorm", chat, profiles["meridian/aurora-remix"]).log10_p <= np.log10(ALPHA)
+    narrower = dataclasses.replace(chat, norms=chat.norms[..., : chat.norms.shape[-1] // 2])
+    refused = weight_statistic("layernorm", base, narrower)  # other widths: no p-value and why, not an exception
+    assert refused.log10_p is None and "do not line up" in refused.null
     for copy, source in (("nimbus/nimbus-1", "finch-nlp/aurora-chat"), ("pylon/pylon-base", "cobalt-ai/cobalt-base")):
         assert abs(layernorm_cosine(profiles[source].norms, profiles[copy].norms)) < 0.2  # defeated by T1-T6
         for field in ("attn_std", "ghostspec"):  # these survive it
@@ -94,7 +101,7 @@ def test_the_robustness_notes_say_what_the_zoo_shows(profiles) -> None:
     for field, top in (("attn_std", 0.997), ("ghostspec", 0.998)):
         values = [profile_correlation(getattr(profiles[a], field), getattr(profiles[b], field)) for a, b in independent]
         tuned = profile_correlation(getattr(base, field), getattr(chat, field))
-        assert max(values) >= tuned >= 0.99 and round(max(values), 3) == top, field  # as the notes say
+        assert max(values) >= tuned >= 0.99 and abs(max(values) - top) < 0.003, field  # as the notes say
 
 
 def test_without_a_null_the_invariant_fingerprints_give_no_p_value_and_say_why(zoo: Zoo) -> None:
@@ -144,7 +151,8 @@ def test_a_scan_records_each_weight_fingerprint_beside_phi_match_and_draws_no_fa
         assert counts[name]["n"] == counts[name]["with_value"] == counts[name]["with_p"] == pairs, name
     assert set(query(config.db_path, "SELECT DISTINCT statistic FROM lineage_edges")["statistic"]) == {"match"}
     own = query(config.db_path, "SELECT notes FROM current_pair_tests WHERE statistic = 'ghostspec' LIMIT 1")
-    assert "empirical null: this hub's pairs whose phi_MATCH p > 0.05" in own["notes"][0][0]
+    assert re.match(r"empirical null: \d+ of this hub's pairs whose phi_MATCH p > 0.05, none with either of this "
+                    r"pair's models \(p cannot go below 1/\d+\)", own["notes"][0][0])
 
 
 def test_the_command_line_borrows_a_scans_null_without_the_pairs_of_the_models_under_test(scanned) -> None:

@@ -40,6 +40,7 @@ def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES) ->
     app = HubtraceFlask(__name__)
     if host_names is not None:
         app.before_request(_addressed_to(frozenset(host_names)))
+    app.before_request(_not_from_another_site)
     app.extensions[EXTENSION] = Database(Path(db))
     app.jinja_env.filters.update(text.FILTERS)
     app.jinja_env.globals["database_name"] = Path(db).name
@@ -56,6 +57,17 @@ def _addressed_to(names: frozenset[str]) -> Callable[[], None]:
             abort(403, description="This app answers only requests addressed to this machine "
                                    f"({', '.join(sorted(names))}).")
     return check
+
+
+def _not_from_another_site() -> None:
+    """Refuse what a page of another site asks for (an image or a link pointing here, the SQL box among them): the
+    browser says so in Sec-Fetch-Site. Links within the app (same-origin), an address typed or bookmarked (none, or
+    no header from a client that is not a browser) and the stylesheet (it reads no database) pass."""
+    if request.endpoint == "static":
+        return
+    if request.headers.get("Sec-Fetch-Site", "none") not in ("same-origin", "none"):
+        abort(403, description="This app answers its own pages and addresses typed in, not requests another site "
+                               "makes.")
 
 
 def _host_name(header: str) -> str | None:

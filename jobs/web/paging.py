@@ -39,9 +39,14 @@ class Page:
         return url_for(request.endpoint or "", **args)
 
 
+LAST_PAGE_ASKED = 10**9
+"""Page numbers above this are read as it: an offset past every row (an empty page), and never one past the int64
+that DuckDB's OFFSET takes."""
+
+
 def asked_page() -> int:
     """The page number in the request (``?page=``); 1 when absent or not a positive number."""
     try:
-        return max(1, int(request.args.get("page", "1")))
+        return min(LAST_PAGE_ASKED, max(1, int(request.args.get("page", "1"))))
     except ValueError:
         return 1

@@ -66,7 +66,8 @@ def classify(model_type: str) -> Coverage:
     layer_class = type(stack.layers[0]).__name__
     reason = not_decoder_only(lm.config, stack)
     if reason:
-        return Coverage(model_type, "refused", reason, "encoder")
+        return Coverage(model_type, "refused", reason,
+                        "encoder-decoder" if reason.startswith("encoder-decoder") else "encoder")
     sites = [find_sites(layer) for layer in stack.layers]
     if not any(sites):
         return Coverage(model_type, "refused", f"no feed-forward network (MLP) in any of its layers ({layer_class})",

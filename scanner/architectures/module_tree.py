@@ -25,12 +25,12 @@ from transformers.core_model_loading import (
 )
 from transformers.modeling_utils import LoadStateDictConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-from transformers.utils import logging as hf_logging
 
 from scanner.architectures.names import TOWER_WORDS
 from scanner.architectures.sites import MLPSite, find_sites
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError, one_line
+from scanner.quiet import no_progress_bars
 
 
 @dataclass(frozen=True)
@@ -82,17 +82,13 @@ class ModuleTree:
         """Load these stored tensors into their modules through transformers' converters, then move what they
         filled to `device` and `dtype`; a tensor that fits nowhere, or a shape the config does not give, is refused."""
         state = {name: self.checkpoint.get(name) for name in names}
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # one bar per block would bury a scan's log
         try:
-            info, _ = convert_and_load_state_dict_in_model(
-                self.lm, state, LoadStateDictConfig(weight_mapping=self._mapping, dtype=torch.float32)
-            )
+            with no_progress_bars():  # one bar per block would bury a scan's log
+                info, _ = convert_and_load_state_dict_in_model(
+                    self.lm, state, LoadStateDictConfig(weight_mapping=self._mapping, dtype=torch.float32)
+                )
         except Exception as exc:  # transformers' converters raise assorted errors on tensors that do not fit
             raise CheckpointError(f"{self.checkpoint.path}: transformers could not place its tensors: {exc}") from exc
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
         problems = [*sorted(info.mismatched_keys)[:3], *sorted(info.unexpected_keys)[:3], *info.conversion_errors][:6]
         if problems:
             raise CheckpointError(

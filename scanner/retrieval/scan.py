@@ -62,13 +62,15 @@ class Retrieved:
 def unreadable_entries(db_path: str | Path, models: Sequence[ScannedModel]) -> dict[tuple[str, str, str], str]:
     """(model_id, revision, input_set) -> why, for each model whose retrieval entry can be neither read nor made
     from its fingerprint (a damaged or vanished fingerprint file). Every other entry is left ready on disk, so the
-    index update that follows reads each in 0.1 ms; a model listed here would stop it."""
+    index update that follows reads each in 0.1 ms; a model listed here would stop it. Any other OSError (the
+    entries folder unwritable, a store that does not answer) is raised: it says nothing about one fingerprint, and
+    listing every model would have the whole hub fingerprinted again."""
     folder = index_folder(db_path)
     unreadable = {}
     for model in models:
         try:
             load_or_make_entry(folder, model.path, DEFAULT_PARAMS)
-        except (HubtraceError, OSError) as exc:
+        except (HubtraceError, FileNotFoundError) as exc:
             unreadable[(model.model_id, model.revision, model.input_set)] = one_line(exc)
     return unreadable
 

@@ -22,9 +22,9 @@ lies far along the direction, so that component is what unrelated units have in 
 cosine of unrelated units by about 0.2 and their chance of passing the collision threshold about thirtyfold,
 which at hub scale buried the related pairs under unrelated ones (BENCHMARKS.md).
 
-Only informative units compete (``screen``): units that are all-zero or whose direction another unit of the
-block repeats (scanner.stats.degenerate, the screen φ_MATCH uses) and units constant over the canonical tokens are
-set aside first. A constant unit's signature is the same vector in every model, and a block of duplicated units
+Only informative units compete (``screen``): units that are all-zero, constant over the canonical tokens or
+of a direction another unit of the block repeats are set aside first (scanner.stats.degenerate, the screen φ_MATCH
+uses). A constant unit's signature is the same vector in every model, and a block of duplicated units
 fills the places with copies of one signature, so either would make unrelated models collide in every block:
 every pair of a hub holding such models would become a candidate. The screen reads one model's own units, so the
 score stays a function of the unit sets (scanner.retrieval.candidates) and the selected p-values stay valid.
@@ -43,9 +43,6 @@ from scanner.stats.degenerate import screen_units
 
 SIGNATURE_VERSION = 2
 _NORM_FLOOR = 1e-12
-CONSTANT_SPREAD = 1e-3
-"""A unit whose activations over the tokens span less than this fraction of their largest magnitude is constant:
-float16, which fingerprints are stored in, resolves about 1e-3 of a value, so as stored it is one direction."""
 
 
 @dataclass(frozen=True)
@@ -149,15 +146,9 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
 
 
 def informative_units(experts: Sequence[MLPActivations]) -> np.ndarray:
-    """Bool per unit of the block (experts in order): not all-zero, not constant over the tokens, and of a
+    """Bool per unit of the block (experts in order, competing together): not all-zero, not constant, and of a
     direction no other unit of the block has, in the gate and in the up view."""
-    gate = np.concatenate([np.asarray(e.gate, dtype=np.float32) for e in experts])
-    up = np.concatenate([np.asarray(e.up, dtype=np.float32) for e in experts])
-    constant = np.zeros(gate.shape[0], dtype=bool)
-    for view in (gate, up):
-        spread = view.max(axis=1) - view.min(axis=1)
-        constant |= spread <= CONSTANT_SPREAD * np.maximum(np.abs(view).max(axis=1), _NORM_FLOOR)
-    return screen_units(gate, up).informative & ~constant
+    return screen_units(np.concatenate([e.gate for e in experts]), np.concatenate([e.up for e in experts])).informative
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:

@@ -134,6 +134,9 @@ def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Seq
         if a.norms.size == 0 or b.norms.size == 0:
             return WeightStatistic(float("nan"), None, "no p-value: a model without norm weights has no LayerNorm "
                                                        "cosine")
+        if a.norms.shape[1:] != b.norms.shape[1:]:
+            return WeightStatistic(float("nan"), None, f"no p-value: norm weights of shapes {a.norms.shape[1:]} and "
+                                   f"{b.norms.shape[1:]} (kinds, width) do not line up, so there is no cosine to take")
         return layernorm_permtest(a.norms, b.norms, permutations=permutations, seed=seed)
     if name == "attn-std":
         return empirical_test(profile_correlation(a.attn_std, b.attn_std), null, "the intrinsic fingerprint")
@@ -143,10 +146,11 @@ def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Seq
 
 
 def leave_out_log10_p(observed: Sequence[tuple[str, str, float]], null: Sequence[tuple[str, str, float]],
-                      ) -> list[float | None]:
+                      ) -> list[tuple[float | None, int]]:
     """For each observed (model, model, value): its log10 p against the null pairs that share no model with it
-    (so a pair is never part of its own null, nor a pair of one of its models). None where no such pair is left.
-    Sorted counts and per-model exclusions: O((n + m) log m), not a scan of the null per pair."""
+    (so a pair is never part of its own null, nor a pair of one of its models), and the size of that null (the p
+    cannot go below 1 / (size + 1)). None where no such pair is left. Sorted counts and per-model exclusions:
+    O((n + m) log m), not a scan of the null per pair."""
     values = np.sort(np.asarray([v for _, _, v in null], dtype=np.float64))
     by_model: dict[str, list[int]] = {}
     for k, (a, b, _) in enumerate(null):
@@ -157,9 +161,9 @@ def leave_out_log10_p(observed: Sequence[tuple[str, str, float]], null: Sequence
         excluded = set(by_model.get(a, ())) | set(by_model.get(b, ()))
         size = len(null) - len(excluded)
         if size <= 0 or not np.isfinite(value):
-            out.append(None)
+            out.append((None, max(size, 0)))
             continue
         exceed = int(values.size - np.searchsorted(values, value, side="left"))
         exceed -= sum(1 for k in excluded if null[k][2] >= value)
-        out.append(float(np.log10((1 + exceed) / (size + 1))))
+        out.append((float(np.log10((1 + exceed) / (size + 1))), size))
     return out

@@ -210,12 +210,13 @@ def pair_tests_between(store: Store, model_a: str, model_b: str) -> pl.DataFrame
         "WHERE model_a = ? AND model_b = ? ORDER BY statistic", [model_a, model_b])
 
 
-def read_only_query(store: Store, sql: str, *, as_text: bool = False) -> pl.DataFrame:
+def read_only_query(store: Store, sql: str, *, as_text: bool = False, limit: int | None = None) -> pl.DataFrame:
     """Run ``sql`` if it is exactly one statement that only reads (`read_only_sql.check_read_only`: DuckDB's
     parser, EXPLAIN ANALYZE and everything that writes or executes refused unrun). Columns of types polars cannot
-    hold come as text (`Store.query_as_text`); ``as_text`` makes every column text (a date past polars' range)."""
+    hold come as text (`Store.query_as_text`); ``as_text`` makes every column text (a date past polars' range);
+    ``limit``: at most that many rows."""
     check_read_only(store.connection, sql)
-    return store.query_as_text(sql, every_column=as_text)
+    return store.query_as_text(sql, every_column=as_text, limit=limit)
 
 
 CURRENT_FINGERPRINTS_SQL = """

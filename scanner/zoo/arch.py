@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.utils import logging as hf_logging
+
+from scanner.quiet import no_progress_bars
 
 
 @dataclass(frozen=True)
@@ -66,26 +65,14 @@ def new_model(arch: ArchSpec, seed: int) -> LlamaForCausalLM:
     return model.float().eval()
 
 
-@contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """Silence transformers' per-file progress bars (dozens of tiny models would flood the log)."""
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def save_model(model: LlamaForCausalLM, path: Path) -> None:
     """Write ``config.json`` + ``model.safetensors`` (float32) into ``path``."""
     path.mkdir(parents=True, exist_ok=True)
-    with _no_progress_bars():
+    with no_progress_bars():
         model.save_pretrained(path)
 
 
 def load_model(path: Path) -> LlamaForCausalLM:
     """Load a zoo model in float32, eval mode."""
-    with _no_progress_bars():
+    with no_progress_bars():
         return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, SolarOpenConfig, SolarOpenForCausalLM
 
+from scanner.quiet import no_progress_bars
 from scanner.zoo.moe import ExpertCamouflage, camouflage_experts
 
 #: One shape for all three: every layer an MoE block (Solar Open has no dense first layers), 8 routed experts, and the
@@ -55,8 +56,9 @@ def build_dispute(root: Path) -> dict[str, Path]:
     converted, _ = convert_to_solar_open(glm, seed=1)
     folders = {"glm-air-mini": root / "glm-air-mini", "solar-open-mini": root / "solar-open-mini",
                "solar-independent": root / "solar-independent"}
-    for folder, model in zip(folders.values(), (glm, converted, solar_open_mini(seed=2))):
-        model.save_pretrained(folder)
+    with no_progress_bars():
+        for folder, model in zip(folders.values(), (glm, converted, solar_open_mini(seed=2))):
+            model.save_pretrained(folder)
     return folders
 
 

@@ -27,7 +27,7 @@ def page() -> str:
     relatives = queries.model_relatives(reader, model_id).rows(named=True)
     dependent = [r for r in relatives if r["dependent"]]
     shown = Page(asked_page(), RELATIVES_PER_PAGE, len(dependent))
-    related = [dict(r, relation=relation(model_id, r)) for r in dependent[shown.offset:shown.offset + shown.size]]
+    related = [dict(r, relation=relation(r)) for r in dependent[shown.offset:shown.offset + shown.size]]
     unrelated = [r for r in relatives if not r["dependent"]]
     return render_template(
         "model.html", model_id=model_id, card=card, errors=errors, related=related, page=shown,
@@ -46,7 +46,7 @@ CHILD_WORDS = {"tree": "its child: derived from this model", "merge": "a merge o
 """The other model of a dependent pair in words, by the kind of tree link the pair is (lineage_edges.tree_link)."""
 
 
-def relation(model_id: str, row: dict) -> str:
+def relation(row: dict) -> str:
     """How the other model of a dependent pair stands to this one, in words: the tree link where the pair is one,
     else the direction evidence."""
     other, link = row["model_id"], row["tree_link"]

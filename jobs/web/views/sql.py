@@ -15,7 +15,8 @@ from scanner.store import StoreError, queries
 
 blueprint = Blueprint("sql", __name__)
 ROWS_SHOWN = 500
-"""Rows of an answer shown on the page; the downloads carry all of them."""
+"""Rows of an answer shown on the page (it reads one more, to say whether there are more); the downloads carry all
+of them."""
 EXPORT_ROWS = 10_000
 EXAMPLES = (
     ("Models whose card claims training from scratch",
@@ -33,7 +34,7 @@ def page() -> tuple[str, int]:
     frame, error = None, None
     if sql.strip():
         try:
-            frame = answer(sql)
+            frame = answer(sql, limit=ROWS_SHOWN + 1)
         except (StoreError, duckdb.Error) as exc:
             error = message(exc)
     return render_template("sql.html", sql=sql, frame=frame, rows=frame.head(ROWS_SHOWN).rows() if frame is not None
@@ -48,16 +49,18 @@ def download(fmt: str) -> Response:
     except (StoreError, duckdb.Error) as exc:
         abort(400, description=message(exc))
     chunks = csv_chunks if fmt == "csv" else json_chunks
-    return Response(chunks(frame.iter_slices(EXPORT_ROWS)), mimetype="text/csv" if fmt == "csv" else
+    slices = frame.iter_slices(EXPORT_ROWS) if frame.height else [frame]  # an empty answer still has its header
+    return Response(chunks(slices), mimetype="text/csv" if fmt == "csv" else
                     "application/json", headers={"Content-Disposition": f'attachment; filename="query.{fmt}"'})
 
 
-def answer(sql: str) -> pl.DataFrame:
-    """The statement's answer, as `hubtrace query` gets it: values polars cannot hold come as text."""
+def answer(sql: str, limit: int | None = None) -> pl.DataFrame:
+    """The statement's answer (its first ``limit`` rows), as `hubtrace query` gets it: values polars cannot hold
+    come as text."""
     try:
-        return queries.read_only_query(store(), sql)
+        return queries.read_only_query(store(), sql, limit=limit)
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
-        return queries.read_only_query(store(), sql, as_text=True)
+        return queries.read_only_query(store(), sql, as_text=True, limit=limit)
 
 
 def message(error: Exception) -> str:
