@@ -10,11 +10,10 @@ matchings whatever the models' origins.
 
 So each side's units are screened on their own activations (or weights), unit by unit and view by view: a unit is
 informative when it is non-zero, not constant, and no other unit has the same direction, in every view the
-statistic reads. Only
-informative units are matched. The screen is a function of one model's own units, the same whichever order they
-are in, so it keeps the null argument of phi_MATCH (units of one model exchangeable, independent of the other)
-intact: it selects units, it never looks at the other model. A block left with fewer than `MIN_INFORMATIVE_UNITS`
-informative units on either side gets no p-value (p = 1) and says why.
+statistic reads. Only informative units are matched. The screen is a function of one model's own units, the same
+whichever order they are in, so it keeps the null argument of phi_MATCH (units of one model exchangeable,
+independent of the other) intact: it selects units, it never looks at the other model. A block left with fewer
+than `MIN_INFORMATIVE_UNITS` informative units on either side gets no p-value (p = 1) and says why.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ class UnitScreen:
     informative: np.ndarray  # bool, one per unit
     zero: int
     duplicated: int
-    constant: int = 0
+    constant: int
 
     @property
     def kept(self) -> int:
