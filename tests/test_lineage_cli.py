@@ -199,6 +199,14 @@ def test_report_carries_the_evidence_and_reproduces(db: Path, tmp_path: Path) ->
     assert command == ["hubtrace", "report", BASE, NIMBUS, "--db", str(db), "--out", str(out)]
     hubtrace(*command[1:])
     assert (out / "report.md").read_text() == md
+    # written from the verdict the last rebuild stored, it says what a recomputation of the whole lineage says
+    from lineage_graph.persist import read_lineage
+    from lineage_graph.report import write_report
+    from scanner.store import Store
+
+    with Store(db, read_only=True) as store:
+        recomputed = write_report(store, read_lineage(store), BASE, NIMBUS, out, db).markdown.read_text()
+    assert recomputed == md
     stored = query(db, "SELECT log10_p FROM pair_tests WHERE model_a = ? AND model_b = ?", [BASE, NIMBUS])
     assert json.loads(hubtrace(*retest[1:], "--json").stdout)["log10_p"] == pytest.approx(stored["log10_p"][0])
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.web.stored_lineage import family_lineage, pair_lineage
 from lineage_graph.export import lineage_graph
 from lineage_graph.persist import read_lineage, rebuild_lineage
+from lineage_graph.stored import family_lineage, pair_lineage
 from scanner.store import Store
 from scanner.testing.hostile import HOSTILE_TEXTS
 from scanner.text_safety import visible

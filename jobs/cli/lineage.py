@@ -114,10 +114,12 @@ def report_command(
     """An evidence report for one pair: verdict, per-block chart, block and unit maps, metadata, how to reproduce."""
     from lineage_graph.persist import read_lineage
     from lineage_graph.report import write_report
+    from lineage_graph.stored import pair_lineage
 
     with _open(db, read_only=True) as store:
-        try:
-            files = write_report(store, read_lineage(store), model_a, model_b, out, db)
+        try:  # the verdict the last rebuild stored; recomputed only for a pair it did not judge
+            lineage = pair_lineage(store, *sorted((model_a, model_b))) or read_lineage(store)
+            files = write_report(store, lineage, model_a, model_b, out, db)
         except KeyError as exc:  # an unknown model, or a pair with no current test
             raise CommandError(str(exc.args[0]) if exc.args else str(exc)) from exc
         except OSError as exc:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from jobs.web.stored_lineage import pair_lineage
 from lineage_graph.report import write_report
+from lineage_graph.stored import pair_lineage
 from scanner.store import Store
 from scanner.text_safety import html_text
 

@@ -11,10 +11,10 @@ from flask import Blueprint, Response, abort, render_template, request
 from jobs.web.database import store
 from jobs.web.drawing import BOX_H, BOX_W, family_drawing
 from jobs.web.paging import Page, asked_page
-from jobs.web.stored_lineage import family_lineage
 from lineage_graph.export import lineage_graph, tree_layout
 from lineage_graph.html_page import render_html
 from lineage_graph.link_styles import LINK_STYLES
+from lineage_graph.stored import family_lineage
 from scanner.store import queries
 
 blueprint = Blueprint("family", __name__)

@@ -1,6 +1,6 @@
 """The lineage as the last rebuild stored it (lineage_edges, families, family_members, discrepancies), turned back
-into lineage_graph's own objects for one pair or one family. The pair page is then `hubtrace report`'s document
-and the family drawing `hubtrace graph`'s layout, without recomputing the whole hub's lineage on a page view
+into lineage_graph's own objects for one pair or one family: what `hubtrace report` and `hubtrace serve`'s pair
+page write their evidence report from, and serve's family view draws, without recomputing the whole hub's lineage
 (`lineage_graph.persist.read_lineage` takes minutes at 10^4 models)."""
 
 from __future__ import annotations
