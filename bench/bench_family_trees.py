@@ -35,7 +35,7 @@ from pathlib import Path
 import networkx as nx
 
 from lineage_graph import direction, phylogeny
-from lineage_graph.evidence import ModelInfo, PairTest
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from scanner.fingerprint import read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
@@ -211,7 +211,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-real", action="store_true", help="leave out the SmolLM2 family")
     parser.add_argument("--ablations", action="store_true", help="also remove each evidence source in turn")
-    parser.add_argument("--level", type=float, default=direction.DEFAULT_MIN_DIRECTION_CONFIDENCE,
+    parser.add_argument("--level", type=float, default=DEFAULT_MIN_DIRECTION_CONFIDENCE,
                         help="lineage.min_direction_confidence (default: hubtrace's)")
     args = parser.parse_args()
     groups = {"fitted": fitted_sets(), "held-out": held_out_sets(HELD_OUT_SEEDS, HELD_OUT_SEEDS, (4, 5)),

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from lineage_graph.export import ExportFormat
 from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line

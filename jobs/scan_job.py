@@ -162,9 +162,10 @@ class _Scan:
                 self.summary.skipped += 1
 
     def fingerprint_stage(self, pool: FingerprintPool) -> None:
+        stored = self.fingerprints.existing()  # one listing of the store (forgetting drops rows, not files)
         if self.config.pairs.select == "candidates":
-            self._forget_unreadable_fingerprints()
-        known = _Known.load(self.store, self.prefix, self.fingerprints.existing())
+            self._forget_unreadable_fingerprints(stored)
+        known = _Known.load(self.store, self.prefix, stored)
 
         def submit(record: ModelRecord) -> ray.ObjectRef:
             ref = pool.submit(record)
@@ -187,13 +188,12 @@ class _Scan:
         else:
             self._record_model_error(r, outcome.error)
 
-    def _forget_unreadable_fingerprints(self) -> None:
+    def _forget_unreadable_fingerprints(self, stored: set[str]) -> None:
         """Before fingerprinting: every stored fingerprint whose retrieval entry can be neither read nor made from
         it (a damaged file) is recorded in scan_errors and forgotten, so this run fingerprints the model anew and
         the candidate stage never meets it. The entries of the others are left ready for that stage."""
         from scanner.retrieval.scan import unreadable_entries
 
-        stored = self.fingerprints.existing()
         current = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix) if row[3] in stored]
         by_key = {(c.model_id, c.revision, c.input_set): c for c in current}
         try:

@@ -32,10 +32,6 @@ fine-tune, whose rank rose above its base's. depth (fewer blocks, the same units
 and below the default level: a depth prune and a depth up-scaling (blocks repeated, as SOLAR-10.7B was made) differ
 only in which model is the parent, so alone it leaves the direction undecided."""
 
-DEFAULT_MIN_DIRECTION_CONFIDENCE = 0.8
-"""Directions below this confidence are drawn without an arrow and read "direction undecided" (the investigator's
-``lineage.min_direction_confidence``)."""
-
 MERGE_BLIND = frozenset({"activation_rank"})
 """Signals that say nothing between a merge and its parents: averaging two models spreads activations, so a merge
 has a higher activation rank than its parents and the vote would point backwards. Family trees leave them out of

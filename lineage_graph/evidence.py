@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+DEFAULT_MIN_DIRECTION_CONFIDENCE = 0.8
+"""Directions below this confidence are drawn without an arrow and read "direction undecided" (the investigator's
+``lineage.min_direction_confidence``). Here, not in lineage_graph.direction, so the command line and the config
+read it without importing networkx."""
+
 
 @dataclass(frozen=True)
 class ModelInfo:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from lineage_graph.direction import (
-    DEFAULT_MIN_DIRECTION_CONFIDENCE,
     MERGE_BLIND,
     combine,
     declared_ancestry,
@@ -18,7 +17,14 @@ from lineage_graph.direction import (
     votes,
 )
 from lineage_graph.discrepancies import find_discrepancies
-from lineage_graph.evidence import Direction, Discrepancy, Edge, ModelInfo, PairTest
+from lineage_graph.evidence import (
+    DEFAULT_MIN_DIRECTION_CONFIDENCE,
+    Direction,
+    Discrepancy,
+    Edge,
+    ModelInfo,
+    PairTest,
+)
 from lineage_graph.families import Family, assign_ids, components, family_tree
 from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.phylogeny import CLONE_CLOSENESS, Phylogeny, family_phylogeny

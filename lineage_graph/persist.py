@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
-from lineage_graph.evidence import ModelInfo, PairTest
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.multiple_testing import Method
 from scanner.store import lineage_tables

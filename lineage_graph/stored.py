@@ -9,8 +9,7 @@ import json
 
 import polars as pl
 
-from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
-from lineage_graph.evidence import Direction, Discrepancy, Edge, ModelInfo, PairTest
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, Direction, Discrepancy, Edge, ModelInfo, PairTest
 from lineage_graph.families import Family
 from lineage_graph.lineage import Lineage
 from scanner.store import Store, lineage_tables, queries
@@ -29,7 +28,7 @@ def pair_lineage(store: Store, model_a: str, model_b: str) -> Lineage | None:
     pair = [row["model_a"], row["model_b"]]
     found = queries.model_family(store, row["model_a"])
     families = [] if found is None else [Family(
-        found["family_id"], tuple(queries.family_members(store, found["family_id"])["model_id"]), found["root"])]
+        found["family_id"], tuple(queries.family_member_ids(store, found["family_id"])), found["root"])]
     return Lineage(setting[0], setting[1], row["statistic"], _models(store, pair), [_edge(row)], families,
                    _discrepancies(store, pair), _direction_level(store))
 

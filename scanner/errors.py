@@ -38,3 +38,8 @@ def one_line(error: BaseException | str, limit: int | None = 500) -> str:
     if limit is None or len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit} more characters)"  # says it was cut, never cut silently
+
+
+def without_sql_excerpt(error: BaseException) -> str:
+    """The message on one line, without the ``LINE 1: ... ^`` excerpt DuckDB adds (it only reads on several)."""
+    return one_line(str(error).split("\nLINE ")[0], limit=None)

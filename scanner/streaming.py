@@ -324,14 +324,11 @@ def _block_calls(
     ids: np.ndarray,
     device: str,
     dtype: torch.dtype,
-    load_globals: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, list[BlockCall]]:
-    """Hidden states entering block 0 and the arguments the base model's forward gives each block.
-
-    ``load_globals`` puts the stored weights of what runs before block 0 (position embeddings, an embedding norm)
-    over the initialised ones; without it they are what the model initialises (rotary frequencies)."""
+    """Hidden states entering block 0 and the arguments the base model's forward gives each block (what runs
+    before block 0 as the model initialises it: rotary frequencies)."""
     unique, local_ids = np.unique(ids, return_inverse=True)
-    _materialize_globals(lm, base, layers, embedding_rows(unique.tolist()), device, dtype, load_globals)
+    _materialize_globals(lm, base, layers, embedding_rows(unique.tolist()), device, dtype)
     entry: list[torch.Tensor] = []
     calls: list[BlockCall] = []
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from scipy.stats import false_discovery_control
 
-from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE, RELIABILITY, Vote, combine, orient
-from lineage_graph.evidence import ModelInfo, PairTest
+from lineage_graph.direction import RELIABILITY, Vote, combine, orient
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.export import FORMATS, lineage_graph, write_graph
 from lineage_graph.families import assign_ids
 from lineage_graph.lineage import compute_lineage

@@ -24,7 +24,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
-from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from lineage_graph.export import FORMATS
 from scanner.zoo import Zoo
 from tests.scan_support import SUBSET, query, scan_subset

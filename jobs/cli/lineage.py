@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
-from lineage_graph.direction import DEFAULT_MIN_DIRECTION_CONFIDENCE
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from scanner.errors import HubtraceError
 from scanner.text_safety import json_visible, terminal
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from jobs.cli.refusals import CommandError
-from scanner.errors import one_line
+from scanner.errors import without_sql_excerpt
 from scanner.text_safety import terminal, terminal_lines
 
 if TYPE_CHECKING:
@@ -106,12 +106,12 @@ def query_command(
                 typer.echo("hubtrace: note: some values have no table type here (out-of-range dates, VARINT, "
                            "VARIANT, ...), so every column is shown as text", err=True)
     except StoreError as exc:
-        raise CommandError(_without_excerpt(exc)) from exc
+        raise CommandError(without_sql_excerpt(exc)) from exc
     except duckdb.Error as exc:
-        raise CommandError(f"SQL: {_without_excerpt(exc)}") from exc
+        raise CommandError(f"SQL: {without_sql_excerpt(exc)}") from exc
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
         raise CommandError("cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): "
-                           f"{_without_excerpt(exc)}") from exc
+                           f"{without_sql_excerpt(exc)}") from exc
     if out is None:
         typer.echo(text)
         return
@@ -181,8 +181,3 @@ def _escaped(value: Any, dtype: pl.DataType, escape: Callable[[str], str]) -> An
     if isinstance(dtype, pl.List | pl.Array):
         return [_escaped(v, dtype.inner, escape) for v in value]
     return value
-
-
-def _without_excerpt(error: Exception) -> str:
-    """The message on one line, without the ``LINE 1: ... ^`` excerpt DuckDB adds (it only reads on several)."""
-    return one_line(str(error).split("\nLINE ")[0], limit=None)

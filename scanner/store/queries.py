@@ -354,6 +354,9 @@ FROM families WHERE family_id = $family
 """
 """One family's row, as the last lineage rebuild wrote it."""
 
+FAMILY_MEMBER_IDS_SQL = "SELECT model_id FROM family_members WHERE family_id = $family ORDER BY model_id"
+"""The ids of $family's members, without FAMILY_MEMBERS_SQL's evidence and card joins."""
+
 FAMILY_MEMBERS_SQL = """
 WITH members AS (SELECT * FROM family_members WHERE family_id = $family),
 flagged AS (SELECT model_id, count(*) AS discrepancies FROM discrepancies
@@ -464,6 +467,10 @@ def family(store: Store, family_id: str) -> dict | None:
 
 def family_members(store: Store, family_id: str) -> pl.DataFrame:
     return store.query(FAMILY_MEMBERS_SQL, {"family": family_id})
+
+
+def family_member_ids(store: Store, family_id: str) -> list[str]:
+    return store.query(FAMILY_MEMBER_IDS_SQL, {"family": family_id})["model_id"].to_list()
 
 
 def lineage_edges_among(store: Store, model_ids: list[str]) -> pl.DataFrame:

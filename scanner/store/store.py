@@ -30,13 +30,13 @@ import pyarrow as pa
 
 from scanner import __version__
 from scanner.errors import HubtraceError
-from scanner.stats.weight_statistics import WeightProfile
 from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
 
 if TYPE_CHECKING:
     from scanner.fingerprint import FingerprintMeta
     from scanner.sources import ModelRecord
+    from scanner.stats.weight_statistics import WeightProfile
 
 MODEL_STATUSES = ("ok", "error", "superseded")
 RUN_STATUSES = ("running", "succeeded", "failed")
@@ -569,6 +569,8 @@ class Store:
 
     def weight_profiles(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], WeightProfile]:
         """The stored profiles of these (model, revision) keys (those that have one)."""
+        from scanner.stats.weight_statistics import WeightProfile  # scipy: only for the scans that ask for these
+
         wanted = sorted(set(keys))
         if not wanted:
             return {}

@@ -10,7 +10,7 @@ from flask import Blueprint, Response, abort, render_template, request
 
 from jobs.exports import csv_chunks, json_chunks
 from jobs.web.database import store
-from scanner.errors import one_line
+from scanner.errors import without_sql_excerpt
 from scanner.store import StoreError, queries
 
 blueprint = Blueprint("sql", __name__)
@@ -65,5 +65,5 @@ def answer(sql: str, limit: int | None = None) -> pl.DataFrame:
 
 def message(error: Exception) -> str:
     """The refusal on one line, without DuckDB's ``LINE 1: ... ^`` excerpt."""
-    text = one_line(str(error).split("\nLINE ")[0], limit=None)
+    text = without_sql_excerpt(error)
     return text if isinstance(error, StoreError) else f"SQL: {text}"
