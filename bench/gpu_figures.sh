@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Every GPU figure BENCHMARKS.md asks for, in one run on a GPU host without Ray (the device machine has torch,
-# transformers, safetensors, scipy and fsspec; lap travels as a wheel). Output: one log per bench under $OUT
-# (default: bench-out/). Total about 15 minutes on one H100.
+# Every GPU figure BENCHMARKS.md asks for, on a GPU host without Ray. Output: one log per bench under $OUT
+# (default: bench-out/).
 #
-#     OUT=/tmp/figures bash bench/gpu_figures.sh
+#     OUT=/tmp/figures bash bench/gpu_figures.sh          # the pair figures: about 5 minutes on one H200
+#     FULL=1 OUT=/tmp/figures bash bench/gpu_figures.sh   # also the 1B and 7B fingerprint figures (+10 minutes)
+#
+# The scanner's import chain needs more than a CUDA image with torch, transformers and safetensors usually holds:
+# lap, pydantic (+ pydantic_core, annotated_types, typing_inspection, typing_extensions >= 4.16), gguf, httpx2
+# (+ httpcore2, truststore), huggingface_hub 2.x and transformers >= 5.17. Where the host cannot reach an index,
+# carry them as wheels (`pip download --no-deps --only-binary=:all: --python-version 3.12 ...`) and install them
+# with `pip install --no-index --no-deps --target DIR`, DIR first on PYTHONPATH.
 set -uo pipefail
 OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD:$PWD/bench PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 run() { local name=$1; shift; echo "## $name: $*"; timeout 900 python3 "$@" 2>&1 | tee "$OUT/$name.txt"; }
 run auction bench/bench_auction.py --device cuda --batches 8 64 --check 2
 run pair_worker bench/bench_pair_worker.py --device cuda --families 2 --derivatives 3
-run fingerprint_1b bench/bench_fingerprint_io.py --device cuda --shape 1b --cache /tmp/hubtrace-bench
-run fingerprint_7b bench/bench_fingerprint_io.py --device cuda --shape 7b --cache /tmp/hubtrace-bench
 run bench_7b_pair bench/bench_7b_pair.py --device cuda --design both
-run bench_7b_pair_host bench/bench_7b_pair.py --device cuda --design both --solver host
+run bench_7b_pair_auction bench/bench_7b_pair.py --device cuda --design both --solver auction
+if [ -n "${FULL:-}" ]; then
+    run fingerprint_1b bench/bench_fingerprint_io.py --device cuda --shape 1b --cache /tmp/hubtrace-bench
+    run fingerprint_7b bench/bench_fingerprint_io.py --device cuda --shape 7b --cache /tmp/hubtrace-bench
+fi

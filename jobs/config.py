@@ -145,8 +145,8 @@ class DevicesConfig(_Strict):
     """``auto``: GPU actors (``num_gpus`` each) when the cluster has GPUs, CPU actors otherwise;
     ``gpu`` requires GPUs (the scan stops with an error instead of waiting forever); ``cpu`` never asks.
     Pair tasks follow the actors: on GPUs each asks for ``gpus_per_pair_task`` (a fraction shares a GPU).
-    ``assignment_solver`` solves MATCH's assignments (scanner.stats.matching): ``auto`` with the batched auction on
-    a GPU and the host's certified solver otherwise, ``host`` always on the host; the matchings are the same."""
+    ``assignment_solver`` solves MATCH's assignments (scanner.stats.matching): ``auto`` and ``host`` the host's
+    certified solver, ``auction`` the batched auction where the matrices are; the matchings are the same."""
 
     mode: Literal["auto", "cpu", "gpu"] = "auto"
     gpus_per_actor: float = Field(default=1.0, gt=0)

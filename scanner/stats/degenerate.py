@@ -63,7 +63,7 @@ def screen_units(*views: np.ndarray) -> UnitScreen:
     for view in views:
         if view.shape[0] != rows:
             raise ValueError(f"views of one side must have one row per unit, got {view.shape[0]} and {rows}")
-        values = np.asarray(view, dtype=np.float32)
+        values = np.asarray(view.cpu() if hasattr(view, "cpu") else view, dtype=np.float32)  # a GPU tensor too
         norms = np.linalg.norm(values, axis=1)
         dead = norms <= ZERO_FRACTION * float(norms.max(initial=0.0))
         zero |= dead

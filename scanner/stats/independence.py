@@ -139,7 +139,17 @@ def _screened(inputs: MatchInputs) -> BlockTest | tuple[str, MatchInputs]:
         return _no_p_value(a, b)
     if not (a.set_aside or b.set_aside):
         return "", inputs
-    return describe(a, b), (gate_a[a.informative], up_a[a.informative], gate_b[b.informative], up_b[b.informative])
+    return describe(a, b), (_rows(gate_a, a.informative), _rows(up_a, a.informative), _rows(gate_b, b.informative),
+                            _rows(up_b, b.informative))
+
+
+def _rows(view: Any, keep: np.ndarray) -> Any:
+    """The kept rows of a view, which stays where it is: a pair worker's fingerprints are tensors on its GPU."""
+    if hasattr(view, "cpu"):  # a torch tensor (numpy 2 arrays have .device too)
+        import torch
+
+        return view[torch.as_tensor(keep, device=view.device)]
+    return view[keep]
 
 
 def _free_matrix_bytes(device: str | None) -> int:

@@ -88,8 +88,9 @@ def match_similarity(similarity: Any) -> Matching:
 
 AssignmentSolver = Literal["auto", "host", "auction"]
 """Who solves MATCH's assignments: ``host`` the certified sparse solver (one CPU core per matrix), ``auction`` the
-batched auction on the matrices' own device (scanner.stats.assignment.auction), ``auto`` the auction for matrices
-on a GPU and the host solver otherwise. Every answer is certified optimal; only the time differs."""
+batched auction on the matrices' own device (scanner.stats.assignment.auction), ``auto`` the host solver: measured
+on an H200 it beat the auction on a GPU too (BENCHMARKS.md, "GPU auction"). Every answer is certified optimal; only
+the time differs."""
 
 
 def match_similarities(similarities: Sequence[Any], solver: AssignmentSolver = "auto") -> list[Matching]:
@@ -112,11 +113,10 @@ def match_similarities(similarities: Sequence[Any], solver: AssignmentSolver = "
 
 
 def _auction_solves(similarity: Any, solver: AssignmentSolver) -> bool:
-    if solver == "host" or type(similarity).__module__.split(".")[0] != "torch":
+    if solver != "auction" or type(similarity).__module__.split(".")[0] != "torch":
         return False
     rows, cols = similarity.shape
-    square = rows == cols and rows >= 2
-    return square and (solver == "auction" or similarity.device.type == "cuda")
+    return rows == cols and rows >= 2
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
