@@ -21,17 +21,44 @@ from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import SiteWeights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, IncomparableError
+from scanner.stats.degenerate import UnitScreen
+from scanner.stats.independence import match_screen
 
 
 @dataclass(frozen=True)
 class MLPActivations:
-    """One gated MLP's gate (pre-activation) and up outputs on the canonical tokens, shaped (units, tokens).
+    """One MLP's two views of its units on the canonical tokens, shaped (units, tokens): a gated MLP's gate
+    pre-activation and up output, a plain one's fc pre-activation and output read-back (`site_activations`).
 
-    float32 when computed; fingerprints hold them in their storage dtype (float16 by default).
+    As computed they are float32 values. A fingerprint stores each unit's row divided by its largest magnitude (every
+    stored value within [-1, 1], so float16 holds any unit a rescale left at 1e-30 or 1e30) and keeps that magnitude
+    in ``gate_scale`` / ``up_scale``; MATCH reads directions only, and `values` gives back the activations where a
+    statistic needs their size (phi_H).
     """
 
     gate: np.ndarray
     up: np.ndarray
+    gate_scale: np.ndarray | None = None  # (units,) float32: the stored row times this is the activation row
+    up_scale: np.ndarray | None = None
+
+    def values(self, part: str) -> np.ndarray:
+        """A view's activations (float64 when stored scaled: a product of two rescaled units may exceed float32)."""
+        rows, scale = getattr(self, part), getattr(self, f"{part}_scale")
+        if scale is None:
+            return np.asarray(rows)
+        return np.asarray(rows, dtype=np.float64) * np.asarray(scale, dtype=np.float64)[:, None]
+
+    def normalised(self) -> MLPActivations:
+        """Each row divided by its largest magnitude, the magnitudes kept (the form fingerprints store)."""
+        (gate, gate_scale), (up, up_scale) = peak_scaled(self.values("gate")), peak_scaled(self.values("up"))
+        return MLPActivations(gate, up, gate_scale, up_scale)
+
+    def screen(self, up_sign_free: bool) -> UnitScreen:
+        """The units phi_MATCH reads (scanner.stats.degenerate), computed once per object and flag."""
+        cache = self.__dict__.setdefault("_screens", {})
+        if up_sign_free not in cache:
+            cache[up_sign_free] = match_screen(self.gate, self.up, up_sign_free)
+        return cache[up_sign_free]
 
     def hidden(self, activation: str, kind: str = "gated") -> np.ndarray:
         """phi_H's matrix: the down projection's input, sigma(Gx) * (Ux) for a gated MLP, sigma(Wx + b) for a plain
@@ -39,8 +66,16 @@ class MLPActivations:
         if activation not in ACT2FN:
             raise IncomparableError(f"phi_H needs the MLP's activation; {activation!r} is not one transformers names")
         act = ACT2FN[activation]
-        hidden = act(torch.from_numpy(self.gate).float())
-        return (hidden if kind == "plain" else hidden * torch.from_numpy(self.up).float()).numpy()
+        hidden = act(torch.from_numpy(self.values("gate")).double())
+        return (hidden if kind == "plain" else hidden * torch.from_numpy(self.values("up")).double()).numpy()
+
+
+def peak_scaled(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows divided by their largest magnitude as float32, those magnitudes as float32); an all-zero row stays zero
+    with magnitude 0. Any finite row keeps its direction to float32's precision, whatever its scale."""
+    rows = np.asarray(values, dtype=np.float64)
+    peak = np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0])
+    return (rows / np.where(peak > 0, peak, 1.0)[:, None]).astype(np.float32), peak.astype(np.float32)
 
 
 def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedModel:

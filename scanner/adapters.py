@@ -121,6 +121,10 @@ class ArchitectureAdapter:
         prefixes = tuple(self.block_prefix(layer) for layer in range(self.shape.n_layers))
         return {name for name in self.checkpoint.tensor_names() if name.startswith(prefixes)}
 
+    def routed_experts(self, layer: int) -> int:
+        """Routed experts of block ``layer`` (0: a dense MLP)."""
+        return 0
+
     def mlp_module_path(self, layer: int) -> str:
         """Dotted path of block `layer`'s MLP (or sparse MoE block) in the model transformers builds.
 
@@ -316,6 +320,9 @@ class _MoEAdapter(ArchitectureAdapter):
 
     def _is_sparse(self, layer: int) -> bool:
         return True
+
+    def routed_experts(self, layer: int) -> int:
+        return self.shape.n_experts if self._is_sparse(layer) else 0
 
     def _routed_layout(self, layer: int, moe_prefix: str, names: tuple[str, str, str]) -> _Layout:
         """Router and routed experts of a sparse block: per expert under `moe_prefix` (router `{moe_prefix}gate`,

@@ -5,10 +5,12 @@ plus what comparisons and screening need without the checkpoint: dims, depth, vo
 identity, the input set, per-tensor sha256 of the stored weights (exact copies), the parameter count and
 small permutation-invariant summaries. Comparing two models is then a computation on two files.
 
-The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up`, shaped (units, tokens)); the
-metadata is JSON under the header's `__metadata__` together with a sha256 over the tensors, checked on
-every read. Activations are stored as float16 (halving the size; see docs/fingerprints.md for the measured
-effect on p-values), float32 for any tensor that float16 cannot hold.
+The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up`, shaped (units, tokens), and
+`blocks.{layer}.{expert}.gate_scale|up_scale`, one per unit); the metadata is JSON under the header's `__metadata__`
+together with a sha256 over the tensors, checked on every read. Each unit's activation row is stored divided by its
+largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured effect on p-values), and
+that magnitude as float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output
+column is rescaled back) keeps its direction, where float16 values would flush it to zero or overflow.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +46,12 @@ from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
 from scanner.validate import ValuesAsRead, validate_checkpoint
 
-FINGERPRINT_FORMAT = 1
+FINGERPRINT_FORMAT = 2
 STORAGE_DTYPES = ("float16", "float32")
 #: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _META_KEY = "hubtrace_fingerprint"
 _CONTENT_KEY = "content_sha256"
-_FLOAT16_MAX = float(np.finfo(np.float16).max)
 #: Entries of a weight tensor its kurtosis summary reads at most (about; a fixed stride).
 KURTOSIS_SAMPLE = 1 << 20
 
@@ -80,6 +81,17 @@ class FingerprintMeta:
     dtype: str
     mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, whose two views are (fc pre-activation, proj read-back)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
+    block_experts: list[int] | None = None  # routed experts of each block (0: a dense block); None: no block has any
+
+    @property
+    def up_sign_free(self) -> bool:
+        """Whether the second view's sign carries no identity: a gated MLP's up output (negating a unit's up row and
+        its down column keeps the outputs); a plain MLP's views both keep their sign."""
+        return self.mlp_kind == "gated"
+
+    def routed_experts(self, block: int) -> int:
+        """Routed experts of block ``block`` (its MLPs after them are shared experts or a dense MLP)."""
+        return self.block_experts[block] if self.block_experts is not None else self.n_experts
 
 
 _META_TYPES = TypeAdapter(FingerprintMeta)
@@ -155,8 +167,8 @@ def fingerprint_model(
             if not all(np.isfinite(a.gate).all() and np.isfinite(a.up).all() for a in block.activations):
                 raise CheckpointError(f"{path}: block {len(blocks)} computes NaN or Inf activations from finite "
                                       f"weights (values overflow float32); hubtrace cannot fingerprint it")
-            blocks.append([_stored(acts, storage_dtype) for acts in block.activations])
-            per_block.append(_block_summary(block.experts, blocks[-1]))
+            blocks.append([stored_activations(acts, storage_dtype) for acts in block.activations])
+            per_block.append(_block_summary(block.experts, block.activations))
             del block
     tensor_hashes = dict(tensor_hashes if values is None else values.finish())
     shape = adapter.shape
@@ -182,9 +194,17 @@ def fingerprint_model(
         dtype=storage_dtype,
         mlp_kind=getattr(adapter, "mlp_kind", "gated"),
         model_layers=getattr(adapter, "model_layers", None),
+        block_experts=_block_experts(adapter),
     )
     checkpoint.close()
     return Fingerprint(meta=meta, blocks=blocks)
+
+
+def _block_experts(adapter: ArchitectureAdapter) -> list[int] | None:
+    """Routed experts per block, read block by block (a dense first block, or dense blocks between MoE blocks, are
+    0); None for a dense model."""
+    counts = [adapter.routed_experts(block) for block in range(adapter.shape.n_layers)]
+    return counts if any(counts) else None
 
 
 def _value_pass(checkpoint: Checkpoint, adapter: ArchitectureAdapter) -> ValuesAsRead:
@@ -244,10 +264,11 @@ def write_fingerprint(fp: Fingerprint, path: str | Path) -> str:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
-        _tensor_name(layer, expert, part): getattr(acts, part)
+        _tensor_name(layer, expert, part): getattr(stored, part)
         for layer, experts in enumerate(fp.blocks)
         for expert, acts in enumerate(experts)
-        for part in ("gate", "up")
+        for stored in [acts if acts.gate_scale is not None else stored_activations(acts, fp.meta.dtype)]
+        for part in ("gate", "up", "gate_scale", "up_scale")
     }
     metadata = {_META_KEY: json.dumps(asdict(fp.meta), sort_keys=True), _CONTENT_KEY: _content_sha256(tensors)}
     handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -320,12 +341,17 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
     n_tokens = _token_count(meta)
     experts = []
     while _tensor_name(layer, len(experts), "gate") in tensors:
-        gate, up = (tensors.pop(_tensor_name(layer, len(experts), p), None) for p in ("gate", "up"))
-        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens or gate.shape[0] < 1:
+        gate, up, gate_scale, up_scale = (tensors.pop(_tensor_name(layer, len(experts), p), None)
+                                          for p in ("gate", "up", "gate_scale", "up_scale"))
+        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens or gate.shape[0] < 1 \
+                or any(s is None or s.shape != (gate.shape[0],) for s in (gate_scale, up_scale)):
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
-        if not (np.isfinite(gate).all() and np.isfinite(up).all()):  # NaN would make every statistic NaN
+        if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)):  # NaN would make every statistic NaN
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
-        experts.append(MLPActivations(gate=gate, up=up))
+        if (gate_scale < 0).any() or (up_scale < 0).any() or np.abs(gate).max() > 1 or np.abs(up).max() > 1:
+            raise FingerprintError(f"{path}: block {layer} expert {len(experts)} is not stored as unit-peak rows with "
+                                   "non-negative scales")
+        experts.append(MLPActivations(gate=gate, up=up, gate_scale=gate_scale, up_scale=up_scale))
     if not experts:
         raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
     return experts
@@ -338,20 +364,19 @@ def _tensor_name(layer: int, expert: int, part: str) -> str:
     return f"blocks.{layer}.{expert}.{part}"
 
 
-def _stored(acts: MLPActivations, storage_dtype: str) -> MLPActivations:
-    return MLPActivations(gate=_as_storage(acts.gate, storage_dtype), up=_as_storage(acts.up, storage_dtype))
+def stored_activations(acts: MLPActivations, storage_dtype: str) -> MLPActivations:
+    """As a fingerprint holds a unit's views: rows divided by their peak (within [-1, 1]) in the storage dtype, the
+    peaks as float32 (see the module docstring)."""
+    scaled = acts.normalised()
+    return replace(scaled, gate=_as_storage(scaled.gate, storage_dtype), up=_as_storage(scaled.up, storage_dtype))
 
 
 def _as_storage(values: np.ndarray, storage_dtype: str) -> np.ndarray:
-    """float16 when every value fits (finite, |x| <= 65504), else float32: never an overflow to inf.
-
-    Through torch, whose vectorised, multi-threaded conversions are several times numpy's on large blocks;
-    the rounding (to nearest even) is the same.
-    """
+    """Unit-peak rows in the storage dtype (float16 holds every such value: no overflow, and no unit flushes to zero,
+    since each row's peak is 1). Through torch, whose vectorised conversion is several times numpy's on large blocks;
+    the rounding (to nearest even) is the same."""
     tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-    if storage_dtype == "float16" and (tensor.numel() == 0 or float(tensor.abs().max()) <= _FLOAT16_MAX):
-        return tensor.half().numpy()
-    return tensor.numpy()
+    return (tensor.half() if storage_dtype == "float16" else tensor).numpy()
 
 
 def _kurtosis(weights: torch.Tensor) -> float:

@@ -1,7 +1,20 @@
-"""phi_MATCH and phi_H between two fingerprints: the activation statistics with no checkpoint open.
+"""A pair test between two fingerprints: phi_MATCH (or phi_H) of their blocks, with no checkpoint open.
 
 `scanner.compare.compare_models` computes its activation statistics through here too, so a test from two
 fingerprint files gives exactly the numbers of a live test on the same input set.
+
+A pair test runs in stages, each a function of the previous one's result, so every note a reader gets comes from
+what a stage returned:
+
+1. **plan**: which block pairs are compared (by index; when depths differ and candidate retrieval mapped blocks, on
+   the mapped pairs as well) and what the inputs mean for the result (`plan_notes`);
+2. **pair**: in each block pair, which MLP of A goes with which of B: experts are matched, not paired by index, and
+   each block's routed-expert count is its own (`pair_blocks` -> `BlockPair`);
+3. **screen**: each side's informative units, per MLP (scanner.stats.degenerate; computed once per fingerprint);
+4. **match**: phi_MATCH (or phi_H) of every paired MLP, the assignments of many blocks solved together where that
+   pays (`test_block_pairs` -> `BlockOutcome`);
+5. **combine**: experts into their block (`block_result`), blocks into the pair by FISHER, under the sequential
+   design, and the two pairings of a depth difference by Bonferroni (`run_design` -> `DesignOutcome`).
 """
 
 from __future__ import annotations
@@ -9,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
 from scanner.activations import MLPActivations
@@ -17,7 +31,7 @@ from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
 from scanner.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.stats.experts import ExpertPairing, pair_block_experts
-from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match, phi_match_many
+from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match_many
 from scanner.stats.logp import log10_fisher
 from scanner.stats.matching import AssignmentSolver
 from scanner.stats.sequential import SequentialDesign
@@ -28,6 +42,38 @@ FINGERPRINT_STATISTICS: tuple[str, ...] = get_args(FingerprintStatistic)
 
 T = TypeVar("T")
 R = TypeVar("R")
+BlockPairing = tuple[int, int]
+"""(block of A, block of B)."""
+
+
+@dataclass(frozen=True)
+class BlockPair:
+    """One block of A against one of B, their MLPs paired: ``mlps[k]`` are the k-th paired (A, B) MLPs."""
+
+    layer_a: int
+    layer_b: int
+    pairing: ExpertPairing
+    mlps: list[tuple[MLPActivations, MLPActivations]]
+    expert_map: str | None  # B's expert <- A's expert, where the experts were not paired one to one by index
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """A block pair's result, and what a reader should know about how it was reached."""
+
+    result: LayerResult
+    set_aside: str  # what the screen set aside in the block's MLPs ("" when nothing)
+    expert_map: str | None
+
+
+@dataclass(frozen=True)
+class DesignOutcome:
+    """The blocks a pairing compared and its log10 p; ``settled_by`` the screening blocks when they settled it."""
+
+    blocks: list[BlockOutcome]
+    log10_p: float
+    settled_by: list[int] | None = None
+    compared_of: int = 0  # block pairs the pairing had
 
 
 def compare_fingerprints(
@@ -43,16 +89,16 @@ def compare_fingerprints(
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
-    ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and
-    solves the assignments of all compared blocks there as one batch (``solver``: see scanner.stats.matching; the
-    matchings are the same whoever solves them, each certified optimal). ``design`` compares its screening blocks
-    first and stops when they settle the test (scanner.stats.sequential); None compares every block. On the host,
-    ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products (BLAS, outside the
-    GIL) overlap another's assignment; the result is the same (bench/bench_7b_pair.py --workers measures the gain).
-    ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when the depths differ: the pair
-    is then tested both by index and on the mapped blocks, and reports twice the smaller p-value (Bonferroni over
-    the two pairings; scanner.retrieval.candidates says why the mapped one is valid). Raises IncomparableError
-    when the fingerprints were taken on different input sets.
+    ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and builds
+    the matrices of all compared blocks there (``solver``: see scanner.stats.matching; the matchings are the same
+    whoever solves them, each certified optimal). ``design`` compares its screening blocks first and stops when they
+    settle the test (scanner.stats.sequential); None compares every block. On the host, ``workers`` > 1 compares that
+    many blocks at once on threads, so one block's cosine products (BLAS, outside the GIL) overlap another's
+    assignment; the result is the same (bench/bench_7b_pair.py --workers measures the gain). ``block_map``
+    (candidate retrieval's (block of a, block of b) pairs) matters when the depths differ: the pair is then tested
+    both by index and on the mapped blocks, and reports twice the smaller p-value (Bonferroni over the two pairings;
+    scanner.retrieval.candidates says why the mapped one is valid). Raises IncomparableError when the fingerprints
+    were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -63,83 +109,19 @@ def compare_fingerprints(
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
-    if is_shared_string_input_set(a.meta.input_set):
-        notes = [shared_inputs_note(a.meta.input_set, a.meta.token_range)]
-    else:
-        notes = input_notes(
-            (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
-        )
-    depth = min(len(a.blocks), len(b.blocks))
     mapped = len(a.blocks) != len(b.blocks) and bool(block_map)
-    if len(a.blocks) != len(b.blocks) and not mapped:
-        notes.append(depth_note(len(a.blocks), len(b.blocks)))
-    if statistic == "hidden":
-        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
 
-    expert_maps: dict[int, str] = {}
-    set_aside: dict[int, str] = {}
+    def test(block_pairs: list[BlockPairing]) -> list[BlockOutcome]:
+        return test_block_pairs(a, b, [pair_blocks(a, b, pairing) for pairing in block_pairs], statistic,
+                                device=device, solver=solver, workers=workers)
 
-    def screened(layer_a: int, tests: list[BlockTest]) -> list[BlockTest]:
-        """Keep what scanner.stats.degenerate set aside in this block's tests, for the pair's notes."""
-        notes_here = sorted({t.set_aside for t in tests if t.set_aside})
-        if notes_here:
-            set_aside[layer_a] = "; ".join(notes_here)
-        return tests
-
-    def paired(layers_ab: tuple[int, int]) -> tuple[ExpertPairing, list[tuple[MLPActivations, MLPActivations]]]:
-        layer_a, layer_b = layers_ab
-        experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
-        pairing = pair_fingerprint_experts(a, b, layer_a, layer_b)
-        if not pairing.by_index or len(experts_a) != len(experts_b):
-            expert_maps[layer_a] = pairing.describe()
-        return pairing, [(experts_a[i], experts_b[j]) for i, j in pairing.pairs]
-
-    def block(layers_ab: tuple[int, int]) -> LayerResult:
-        pairing, pairs = paired(layers_ab)
-        if statistic == "hidden":
-            tests = [phi_h(x.hidden(a.meta.hidden_act, a.meta.mlp_kind), y.hidden(b.meta.hidden_act, b.meta.mlp_kind),
-                           device=device) for x, y in pairs]
-        else:
-            tests = [phi_match(x.gate, x.up, y.gate, y.up, device=device) for x, y in pairs]
-        return block_result(*layers_ab, screened(layers_ab[0], tests), pairing)
-
-    def batched(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
-        """Every block's (and expert's) phi_MATCH with the assignments solved together (see phi_match_many)."""
-        plans = [(layers_ab, *paired(layers_ab)) for layers_ab in block_pairs]
-        inputs = [(x.gate, x.up, y.gate, y.up) for _, _, pairs in plans for x, y in pairs]
-        tests = iter(phi_match_many(inputs, device=device, solver=solver))
-        return [block_result(*layers_ab, screened(layers_ab[0], [next(tests) for _ in pairs]), pairing)
-                for layers_ab, pairing, pairs in plans]
-
-    def compared(block_pairs: list[tuple[int, int]]) -> list[LayerResult]:
-        if statistic == "match" and (device is not None or solver == "auction"):
-            return batched(block_pairs)
-        return parallel_map(block, block_pairs, workers)
-
-    def test(block_pairs: list[tuple[int, int]]) -> tuple[list[LayerResult], float]:
-        screen = [block_pairs[i] for i in design.screen(len(block_pairs))] if design is not None else block_pairs
-        layers = compared(screen)
-        log10_p = log10_fisher([layer.log10_p for layer in layers])
-        if design is not None and len(screen) < len(block_pairs):
-            if design.stops(log10_p):
-                notes.append(screen_note([la for la, _ in screen], len(block_pairs), log10_p))
-            else:
-                layers = sorted([*layers, *compared([p for p in block_pairs if p not in screen])],
-                                key=lambda result: result.layer_a)
-                log10_p = design.continued_log10_p(log10_fisher([layer.log10_p for layer in layers]))
-        return layers, log10_p
-
-    layers, log10_p = test([(layer, layer) for layer in range(depth)])
+    by_index = run_design([(layer, layer) for layer in range(min(len(a.blocks), len(b.blocks)))], test, design)
+    outcome, log10_p, by_map = by_index, by_index.log10_p, None
     if mapped:
-        mapped_layers, mapped_log10_p = test(sorted({(int(x), int(y)) for x, y in block_map}))
-        by_map = mapped_log10_p < log10_p
-        log10_p = min(0.0, min(log10_p, mapped_log10_p) + math.log10(2.0))
-        layers = mapped_layers if by_map else layers
-        notes.append(mapped_note(len(a.blocks), len(b.blocks), by_map))
-    if expert_maps:
-        notes.append(expert_map_note(expert_maps))
-    if set_aside:
-        notes.append(set_aside_note(set_aside))
+        by_map = run_design(sorted({(int(x), int(y)) for x, y in block_map}), test, design)
+        outcome = by_map if by_map.log10_p < by_index.log10_p else by_index
+        log10_p = min(0.0, min(by_index.log10_p, by_map.log10_p) + math.log10(2.0))
+    layers = [block.result for block in outcome.blocks]
     return PairTestResult(
         model_a=a.meta.model,
         model_b=b.meta.model,
@@ -148,9 +130,122 @@ def compare_fingerprints(
         layers=layers,
         n_layers=len(layers),
         inputs=a.meta.input_set,
-        notes=notes,
+        notes=plan_notes(a, b, statistic, mapped) + outcome_notes(outcome, a, b, mapped, outcome is by_map),
         closeness=mean_closeness(layers),
     )
+
+
+# -- stage 1: plan -----------------------------------------------------------------------------------------------
+
+
+def plan_notes(a: Fingerprint, b: Fingerprint, statistic: str, mapped: bool) -> list[str]:
+    """What a reader should know before the blocks: the inputs, a depth difference, phi_H's weakness."""
+    if is_shared_string_input_set(a.meta.input_set):
+        notes = [shared_inputs_note(a.meta.input_set, a.meta.token_range)]
+    else:
+        notes = input_notes(
+            (a.meta.tokenizer_hash, b.meta.tokenizer_hash), (a.meta.vocab_size, b.meta.vocab_size), a.meta.token_range
+        )
+    if len(a.blocks) != len(b.blocks) and not mapped:
+        notes.append(depth_note(len(a.blocks), len(b.blocks)))
+    if statistic == "hidden":
+        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
+    return notes
+
+
+# -- stage 2: pair -----------------------------------------------------------------------------------------------
+
+
+def pair_blocks(a: Fingerprint, b: Fingerprint, pairing: BlockPairing) -> BlockPair:
+    """Block ``pairing[0]`` of A against block ``pairing[1]`` of B, each MLP of one paired with one of the other."""
+    layer_a, layer_b = pairing
+    experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
+    paired = pair_fingerprint_experts(a, b, layer_a, layer_b)
+    shown = not paired.by_index or len(experts_a) != len(experts_b)
+    return BlockPair(layer_a, layer_b, paired, [(experts_a[i], experts_b[j]) for i, j in paired.pairs],
+                     paired.describe() if shown else None)
+
+
+def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
+    """Which expert of A's block goes with which of B's (scanner.stats.experts: matched, not paired by index), with
+    each block's own routed-expert count."""
+    return pair_block_experts(
+        [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
+        a.meta.routed_experts(layer_a), b.meta.routed_experts(layer_b),
+    )
+
+
+# -- stages 3 and 4: screen and match ----------------------------------------------------------------------------
+
+
+def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], statistic: str, *,
+                     device: str | None, solver: AssignmentSolver, workers: int) -> list[BlockOutcome]:
+    """Every paired MLP's test, screened on each side's informative units. phi_MATCH on a GPU (or with the auction)
+    solves every block's assignments as one batch; otherwise blocks go one at a time, on ``workers`` threads."""
+    if statistic == "hidden":
+        def hidden(pair: BlockPair) -> BlockOutcome:
+            return outcome(pair, [phi_h(x.hidden(a.meta.hidden_act, a.meta.mlp_kind),
+                                        y.hidden(b.meta.hidden_act, b.meta.mlp_kind), device=device)
+                                  for x, y in pair.mlps])
+
+        return parallel_map(hidden, pairs, workers)
+    sign_free = a.meta.up_sign_free
+
+    def matched(group: list[BlockPair]) -> list[BlockOutcome]:
+        mlps = [mlp for pair in group for mlp in pair.mlps]
+        tests = iter(phi_match_many([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, solver=solver,
+                                    up_sign_free=sign_free,
+                                    screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps]))
+        return [outcome(pair, [next(tests) for _ in pair.mlps]) for pair in group]
+
+    if device is not None or solver == "auction":
+        return matched(pairs)
+    return parallel_map(lambda pair: matched([pair])[0], pairs, workers)
+
+
+def outcome(pair: BlockPair, tests: list[BlockTest]) -> BlockOutcome:
+    """A block pair's tests combined, with what the screen set aside in it."""
+    set_aside = "; ".join(sorted({t.set_aside for t in tests if t.set_aside}))
+    return BlockOutcome(block_result(pair.layer_a, pair.layer_b, tests, pair.pairing), set_aside, pair.expert_map)
+
+
+# -- stage 5: combine --------------------------------------------------------------------------------------------
+
+
+def run_design(block_pairs: list[BlockPairing], test: Callable[[list[BlockPairing]], list[BlockOutcome]],
+               design: SequentialDesign | None) -> DesignOutcome:
+    """FISHER over the block pairs' results; under ``design`` the screening blocks first, the rest only when those
+    do not settle the test (scanner.stats.sequential keeps the reported p-value valid)."""
+    screen = [block_pairs[i] for i in design.screen(len(block_pairs))] if design is not None else block_pairs
+    blocks = test(screen)
+    log10_p = log10_fisher([block.result.log10_p for block in blocks])
+    if design is None or len(screen) == len(block_pairs):
+        return DesignOutcome(blocks, log10_p, compared_of=len(block_pairs))
+    if design.stops(log10_p):
+        return DesignOutcome(blocks, log10_p, [layer for layer, _ in screen], len(block_pairs))
+    blocks = sorted([*blocks, *test([p for p in block_pairs if p not in screen])],
+                    key=lambda block: block.result.layer_a)
+    log10_p = design.continued_log10_p(log10_fisher([block.result.log10_p for block in blocks]))
+    return DesignOutcome(blocks, log10_p, compared_of=len(block_pairs))
+
+
+def block_result(
+    layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
+) -> LayerResult:
+    """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
+    one dense MLP (rho is then undefined); closeness is the mean over the experts' matched units."""
+    closeness = [t.closeness for t in tests if t.closeness is not None]
+    mean = sum(closeness) / len(closeness) if closeness else None
+    if len(tests) == 1:
+        return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units, mean)
+    log10_p = pairing.combine([t.log10_p for t in tests]) if pairing is not None else fisher(tests)
+    return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests), mean)
+
+
+def mean_closeness(layers: list[LayerResult]) -> float | None:
+    """The pair's closeness: the mean over compared blocks (None when no block has one, e.g. phi_H)."""
+    values = [layer.closeness for layer in layers if layer.closeness is not None]
+    return sum(values) / len(values) if values else None
 
 
 def parallel_map(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
@@ -161,10 +256,24 @@ def parallel_map(function: Callable[[T], R], items: Sequence[T], workers: int) -
         return list(pool.map(function, items))
 
 
-def mean_closeness(layers: list[LayerResult]) -> float | None:
-    """The pair's closeness: the mean over compared blocks (None when no block has one, e.g. phi_H)."""
-    values = [layer.closeness for layer in layers if layer.closeness is not None]
-    return sum(values) / len(values) if values else None
+# -- notes -------------------------------------------------------------------------------------------------------
+
+
+def outcome_notes(outcome: DesignOutcome, a: Fingerprint, b: Fingerprint, mapped: bool, by_map: bool) -> list[str]:
+    """What the reported pairing's stages did: the screen that settled it, the Bonferroni over two pairings, the
+    experts' map and the units set aside."""
+    notes = []
+    if outcome.settled_by is not None:
+        notes.append(screen_note(outcome.settled_by, outcome.compared_of, outcome.log10_p))
+    if mapped:
+        notes.append(mapped_note(len(a.blocks), len(b.blocks), by_map))
+    expert_maps = {block.result.layer_a: block.expert_map for block in outcome.blocks if block.expert_map}
+    if expert_maps:
+        notes.append(expert_map_note(expert_maps))
+    set_aside = {block.result.layer_a: block.set_aside for block in outcome.blocks if block.set_aside}
+    if set_aside:
+        notes.append(set_aside_note(set_aside))
+    return notes
 
 
 def screen_note(screen: list[int], depth: int, log10_p: float) -> str:
@@ -205,14 +314,6 @@ def depth_note(depth_a: int, depth_b: int) -> str:
     )
 
 
-def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
-    """Which expert of A's block goes with which of B's (scanner.stats.experts: matched, not paired by index)."""
-    return pair_block_experts(
-        [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
-        a.meta.n_experts, b.meta.n_experts,
-    )
-
-
 def expert_map_note(expert_maps: dict[int, str]) -> str:
     """One note for every block whose experts were not paired by index: B's expert <- A's expert."""
     blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(expert_maps.items()))
@@ -221,21 +322,8 @@ def expert_map_note(expert_maps: dict[int, str]) -> str:
 
 
 def set_aside_note(set_aside: dict[int, str]) -> str:
-    """One note for every block where MATCH set units aside: all-zero or duplicated units carry no evidence, and
-    a solver would break their ties by index order (scanner.stats.degenerate)."""
+    """One note for every block where MATCH set units aside: all-zero and constant units carry no evidence, and a
+    group of duplicated units is one unit's evidence, kept once (scanner.stats.degenerate)."""
     blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(set_aside.items()))
-    return f"units set aside before matching, as all-zero or duplicated (no evidence; see scanner.stats.degenerate): " \
-           f"{blocks}"
-
-
-def block_result(
-    layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
-) -> LayerResult:
-    """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
-    one dense MLP (rho is then undefined); closeness is the mean over the experts' matched units."""
-    closeness = [t.closeness for t in tests if t.closeness is not None]
-    mean = sum(closeness) / len(closeness) if closeness else None
-    if len(tests) == 1:
-        return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units, mean)
-    log10_p = pairing.combine([t.log10_p for t in tests]) if pairing is not None else fisher(tests)
-    return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests), mean)
+    return ("units set aside before matching, as all-zero, constant, or copies of a unit that was kept (see "
+            f"scanner.stats.degenerate): {blocks}")

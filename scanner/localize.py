@@ -33,7 +33,7 @@ from scanner.errors import IncomparableError
 from scanner.inputs import InputSpec
 from scanner.replay import replay
 from scanner.stats.block_map import block_map, bonferroni_log10
-from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, screen_units
+from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, merge_groups
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows
@@ -118,9 +118,12 @@ def localize(
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
-    units_a, units_b = _unit_blocks(a.blocks, device), _unit_blocks(b.blocks, device)
-    tester = _PairTester(len(units_a) * len(units_b), (a.meta.n_experts, b.meta.n_experts), threshold_log10,
-                         screen_units, screen_stop_log10_p)
+    sign_free = a.meta.up_sign_free
+    units_a, units_b = _unit_blocks(a.blocks, device, sign_free), _unit_blocks(b.blocks, device, sign_free)
+    routed = ([a.meta.routed_experts(i) for i in range(len(a.blocks))],
+              [b.meta.routed_experts(j) for j in range(len(b.blocks))])
+    tester = _PairTester(len(units_a) * len(units_b), routed, sign_free, threshold_log10, screen_units,
+                         screen_stop_log10_p)
     for j, block_b in enumerate(units_b):
         for i, block_a in enumerate(units_a):
             tester.test(i, j, block_a, block_b)
@@ -146,12 +149,13 @@ def localize_replayed(
     Bonferroni guarantee.
     """
     replayed = replay(path_a, path_b, inputs=inputs, device=device)
-    units_a = _unit_blocks(replayed.a, device)
-    tester = _PairTester(len(units_a) * len(replayed.b[0]), (replayed.n_experts_a, replayed.n_experts_b),
+    sign_free = replayed.up_sign_free
+    units_a = _unit_blocks(replayed.a, device, sign_free)
+    tester = _PairTester(len(units_a) * len(replayed.b[0]), (replayed.routed_a, replayed.routed_b), sign_free,
                          threshold_log10, screen_units, screen_stop_log10_p)
     for j in range(len(replayed.b[0])):
         for i, block_a in enumerate(units_a):
-            tester.test(i, j, block_a, _unit_blocks([replayed.b[i][j]], device)[0])
+            tester.test(i, j, block_a, _unit_blocks([replayed.b[i][j]], device, sign_free)[0])
             replayed.b[i][j] = []  # tested: free it
     note = (f"every block of B was run on the residual stream entering each block of A, mapped into B's basis "
             f"(scanner.replay; input set {replayed.input_set.id})")
@@ -162,28 +166,29 @@ class _PairTester:
     """The block-pair tests of one localize: p-values, screens, expert pairings, and unit maps of the pairs that
     could be mapped (Bonferroni-corrected p at most the threshold), so blocks need not be kept until the end."""
 
-    def __init__(self, n_pairs: int, routed: tuple[int, int], threshold_log10: float, screen_units: int | None,
-                 screen_stop_log10_p: float) -> None:
+    def __init__(self, n_pairs: int, routed: tuple[list[int], list[int]], up_sign_free: bool, threshold_log10: float,
+                 screen_units: int | None, screen_stop_log10_p: float) -> None:
         self.log10_p: dict[tuple[int, int], float] = {}
         self.unit_maps: dict[tuple[int, int], np.ndarray] = {}
         self.n_pairs, self.routed, self.threshold = n_pairs, routed, threshold_log10
+        self.up_sign_free = up_sign_free
         self.screen_units, self.screen_stop = screen_units, screen_stop_log10_p
         self.screened, self.moe = 0, False
 
     def test(self, i: int, j: int, block_a: list[Units], block_b: list[Units]) -> None:
         self.moe |= len(block_a) > 1 or len(block_b) > 1
-        pairing = pair_block_experts(_on_cpu(block_a), _on_cpu(block_b), *self.routed)
+        pairing = pair_block_experts(_on_cpu(block_a), _on_cpu(block_b), self.routed[0][i], self.routed[1][j])
         paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
         rows = _screen_rows(block_a, block_b, self.screen_units)
         if rows is not None:
-            self.log10_p[(i, j)] = _block_log10_p(paired, pairing, rows)
+            self.log10_p[(i, j)] = _block_log10_p(paired, pairing, self.up_sign_free, rows)
             if self.log10_p[(i, j)] > self.screen_stop:
                 self.screened += 1
                 return
-        self.log10_p[(i, j)] = _block_log10_p(paired, pairing)
+        self.log10_p[(i, j)] = _block_log10_p(paired, pairing, self.up_sign_free)
         if self.log10_p[(i, j)] + math.log10(max(1, self.n_pairs)) <= self.threshold:
             (x, y) = pairing.pairs[0]
-            self.unit_maps[(i, j)] = _unit_map(block_a[x], block_b[y])
+            self.unit_maps[(i, j)] = _unit_map(block_a[x], block_b[y], self.up_sign_free)
 
     def result(self, model_a: str, model_b: str, monotone: bool, notes: list[str]) -> LocalizeResult:
         rows = 1 + max((i for i, _ in self.log10_p), default=-1)
@@ -224,20 +229,27 @@ def _screen_rows(block_a: list[Units], block_b: list[Units], units: int | None) 
     return np.unique(np.linspace(0, width_a - 1, units).round().astype(np.int64))
 
 
-def _block_log10_p(paired: list[tuple[Units, Units]], pairing: ExpertPairing, rows: Any = None) -> float:
+def _block_log10_p(paired: list[tuple[Units, Units]], pairing: ExpertPairing, up_sign_free: bool,
+                   rows: Any = None) -> float:
     """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given
     (indices among A's informative units); an expert pair with too few informative units counts as p = 1."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
-    log10_ps = [phi_match_similarity(pick(a.gate) @ b.gate.T, pick(a.up) @ b.up.T).log10_p
+    log10_ps = [phi_match_similarity(pick(a.gate) @ b.gate.T, _up_similarity(pick(a.up), b.up, up_sign_free)).log10_p
                 if min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS else 0.0 for a, b in paired]
     return pairing.combine(log10_ps)
 
 
+def _up_similarity(up_a: Any, up_b: Any, sign_free: bool) -> Any:
+    """Cosines of unit-length up rows, up to sign where the view's sign is free (scanner.stats.matching)."""
+    similarity = up_a @ up_b.T
+    return abs(similarity) if sign_free else similarity
+
+
 @dataclass(frozen=True)
 class Units:
-    """One MLP's informative units (scanner.stats.degenerate: all-zero, constant and duplicated ones set aside, so
-    no tie is broken by index order): gate and up activations with unit-length rows, on the device, and each row's
-    unit."""
+    """One MLP's informative units (scanner.stats.degenerate: all-zero and constant ones set aside, each group of
+    duplicated units one unit, so no tie is broken by index order): gate and up activations with unit-length rows, on
+    the device, and each row's unit."""
 
     gate: Any
     up: Any
@@ -245,14 +257,16 @@ class Units:
     width: int  # units in the MLP, set-aside ones included
 
 
-def _unit_blocks(blocks: list[list[MLPActivations]], device: str) -> list[list[Units]]:
+def _unit_blocks(blocks: list[list[MLPActivations]], device: str, up_sign_free: bool) -> list[list[Units]]:
     """Per block, per expert: its informative units, on ``device``."""
     out = []
     for experts in blocks:
         units = []
         for e in experts:
-            kept = np.flatnonzero(screen_units(e.gate, e.up).informative)
-            gate, up = unit_rows(e.gate[kept]), unit_rows(e.up[kept])
+            screen = e.screen(up_sign_free)
+            kept = np.flatnonzero(screen.informative)
+            gate, up = (unit_rows(merge_groups(x, screen, flip) if screen.duplicated else x[kept])
+                        for x, flip in ((e.gate, False), (e.up, up_sign_free)))
             if device != "cpu":
                 import torch
 
@@ -269,10 +283,10 @@ def _on_cpu(block: list[Units]) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(u.gate.float().cpu().numpy(), u.up.float().cpu().numpy()) for u in block]
 
 
-def _unit_map(a: Units, b: Units) -> np.ndarray:
+def _unit_map(a: Units, b: Units, up_sign_free: bool) -> np.ndarray:
     """B unit -> A unit by MATCH on gate and up together (sum of both cosines), over the informative units; -1 for
     B's leftover and set-aside units."""
-    matching = match_similarity(a.gate @ b.gate.T + a.up @ b.up.T)
+    matching = match_similarity(a.gate @ b.gate.T + _up_similarity(a.up, b.up, up_sign_free))
     unit_map = np.full(b.width, -1, dtype=np.int64)
     unit_map[b.kept[matching.b_index]] = a.kept[matching.a_index]
     return unit_map

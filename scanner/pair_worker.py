@@ -100,7 +100,8 @@ class PairWorker:
     def _on_device(self, x: MLPActivations) -> MLPActivations:
         import torch
 
-        return MLPActivations(torch.tensor(x.gate, device=self.device), torch.tensor(x.up, device=self.device))
+        return dataclasses.replace(x, gate=torch.tensor(x.gate, device=self.device),
+                                   up=torch.tensor(x.up, device=self.device))
 
     def _resident(self, fingerprint: Fingerprint) -> Fingerprint:
         if self.device == "cpu" or self.statistic != "match" or any(len(block) != 1 for block in fingerprint.blocks):

@@ -51,8 +51,9 @@ class Replay:
 
     a: list[list[MLPActivations]]
     b: list[list[list[MLPActivations]]]
-    n_experts_a: int
-    n_experts_b: int
+    routed_a: list[int]  # routed experts of each block (0: dense)
+    routed_b: list[int]
+    up_sign_free: bool  # gated MLPs: the up view's sign carries no identity
     input_set: InputSet
 
 
@@ -140,7 +141,8 @@ def replay(path_a: str | Path, path_b: str | Path, *, inputs: InputSpec = InputS
     return Replay(
         a=acts_a,
         b=acts_b,
-        n_experts_a=a.adapter.shape.n_experts,
-        n_experts_b=b.adapter.shape.n_experts,
+        routed_a=[a.adapter.routed_experts(layer) for layer in range(len(a.layers))],
+        routed_b=[b.adapter.routed_experts(layer) for layer in range(len(b.layers))],
+        up_sign_free=getattr(a.adapter, "mlp_kind", "gated") == "gated",
         input_set=input_set,
     )

@@ -46,9 +46,11 @@ CHAIN_SPEC = ChainSpec(length=3)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
-#: Fixtures that make a test slow: the trained zoos and the real model (minutes to build on a fresh machine) and
-#: Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2"})
+#: Fixtures that make a test slow: the trained zoos and the real model (minutes to build on a fresh machine), the
+#: adversary suite's briefly trained models of every kind (test_adversary.py), and Ray clusters (a local one in
+#: test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
+SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
+                           "trained_kinds"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.

@@ -33,6 +33,7 @@ from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams, projection, retrieval_entry, unit_signatures
 from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, screen_units
 from scanner.stats.independence import phi_h, phi_match, phi_u
+from scanner.stats.logp import log10_inverse_factorial
 from tests.synthetic_fingerprints import template_fingerprint
 
 PAIRS = 150
@@ -230,3 +231,81 @@ def test_constant_units_do_not_make_unrelated_models_retrieval_candidates(
     assert retrieval_entry(zero).vectors.shape[0] == 0  # an all-zero model has nothing to retrieve by
     older = {k: v for k, v in DEFAULT_PARAMS.to_json_dict().items() if k != "screen"}  # an entry from before
     assert SignatureParams.from_json_dict(older) != DEFAULT_PARAMS  # the screen: made again, not reused
+
+
+# -- what a copier can do to units: scale, sign, copies ----------------------------------------------------------
+
+
+def _views(rng: np.random.Generator, units: int = UNITS) -> tuple[np.ndarray, np.ndarray]:
+    """A random GLU's two views on a residual stream of 64 dimensions (unrelated units far below the group bar)."""
+    x = rng.normal(size=(TOKENS, 64))
+    return (x @ rng.normal(size=(units, 64)).T).T, (x @ rng.normal(size=(units, 64)).T).T
+
+
+def _split(gate: np.ndarray, up: np.ndarray, copies: int, jitter: float, rng: np.random.Generator
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit made ``copies`` units with antithetic jitter (the copies' jitters sum to zero), shuffled, every copy
+    rescaled by its own factor in 1e-20..1e20 and its up view's sign flipped at random (all output-preserving for a
+    gated unit whose output column is shared and rescaled back)."""
+    def copied(rows: np.ndarray) -> np.ndarray:
+        noise = rng.normal(size=(rows.shape[0], copies, rows.shape[1]))
+        noise -= noise.mean(axis=1, keepdims=True)
+        scale = np.linalg.norm(rows, axis=1)[:, None, None] / np.sqrt(rows.shape[1])
+        return (rows[:, None, :] + jitter * scale * noise).reshape(-1, rows.shape[1])
+
+    order = rng.permutation(gate.shape[0] * copies)
+    scales = 10.0 ** rng.uniform(-20, 20, size=(order.size, 1))
+    signs = rng.choice([-1.0, 1.0], size=(order.size, 1))
+    return copied(gate)[order], (copied(up)[order] * scales * signs)
+
+
+def test_the_screen_does_not_see_a_unit_s_scale_or_its_up_view_s_sign() -> None:
+    """Rows rescaled by factors from 1e-30 to 1e30 (and up rows negated at random, where the sign is free) give the
+    same screen: zeros, constants and groups are read from directions, never from sizes."""
+    rng = np.random.default_rng(21)
+    gate, up = _views(rng)
+    gate[3], up[3] = 0.0, 0.0
+    gate[4], up[4] = 2.0, -1.0
+    gate[7], up[7] = gate[9], up[9]
+    plain = screen_units(gate, up, sign_free=(False, True))
+    scales = 10.0 ** rng.uniform(-30, 30, size=(UNITS, 1))
+    disguised = screen_units(gate * scales, up / scales * rng.choice([-1.0, 1.0], size=(UNITS, 1)),
+                             sign_free=(False, True))
+    assert (plain.zero, plain.constant, plain.duplicated) == (1, 1, 1)
+    assert np.array_equal(plain.informative, disguised.informative) and np.array_equal(plain.group, disguised.group)
+
+
+def test_a_group_of_copies_counts_once_and_at_its_lowest_index() -> None:
+    rng = np.random.default_rng(22)
+    gate, up = _views(rng)
+    for copy_of, copies in ((5, (30, 40)), (6, (2,))):
+        for row in copies:
+            gate[row], up[row] = 3.0 * gate[copy_of], -0.5 * up[copy_of]
+    screen = screen_units(gate, up, sign_free=(False, True))
+    assert screen.duplicated == 3 and screen.kept == UNITS - 3
+    assert screen.group[30] == screen.group[40] == 5 and screen.group[6] == 2 and screen.informative[2]
+    assert not screen.informative[[6, 30, 40]].any()
+    signed = screen_units(gate, up)  # the up view's sign taken at its word: negated copies are other units
+    assert signed.duplicated == 1 and signed.group[40] == 30 and signed.group[5] == 5
+
+
+@pytest.mark.parametrize(("copies", "jitter"), [(2, 0.0), (3, 0.0), (4, 0.25), (8, 0.3)])
+def test_a_block_split_into_jittered_rescaled_copies_tests_at_the_permutation_floor(copies: int, jitter: float) -> None:
+    """The copies of a unit form one group whose mean is the unit (antithetic jitter cancels), so the split copy is
+    matched unit for unit; taken one by one, the copies made the gate and up matchings pick different copies."""
+    rng = np.random.default_rng(23)
+    gate, up = _views(rng, units=64)
+    split = _split(gate, up, copies, jitter, rng)
+    result = phi_match(gate, up, *split, up_sign_free=True)
+    assert result.log10_p <= log10_inverse_factorial(64) + 1.0 and result.closeness >= 0.99
+    assert phi_match(*split, gate, up, up_sign_free=True).log10_p <= log10_inverse_factorial(64) + 1.0
+    assert "duplicated" in result.set_aside
+
+
+def test_copies_whose_jitter_is_too_large_are_other_units() -> None:
+    """Known limit (docs/statistics.md): copies whose directions differ by more than the group's cosine bar are
+    separate units; the screen groups none of them."""
+    rng = np.random.default_rng(24)
+    gate, up = _views(rng, units=64)
+    split = _split(gate, up, 4, 1.5, rng)
+    assert screen_units(*split, sign_free=(False, True)).duplicated == 0

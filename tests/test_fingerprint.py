@@ -38,6 +38,7 @@ from scanner.fingerprint import (
     fingerprint_model,
     read_fingerprint,
     read_fingerprint_meta,
+    stored_activations,
     write_fingerprint,
 )
 from scanner.fingerprint_compare import compare_fingerprints
@@ -89,7 +90,7 @@ def _parts(fp: Fingerprint) -> list[tuple[str, np.ndarray]]:
         (f"{layer}.{expert}.{part}", getattr(acts, part))
         for layer, experts in enumerate(fp.blocks)
         for expert, acts in enumerate(experts)
-        for part in ("gate", "up")
+        for part in ("gate", "up", "gate_scale", "up_scale")
     ]
 
 
@@ -237,14 +238,18 @@ def test_fingerprint_round_trip_is_exact(tiny: Callable[[str], Path], tmp_path: 
     assert back.meta == fp.meta == read_fingerprint_meta(file)
     assert [len(experts) for experts in back.blocks] == EXPERTS["qwen2_moe"]
     for (place, got), (_, want) in zip(_parts(back), _parts(fp), strict=True):
-        assert got.dtype == want.dtype == np.float16 and np.array_equal(got, want), place
+        dtype = np.float32 if place.endswith("scale") else np.float16
+        assert got.dtype == want.dtype == dtype and np.array_equal(got, want), place
 
     checkpoint = open_checkpoint(folder)
     stream = stream_mlp_activations(checkpoint, adapter_for(checkpoint), _ids())
     streamed = [acts for _, block in stream for acts in block]
     stored = [acts for experts in back.blocks for acts in experts]
     for s, a in zip(stored, streamed, strict=True):
-        assert np.array_equal(s.gate, a.gate.astype(np.float16)) and np.array_equal(s.up, a.up.astype(np.float16))
+        computed = stored_activations(a, "float16")
+        assert all(np.array_equal(getattr(s, part), getattr(computed, part))
+                   for part in ("gate", "up", "gate_scale", "up_scale"))
+        assert np.allclose(s.values("gate"), a.gate, rtol=1e-3, atol=1e-3 * np.abs(a.gate).max())
     meta = back.meta
     assert (meta.input_set, meta.input_spec) == (canonical_inputs(VOCAB, SPEC).id, asdict(SPEC))
     assert (meta.n_layers, meta.n_experts, meta.intermediate_size) == (LAYERS, 4, 16)
@@ -344,7 +349,8 @@ def _plain_safetensors(file: Path) -> None:
     [
         (_flip_a_data_byte, "the activations do not match their recorded sha256"),
         (_truncate, "is not a readable fingerprint"),
-        (_other_format, f"format {FINGERPRINT_FORMAT + 1}, but this hubtrace .* reads format 1; re-fingerprint"),
+        (_other_format, f"format {FINGERPRINT_FORMAT + 1}, but this hubtrace .* reads format {FINGERPRINT_FORMAT}; "
+                        "re-fingerprint"),
         (_plain_safetensors, "is a safetensors file but not a hubtrace fingerprint"),
     ],
 )
@@ -359,24 +365,30 @@ def test_damaged_or_foreign_files_are_refused_in_one_line(
     assert "\n" not in str(caught.value) and str(file) in str(caught.value)
 
 
-def test_float16_storage_keeps_float32_for_values_it_cannot_hold(tiny: Callable[[str], Path], tmp_path: Path) -> None:
-    """Block 1's gate weights scaled by 1e6 give gate outputs beyond 65504: stored as float32, never as inf."""
+def test_a_unit_of_any_scale_keeps_its_direction_in_float16_storage(tiny: Callable[[str], Path], tmp_path: Path) -> None:
+    """Block 1's gate weights scaled by 1e6 give gate outputs beyond float16's 65504, and one up row scaled by 1e-10
+    gives outputs below its smallest subnormal (6e-8): each unit is stored as its row over its peak (float16) and the
+    peak (float32), so neither overflows nor flushes to zero; the directions are those of float32 storage to float16's
+    precision, and `values` gives the activations back."""
     folder = tmp_path / "loud"
     folder.mkdir()
     (folder / "config.json").write_text((tiny("llama") / "config.json").read_text())
     weights = load_file(tiny("llama") / "model.safetensors")
     weights["model.layers.1.mlp.gate_proj.weight"] *= 1e6
+    weights["model.layers.0.mlp.up_proj.weight"][3] *= 1e-10
     save_torch_file(weights, str(folder / "model.safetensors"))
 
     half = fingerprint_model(folder, inputs=SPEC)
     full = fingerprint_model(folder, inputs=SPEC, storage_dtype="float32")
-    loud = half.blocks[1][0].gate
-    assert loud.dtype == np.float32 and np.abs(loud).max() > np.finfo(np.float16).max
-    assert np.array_equal(loud, full.blocks[1][0].gate)
-    assert half.blocks[1][0].up.dtype == half.blocks[0][0].gate.dtype == np.float16
     write_fingerprint(half, tmp_path / "loud.safetensors")
-    back = read_fingerprint(tmp_path / "loud.safetensors").blocks[1][0].gate
-    assert back.dtype == np.float32 and np.isfinite(back).all() and np.array_equal(back, loud)
+    back = read_fingerprint(tmp_path / "loud.safetensors")
+    loud, quiet = back.blocks[1][0], back.blocks[0][0]
+    assert loud.gate.dtype == quiet.up.dtype == np.float16 and loud.gate_scale.dtype == np.float32
+    assert np.abs(loud.gate).max() == 1.0 and loud.gate_scale.max() > np.finfo(np.float16).max
+    assert np.abs(quiet.up[3]).max() == 1.0 and 0 < quiet.up_scale[3] < 1e-7
+    for a, b in ((loud.gate, full.blocks[1][0].gate), (quiet.up, full.blocks[0][0].up)):
+        assert np.abs(a.astype(np.float32) - b).max() <= 1e-3
+    assert np.isfinite(loud.values("gate")).all() and np.abs(loud.values("gate")).max() > 1e5
 
 
 # -- comparability -----------------------------------------------------------------------------------------------

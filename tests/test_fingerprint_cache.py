@@ -26,9 +26,9 @@ from tests.synthetic_fingerprints import template_fingerprint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 BUCKET = "fp-cache"
-DEPTH, UNITS, TOKENS = 8, 512, 64
-#: Bytes of one block: gate and up, UNITS x TOKENS float32 each.
-BLOCK_BYTES = 2 * UNITS * TOKENS * 4
+DEPTH, UNITS, TOKENS = 8, 512, 128
+#: Bytes of one block: gate and up, UNITS x TOKENS float16 each, and a float32 scale per unit of each.
+BLOCK_BYTES = 2 * UNITS * (TOKENS * 2 + 4)
 #: HTTP response headers, HEAD answers: generous, and far below one block.
 HTTP_OVERHEAD = 32 << 10
 DESIGN = SequentialDesign(screen_blocks=2, stop_below_log10_p=-30.0, stop_above_log10_p=-2.0)

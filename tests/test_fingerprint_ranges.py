@@ -25,16 +25,16 @@ from tests.synthetic_fingerprints import template_fingerprint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 BUCKET = "fp-ranges"
-DEPTH, UNITS, TOKENS = 8, 512, 64
-#: Bytes of one block: gate and up, UNITS x TOKENS float32 each.
-BLOCK_BYTES = 2 * UNITS * TOKENS * 4
+DEPTH, UNITS, TOKENS = 8, 512, 128
+#: Bytes of one block: gate and up, UNITS x TOKENS float16 each, and a float32 scale per unit of each.
+BLOCK_BYTES = 2 * UNITS * (TOKENS * 2 + 4)
 #: HTTP response headers and listing/HEAD answers: generous, and far below one block.
 HTTP_OVERHEAD = 16 << 10
 
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory, s3_env):
-    """A 2 MB fingerprint (8 blocks of 256 KB) in the S3 server, and the fingerprint itself."""
+    """A 2 MB fingerprint (8 blocks of 260 KB) in the S3 server, and the fingerprint itself."""
     template = template_fingerprint(tmp_path_factory.mktemp("llama"), TOKENS)
     fingerprint = synthetic_pair(template, DEPTH, UNITS, {}, seed=5)[0]
     make_bucket(BUCKET)

@@ -66,7 +66,7 @@ class ModuleTreeAdapter:
         if self._embed_name is None:
             raise CheckpointError(f"{checkpoint.path} stores no token embedding (the model's {self._embed_key})")
         first = self.tree.sites[self.block_layers[0]]
-        routed = next((site.experts for site in first if site.experts), 0)
+        routed = max(self.routed_experts(block) for block in range(len(self.block_layers)))
         architectures = checkpoint.config.get("architectures") or [checkpoint.config["model_type"]]
         vocab, hidden = checkpoint.shape(self._embed_name)
         self.shape = ModelShape(
@@ -100,6 +100,11 @@ class ModuleTreeAdapter:
         layers = self.tree.stack.layers_path + "."
         return [name for name, key in self.tree.model_keys.items()
                 if key.startswith(base) and not key.startswith(layers) and key != self._embed_key]
+
+    def routed_experts(self, block: int) -> int:
+        """Routed experts of MLP block ``block``, read from that block's own sites: a model may mix dense and MoE
+        blocks (DeepSeek-V3's and GLM-4.5's dense first blocks, Llama 4's and Jamba's interleaved ones)."""
+        return next((site.experts for site in self.tree.sites[self.block_layers[block]] if site.experts), 0)
 
     @property
     def model_layers(self) -> list[int] | None:

@@ -6,7 +6,11 @@ models on the same input set are comparable), concatenated and scaled to unit le
 transformations of a derivative do to it:
 
 * permuting hidden units permutes the signatures (the entry keeps a set of them, in a canonical order);
-* rescaling a unit's gate/up against its down projection (T6) is removed by the unit-length scaling;
+* rescaling a unit's gate/up against its down projection (T6) is removed by the unit-length scaling, and a
+  negative factor (a gated MLP's up row and down column both negated: the outputs do not change) by the up part's
+  sign-free form (version 3): of a unit-length projection p, the traceless outer product p p^T - I/dim, projected
+  back to ``dim`` dimensions by a second fixed matrix; the cosine of two such parts is ((p.q)^2 - 1/dim)/(1 - 1/dim),
+  1 for p = +-q, near 0 for unrelated units, and it moves smoothly with p (no sign is ever chosen);
 * rotating or permuting the residual stream (T1, T3) changes weights, not activations on token inputs;
 * a fine-tune, a merge or a width prune moves a kept unit's activations a little, so its signature stays close.
 
@@ -41,7 +45,7 @@ from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
 from scanner.stats.degenerate import screen_units
 
-SIGNATURE_VERSION = 2
+SIGNATURE_VERSION = 3
 _NORM_FLOOR = 1e-12
 
 
@@ -98,11 +102,23 @@ def projection(tokens: int, params: SignatureParams) -> tuple[np.ndarray, np.nda
     return matrix, direction / np.linalg.norm(direction)
 
 
-def unit_signatures(gate: np.ndarray, up: np.ndarray, params: SignatureParams) -> np.ndarray:
-    """Signatures of every unit of one MLP: (units, 2*dim) float32 unit rows."""
+def unit_signatures(gate: np.ndarray, up: np.ndarray, params: SignatureParams, up_sign_free: bool = False
+                    ) -> np.ndarray:
+    """Signatures of every unit of one MLP: (units, 2*dim) float32 unit rows; ``up_sign_free`` (a gated MLP, from
+    version 3 on) makes the up part the same for a unit and its negation."""
     matrix, _ = projection(gate.shape[1], params)
-    parts = [_unit_rows(_unit_rows(np.asarray(x, dtype=np.float32)) @ matrix) for x in (gate, up)]
-    return _unit_rows(np.concatenate(parts, axis=1))
+    gate_part, up_part = (_unit_rows(_unit_rows(np.asarray(x, dtype=np.float32)) @ matrix) for x in (gate, up))
+    if up_sign_free and params.version >= 3:
+        up_part = sign_free_part(up_part, params)
+    return _unit_rows(np.concatenate([gate_part, up_part], axis=1))
+
+
+def sign_free_part(rows: np.ndarray, params: SignatureParams) -> np.ndarray:
+    """Unit rows p -> unit rows of R vec(p p^T - I/dim) (R a fixed (dim, dim^2) Gaussian): see the module docstring."""
+    dim = params.dim
+    mixing = np.random.default_rng([params.seed, params.version, 2]).standard_normal((dim, dim, dim)).astype(np.float32)
+    quadratic = np.einsum("ni,ikj,nj->nk", rows, mixing, rows, optimize=True)
+    return _unit_rows(quadratic - np.trace(mixing, axis1=0, axis2=2)[None, :] / dim)
 
 
 def select_units(signatures: np.ndarray, params: SignatureParams, tokens: int, keep: int) -> np.ndarray:
@@ -132,9 +148,10 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
     wider query top, not in its indexed one."""
     vectors, blocks, indexed = [], [], []
     for layer, experts in enumerate(fingerprint.blocks):
-        signatures = np.concatenate([unit_signatures(e.gate, e.up, params) for e in experts])
+        sign_free = fingerprint.meta.up_sign_free
+        signatures = np.concatenate([unit_signatures(e.gate, e.up, params, sign_free) for e in experts])
         if params.screen:
-            signatures = signatures[informative_units(experts)]
+            signatures = signatures[informative_units(experts, sign_free)]
         tokens = experts[0].gate.shape[1]
         kept = select_units(signatures, params, tokens, params.query_units_per_block)
         chosen = signatures[kept]
@@ -145,10 +162,11 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
                           len(fingerprint.blocks), fingerprint.meta.input_set, params)
 
 
-def informative_units(experts: Sequence[MLPActivations]) -> np.ndarray:
-    """Bool per unit of the block (experts in order, competing together): not all-zero, not constant, and of a
-    direction no other unit of the block has, in the gate and in the up view."""
-    return screen_units(np.concatenate([e.gate for e in experts]), np.concatenate([e.up for e in experts])).informative
+def informative_units(experts: Sequence[MLPActivations], up_sign_free: bool = False) -> np.ndarray:
+    """Bool per unit of the block (experts in order, competing together): not all-zero, not constant, and one per
+    group of units that repeat a direction in the gate and the up view (phi_MATCH's screen)."""
+    return screen_units(np.concatenate([e.gate for e in experts]), np.concatenate([e.up for e in experts]),
+                        sign_free=(False, up_sign_free)).informative
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:

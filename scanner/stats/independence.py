@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from scanner.stats.degenerate import UnitScreen, describe, screen_units, too_few
+from scanner.stats.degenerate import UnitScreen, describe, merge_groups, screen_units, too_few
 from scanner.stats.logp import log10_fisher, log10_matching_p, log10_permutation_p
 from scanner.stats.matching import (
     AssignmentSolver,
@@ -70,7 +70,8 @@ def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = No
 
 
 def phi_match(
-    gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray, *, device: str | None = None
+    gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray, *, device: str | None = None,
+    up_sign_free: bool = False,
 ) -> BlockTest:
     """Robust phi_MATCH: Spearman between the gate-activation and the up-activation matchings.
 
@@ -78,9 +79,11 @@ def phi_match(
     the output, so the two matchings agree for dependent models whatever was done to the units, and
     are unrelated for independent ones. Works for different widths (the smaller side is matched).
     ``device`` (e.g. "cuda") computes the cosine matrices there; the matchings are the same. Units that are
-    all-zero or duplicated in either view are set aside first (scanner.stats.degenerate).
+    all-zero or constant in either view are set aside first, and each group of duplicated units keeps one
+    (scanner.stats.degenerate). ``up_sign_free``: the up view's sign carries no identity (a gated MLP: negating a
+    unit's up row and its down column keeps the outputs), so up units are matched on |cosine|.
     """
-    return phi_match_many([(gate_a, up_a, gate_b, up_b)], device=device, solver="host")[0]
+    return phi_match_many([(gate_a, up_a, gate_b, up_b)], device=device, solver="host", up_sign_free=up_sign_free)[0]
 
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:
@@ -95,9 +98,12 @@ MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 def phi_match_many(
     blocks: Sequence[MatchInputs], *, device: str | None = None, solver: AssignmentSolver = "auto",
-    max_matrix_bytes: int | None = None,
+    max_matrix_bytes: int | None = None, up_sign_free: bool = False,
+    screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None,
 ) -> list[BlockTest]:
-    """``[phi_match(*x, device=device) for x in blocks]``, with the assignments of many blocks solved together.
+    """``[phi_match(*x, device=device, up_sign_free=up_sign_free) for x in blocks]``, with the assignments of many
+    blocks solved together; ``screens`` (each side's `screen_units` of every block, as `UnitScreen`s made with the
+    same ``up_sign_free``) spares screening units again that a caller screened before.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
     GPU memory, leaving room for the auction's working memory) are built there and their assignments solved as
@@ -109,15 +115,17 @@ def phi_match_many(
     results: list[BlockTest | None] = []
     group: list[tuple[int, MatchInputs, str]] = []  # (position in results, informative inputs, what was set aside)
     group_bytes = 0
-    for inputs in [*blocks, None]:
-        screened = None if inputs is None else _screened(inputs)
+    given = list(screens) if screens is not None else [None] * len(blocks)
+    for inputs, screen in zip([*blocks, None], [*given, None], strict=True):
+        screened = None if inputs is None else _screened(inputs, screen, up_sign_free)
         if isinstance(screened, BlockTest):
             results.append(screened)
             continue
         size = 0 if screened is None else 8 * screened[1][0].shape[0] * screened[1][2].shape[0]  # two float32 matrices
         if group and (screened is None or group_bytes + size > max_matrix_bytes):
             gates = [cosine_similarity_matrix(ga, gb, device=device) for _, (ga, _, gb, _), _ in group]
-            ups = [cosine_similarity_matrix(ua, ub, device=device) for _, (_, ua, _, ub), _ in group]
+            ups = [cosine_similarity_matrix(ua, ub, device=device, sign_free=up_sign_free)
+                   for _, (_, ua, _, ub), _ in group]
             matchings = match_similarities([*gates, *ups], solver)
             for (k, _, note), g, u, by_g, by_u in zip(group, gates, ups, matchings[: len(group)],
                                                        matchings[len(group):], strict=True):
@@ -130,26 +138,40 @@ def phi_match_many(
     return [r for r in results if r is not None]
 
 
-def _screened(inputs: MatchInputs) -> BlockTest | tuple[str, MatchInputs]:
+def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None,
+              up_sign_free: bool) -> BlockTest | tuple[str, MatchInputs]:
     """One block's inputs reduced to its informative units (scanner.stats.degenerate) with a note of what was set
     aside, or the block's no-p-value result when too few are left."""
     gate_a, up_a, gate_b, up_b = inputs
-    a, b = screen_units(gate_a, up_a), screen_units(gate_b, up_b)
+    a, b = screens or (match_screen(gate_a, up_a, up_sign_free), match_screen(gate_b, up_b, up_sign_free))
     if too_few(a, b):
         return _no_p_value(a, b)
     if not (a.set_aside or b.set_aside):
         return "", inputs
-    return describe(a, b), (_rows(gate_a, a.informative), _rows(up_a, a.informative), _rows(gate_b, b.informative),
-                            _rows(up_b, b.informative))
+    return describe(a, b), (_merged(gate_a, a, False), _merged(up_a, a, up_sign_free), _merged(gate_b, b, False),
+                            _merged(up_b, b, up_sign_free))
 
 
-def _rows(view: Any, keep: np.ndarray) -> Any:
-    """The kept rows of a view, which stays where it is: a pair worker's fingerprints are tensors on its GPU."""
-    if hasattr(view, "cpu"):  # a torch tensor (numpy 2 arrays have .device too)
+def match_screen(gate: Any, up: Any, up_sign_free: bool) -> UnitScreen:
+    """The screen phi_MATCH reads one side through: its gate and up views, the up view up to sign where it is free."""
+    return screen_units(gate, up, sign_free=(False, up_sign_free))
+
+
+def _merged(view: Any, screen: UnitScreen, sign_free: bool) -> Any:
+    """The view's informative rows, a duplicate group's as its members' mean (scanner.stats.degenerate), kept where
+    the view lives: a pair worker's fingerprints are tensors on its GPU."""
+    on_gpu = hasattr(view, "cpu")  # a torch tensor (numpy 2 arrays have .device too)
+    if not screen.duplicated:  # no group of several units: the informative rows as they are
+        if on_gpu:
+            import torch
+
+            return view[torch.as_tensor(screen.informative, device=view.device)]
+        return view[screen.informative]
+    if on_gpu:
         import torch
 
-        return view[torch.as_tensor(keep, device=view.device)]
-    return view[keep]
+        return torch.as_tensor(merge_groups(view.float().cpu().numpy(), screen, sign_free), device=view.device)
+    return merge_groups(view, screen, sign_free)
 
 
 def _free_matrix_bytes(device: str | None) -> int:

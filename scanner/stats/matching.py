@@ -41,34 +41,49 @@ class Matching:
         return self.b_index if self.a_rows <= self.b_rows else self.a_index
 
 
-def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None) -> Any:
-    """Cosine similarity between every row of a and every row of b; all-zero rows score 0.
+def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None, sign_free: bool = False) -> Any:
+    """Cosine similarity between every row of a and every row of b; all-zero rows score 0. ``sign_free``: its absolute
+    value, for a view whose sign an output-preserving change can flip unit by unit (a gated MLP's up output: negating
+    a unit's up row and its down column leaves the model's outputs as they were).
 
     With ``device`` None: a float32 numpy array computed on the CPU. With a torch device (``"cuda"``; a and b numpy
     arrays or torch tensors, e.g. already resident there): a float32 torch tensor on it, which the solvers accept
     as is (``match_similarities`` solves such matrices there; ``match_similarity`` selects candidates there, and
-    only candidates reach the CPU).
+    only candidates reach the CPU). Rows of any finite magnitude (1e-30 or 1e30) give the same cosines.
     """
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"MATCH needs two matrices with equal column counts, got {a.shape} and {b.shape}")
     if device is None:
-        return unit_rows(a) @ unit_rows(b).T
+        similarity = unit_rows(a) @ unit_rows(b).T
+        return np.abs(similarity, out=similarity) if sign_free else similarity
     import torch
 
-    a_t, b_t = (torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x), device=device).float() for x in (a, b))
-    floor = torch.tensor(_NORM_FLOOR, device=device)
-    a_t = a_t / torch.maximum(torch.linalg.vector_norm(a_t, dim=1, keepdim=True), floor)
-    b_t = b_t / torch.maximum(torch.linalg.vector_norm(b_t, dim=1, keepdim=True), floor)
-    return a_t @ b_t.T
+    a_t, b_t = (_unit_rows_torch(torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x), device=device).float())
+                for x in (a, b))
+    similarity = a_t @ b_t.T
+    return similarity.abs_() if sign_free else similarity
 
 
 def unit_rows(a: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length in float32 (all-zero rows stay zero): cosines are then dot products.
 
-    Callers comparing one layer against many (localized testing) normalise once and reuse the result.
+    Each row is divided by its largest magnitude before its norm is taken, so no finite row overflows (a row of
+    1e30s would square to inf in float32) or underflows (1e-30s square to 0). Callers comparing one layer against
+    many (localized testing) normalise once and reuse the result.
     """
     a = np.asarray(a, dtype=np.float32)
+    peak = np.abs(a).max(axis=1, keepdims=True) if a.shape[1] else np.zeros((a.shape[0], 1), dtype=np.float32)
+    a = a / np.where(peak > 0, peak, 1.0)
     return a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), _NORM_FLOOR)
+
+
+def _unit_rows_torch(a: Any) -> Any:
+    """`unit_rows` for a float32 torch tensor on its own device."""
+    import torch
+
+    peak = a.abs().amax(dim=1, keepdim=True) if a.shape[1] else torch.zeros_like(a[:, :1])
+    a = a / torch.where(peak > 0, peak, torch.ones_like(peak))
+    return a / torch.linalg.vector_norm(a, dim=1, keepdim=True).clamp_min(_NORM_FLOOR)
 
 
 def match(a: np.ndarray, b: np.ndarray) -> Matching:
