@@ -1,0 +1,183 @@
+"""The adversary suite (issue 33): what a copier who has read hubtrace's code would do to hide a copy, on every MLP kind.
+
+Every disguise comes from `scanner.testing.adversary` and is checked on the logits first (an exact one changes no
+logit by more than 1e-4 of the largest, a jittered one by at most 3%), so nothing here tests a change that is not
+output-preserving. Then the disguised copy must test dependent on its original at log10 p <= -20 in either argument
+order, and must stay independent of an independently trained model of its kind (log10 p >= -3 for that control).
+
+The models: the zoo's trained Llama (gated; its control one of the independent bases), and briefly trained tiny models
+(tests.adversary_support) of the plain kind in GPT-2's layout with ReLU (units that may be rescaled) and GPT-NeoX's
+with GELU (units that may not), of mixture-of-experts with a softmax router in every block (Mixtral), with a dense
+first block and a selection-biased router (DeepSeek-V3), with MoE blocks interleaved with dense ones (Llama 4), and a
+hybrid of Mamba and attention layers (Jamba).
+
+False failures: under validity a control pair reaches log10 p < -3 with probability at most 1e-3; the suite has about
+110 control pairs, so about one run in ten would fail for a new seed if every control were an independent draw (they
+are not: a kind's controls share the original model, so their p-values are strongly correlated and the rate is far
+lower); the seeds are fixed. A dependent copy at the permutation floor has no chance of a false failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprint_compare import compare_fingerprints
+from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
+from scanner.retrieval.index import RetrievalIndex
+from scanner.retrieval.signatures import retrieval_entry
+from scanner.testing import adversary as adv
+from scanner.zoo import Zoo
+from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
+
+DEPENDENT, INDEPENDENT = -20.0, -3.0
+EXACT_TOLERANCE, JITTER_TOLERANCE = 1e-4, 3e-2
+
+#: Output-preserving up to float rounding.
+EXACT: dict[str, adv.Disguise] = {
+    "units permuted": adv.permute_units,
+    "units rescaled by 1e-30..1e30, random signs": adv.rescale_units(1e-30, 1e30),
+    "units split in 3": adv.split_units(3),
+    "16 dead units appended": adv.append_units(16),
+    "16 zero units appended": adv.append_units(16, "zero"),
+    "residual rotated, norms refolded with new gains": adv.rotate_residual,
+    "residual permuted": lambda model, generator: adv.rotate_residual(model, generator, permutation_only=True),
+}
+#: The outputs move by about the jitter (antithetic jitter: to second order).
+JITTERED: dict[str, adv.Disguise] = {
+    "units split in 2, jitter 1e-2": adv.split_units(2, 1e-2),
+    "units split in 4, antithetic jitter 0.25": adv.split_units(4, 0.25, antithetic=True),
+}
+#: Routed experts only.
+EXPERT_DISGUISES: dict[str, adv.Disguise] = {
+    "experts permuted with their router rows": adv.permute_experts,
+    "2 experts duplicated, never routed": adv.duplicate_experts(2),
+}
+DISGUISES = {**EXACT, **JITTERED, **EXPERT_DISGUISES}
+#: What a kind's architecture does not allow, each with why: such a disguise must be refused, not faked.
+UNSUPPORTED = {
+    ("plain-gelu", "units rescaled by 1e-30..1e30, random signs"): "GELU is not positively homogeneous",
+    ("moe-softmax", "2 experts duplicated, never routed"): "a softmax top-k router has no selection bias",
+    ("moe-interleaved", "2 experts duplicated, never routed"): "Llama 4's router has no selection bias",
+    ("hybrid", "2 experts duplicated, never routed"): "Jamba's router has no selection bias",
+}
+COMPOSITIONS_PER_KIND = 3
+
+
+@pytest.fixture(scope="module")
+def trained_kinds(tmp_path_factory) -> dict[str, tuple[PreTrainedModel, Fingerprint, Fingerprint]]:
+    """Per kind: the trained original, its fingerprint, and an independently trained control's fingerprint."""
+    folder = tmp_path_factory.mktemp("kinds")
+    out = {}
+    for kind in KINDS:
+        original, control = trained_model(kind, seed=1), trained_model(kind, seed=2)
+        prints = [fingerprint_model(save(m, folder / kind.name / name))
+                  for m, name in ((original, "original"), (control, "control"))]
+        out[kind.name] = (original, *prints)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gated(zoo: Zoo, independent_zoo: Zoo) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
+    """The zoo's trained base and one of the independent bases, as the gated kind."""
+    original = zoo["aurora-labs/aurora-base"].path
+    control = independent_zoo[independent_zoo.ids[0]].path
+    return AutoModelForCausalLM.from_pretrained(original).eval(), fingerprint_model(original), \
+        fingerprint_model(control)
+
+
+def _applicable(kind: Kind | None) -> list[str]:
+    names = [*EXACT, *JITTERED, *(EXPERT_DISGUISES if kind is not None and kind.moe else ())]
+    return [n for n in names if kind is None or (kind.name, n) not in UNSUPPORTED]
+
+
+def _check(case: tuple[PreTrainedModel, Fingerprint, Fingerprint], disguise: adv.Disguise, tolerance: float,
+           seed: int, folder: Path) -> Fingerprint:
+    """Apply, check the logits, fingerprint; assert dependent on the original and independent of the control."""
+    original, fp_original, fp_control = case
+    copy = disguised(original, disguise, seed)
+    assert adv.max_logit_change(original, copy, probe_ids(original)) <= tolerance
+    fp_copy = fingerprint_model(save(copy, folder))
+    forward, backward = compare_fingerprints(fp_original, fp_copy), compare_fingerprints(fp_copy, fp_original)
+    assert forward.log10_p <= DEPENDENT and backward.log10_p <= DEPENDENT, (forward.log10_p, backward.log10_p)
+    assert compare_fingerprints(fp_copy, fp_control).log10_p >= INDEPENDENT
+    return fp_copy
+
+
+@pytest.mark.parametrize("name", list(EXACT) + list(JITTERED))
+def test_a_disguised_trained_llama_tests_dependent(gated, name: str, tmp_path: Path) -> None:
+    tolerance = EXACT_TOLERANCE if name in EXACT else JITTER_TOLERANCE
+    _check(gated, DISGUISES[name], tolerance, seed=11, folder=tmp_path / "copy")
+
+
+@pytest.mark.parametrize(("kind", "name"), [(k, n) for k in KINDS for n in DISGUISES if (k.name, n) not in UNSUPPORTED
+                                             and (k.moe or n not in EXPERT_DISGUISES)],
+                         ids=lambda x: x.name if isinstance(x, Kind) else x)
+def test_a_disguised_model_of_every_kind_tests_dependent(trained_kinds, kind: Kind, name: str, tmp_path: Path) -> None:
+    tolerance = JITTER_TOLERANCE if name in JITTERED else EXACT_TOLERANCE
+    _check(trained_kinds[kind.name], DISGUISES[name], tolerance, seed=12, folder=tmp_path / "copy")
+
+
+@pytest.mark.parametrize(("kind", "name"), list(UNSUPPORTED), ids=lambda x: x)
+def test_a_disguise_the_architecture_does_not_allow_is_refused(trained_kinds, kind: str, name: str) -> None:
+    original = trained_kinds[kind][0]
+    with pytest.raises(adv.UnsupportedDisguise):
+        disguised(original, DISGUISES[name], seed=13)
+
+
+@pytest.mark.parametrize("kind", [None, *KINDS], ids=lambda k: "gated" if k is None else k.name)
+def test_random_compositions_of_disguises_keep_a_copy_dependent(request, kind: Kind | None, tmp_path: Path) -> None:
+    """Three random sequences of three or four applicable disguises per kind (seeded), each one copy."""
+    case = request.getfixturevalue("gated") if kind is None else request.getfixturevalue("trained_kinds")[kind.name]
+    names = _applicable(kind)
+    rng = random.Random(f"compositions-{'gated' if kind is None else kind.name}")
+    for number in range(COMPOSITIONS_PER_KIND):
+        chosen = rng.sample(names, rng.choice((3, 4)))
+        tolerance = JITTER_TOLERANCE if any(n in JITTERED for n in chosen) else EXACT_TOLERANCE
+        _check(case, adv.compose(*(DISGUISES[n] for n in chosen)), tolerance, seed=20 + number,
+               folder=tmp_path / f"copy-{number}")
+
+
+def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:
+    """A scan tests only the pairs candidate retrieval proposes: a copy whose units are permuted, rescaled with random
+    signs, split and appended to must still collide with its original, and not with the control."""
+    original, fp_original, fp_control = gated
+    disguise = adv.compose(adv.permute_units, adv.rescale_units(1e-30, 1e30), adv.split_units(3),
+                           adv.append_units(16), adv.rotate_residual)
+    fp_copy = fingerprint_model(save(disguised(original, disguise, seed=31), tmp_path / "copy"))
+    entries = {(name, "r1"): retrieval_entry(fp) for name, fp in
+               (("original", fp_original), ("copy", fp_copy), ("control", fp_control))}
+    index = RetrievalIndex(tmp_path / "index", fp_original.meta.input_set)
+    index.sync({key: (lambda e=entry: e) for key, entry in entries.items()})
+    proposed = {frozenset((p.model_a[0], p.model_b[0])) for p in scored_pairs(index, entries, MIN_SCORE)}
+    assert frozenset(("original", "copy")) in proposed
+    assert not any("control" in pair for pair in proposed)
+
+
+def test_every_kind_supports_the_residual_disguises(trained_kinds) -> None:
+    """The residual rotation is not skipped anywhere in the suite: each kind's norms and maps were found."""
+    for kind, (original, _, _) in trained_kinds.items():
+        for seed, permutation_only in itertools.product((41,), (False, True)):
+            copy = disguised(original, lambda m, g, p=permutation_only: adv.rotate_residual(m, g, permutation_only=p),
+                             seed)
+            assert adv.max_logit_change(original, copy, probe_ids(original)) <= EXACT_TOLERANCE, kind
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.moe], ids=lambda k: k.name)
+def test_a_permuted_experts_copy_is_a_copy_in_every_moe_layout(trained_kinds, kind: Kind, tmp_path: Path) -> None:
+    """Experts are matched block by block with each block's own routed count (a dense first block, dense blocks
+    between MoE ones): the copy's closeness is a copy's, and the expert map names every MoE block."""
+    original, fp_original, _ = trained_kinds[kind.name]
+    copy = disguised(original, adv.permute_experts, seed=51)
+    fp_copy = fingerprint_model(save(copy, tmp_path / "copy"))
+    result = compare_fingerprints(fp_original, fp_copy)
+    assert result.log10_p <= DEPENDENT and result.closeness >= 0.99
+    moe_blocks = [block for block, routed in enumerate(fp_original.meta.block_experts) if routed]
+    assert (len(moe_blocks) == len(fp_original.blocks)) == (kind.name == "moe-softmax")  # the others mix in dense
+    mapped = next(note for note in result.notes if note.startswith("experts matched"))
+    assert all(f"block {block}:" in mapped for block in moe_blocks)
