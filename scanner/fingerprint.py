@@ -46,6 +46,9 @@ from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
 from scanner.validate import ValuesAsRead, validate_checkpoint
 
+#: 2: activations stored per unit at unit peak with float32 scales (no rescale of a unit under- or overflows float16);
+#: a plain MLP's second view is its write direction read on the residual stream, less what its first view
+#: predicts (scanner.activations.plain_views). Format-1 fingerprints are re-made.
 FINGERPRINT_FORMAT = 2
 STORAGE_DTYPES = ("float16", "float32")
 #: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
@@ -79,7 +82,7 @@ class FingerprintMeta:
     hubtrace_version: str
     format_version: int
     dtype: str
-    mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, whose two views are (fc pre-activation, proj read-back)
+    mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, views (fc pre-activation, write direction's residual)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
     block_experts: list[int] | None = None  # routed experts of each block (0: a dense block); None: no block has any
 

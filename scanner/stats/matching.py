@@ -58,7 +58,7 @@ def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None, sign_
         return np.abs(similarity, out=similarity) if sign_free else similarity
     import torch
 
-    a_t, b_t = (_unit_rows_torch(torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x), device=device).float())
+    a_t, b_t = (unit_rows_tensor(torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x), device=device).float())
                 for x in (a, b))
     similarity = a_t @ b_t.T
     return similarity.abs_() if sign_free else similarity
@@ -77,8 +77,8 @@ def unit_rows(a: np.ndarray) -> np.ndarray:
     return a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), _NORM_FLOOR)
 
 
-def _unit_rows_torch(a: Any) -> Any:
-    """`unit_rows` for a float32 torch tensor on its own device."""
+def unit_rows_tensor(a: Any) -> Any:
+    """`unit_rows` for a torch tensor, in its own dtype and on its own device."""
     import torch
 
     peak = a.abs().amax(dim=1, keepdim=True) if a.shape[1] else torch.zeros_like(a[:, :1])
