@@ -349,7 +349,8 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
         if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens or gate.shape[0] < 1 \
                 or any(s is None or s.shape != (gate.shape[0],) for s in (gate_scale, up_scale)):
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
-        if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)):  # NaN would make every statistic NaN
+        # a NaN would make every statistic NaN
+        if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)):
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
         if (gate_scale < 0).any() or (up_scale < 0).any() or np.abs(gate).max() > 1 or np.abs(up).max() > 1:
             raise FingerprintError(f"{path}: block {layer} expert {len(experts)} is not stored as unit-peak rows with "

@@ -1,4 +1,5 @@
-"""The adversary suite (issue 33): what a copier who has read hubtrace's code would do to hide a copy, on every MLP kind.
+"""The adversary suite (issue 33): what a copier who has read hubtrace's code would do to hide a copy, on every MLP
+kind.
 
 Every disguise comes from `scanner.testing.adversary` and is checked on the logits first (an exact one changes no
 logit by more than 1e-4 of the largest, a jittered one by at most 3%), so nothing here tests a change that is not
@@ -51,7 +52,7 @@ EXACT: dict[str, adv.Disguise] = {
 #: The outputs move by about the jitter (antithetic jitter: to second order).
 JITTERED: dict[str, adv.Disguise] = {
     "units split in 2, jitter 1e-2": adv.split_units(2, 1e-2),
-    "units split in 4, antithetic jitter 0.25": adv.split_units(4, 0.25, antithetic=True),
+    "units split in 4, antithetic jitter 0.15": adv.split_units(4, 0.15, antithetic=True),
 }
 #: Routed experts only.
 EXPERT_DISGUISES: dict[str, adv.Disguise] = {

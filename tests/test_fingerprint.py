@@ -365,7 +365,8 @@ def test_damaged_or_foreign_files_are_refused_in_one_line(
     assert "\n" not in str(caught.value) and str(file) in str(caught.value)
 
 
-def test_a_unit_of_any_scale_keeps_its_direction_in_float16_storage(tiny: Callable[[str], Path], tmp_path: Path) -> None:
+def test_a_unit_of_any_scale_keeps_its_direction_in_float16_storage(tiny: Callable[[str], Path],
+                                                                      tmp_path: Path) -> None:
     """Block 1's gate weights scaled by 1e6 give gate outputs beyond float16's 65504, and one up row scaled by 1e-10
     gives outputs below its smallest subnormal (6e-8): each unit is stored as its row over its peak (float16) and the
     peak (float32), so neither overflows nor flushes to zero; the directions are those of float32 storage to float16's

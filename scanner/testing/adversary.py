@@ -52,6 +52,9 @@ WIDTH_KEYS = ("intermediate_size", "intermediate_size_mlp", "moe_intermediate_si
               "moe_shared_expert_intermediate_size")
 
 Disguise = Callable[[PreTrainedModel, torch.Generator], PreTrainedModel]
+#: A module and how it reads or writes the residual stream: "weight" (its weight), "experts" (the experts' input
+#: maps) or "experts:<down name>:<transposed>" (their output maps).
+Part = tuple[nn.Module, str]
 
 
 class UnsupportedDisguise(ValueError):
@@ -156,24 +159,33 @@ def append_units(count: int, fresh: str = "random") -> Disguise:
 @torch.no_grad()
 def permute_experts(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
     """Every MoE block's routed experts in a random order, with the router's rows (and per-expert biases)."""
-    found = False
-    for layer in decoder_stack(model).layers:
-        for site in find_sites(layer):
-            if not site.experts:
-                continue
-            if site.stacked:
-                raise UnsupportedDisguise("experts stacked by row (DBRX) are not reordered by this suite")
-            found = True
-            order = torch.randperm(site.experts, generator=generator)
-            experts = layer.get_submodule(site.path)
-            for name, parameter in list(experts.named_parameters(recurse=False)):
-                if parameter.shape[:1] == (site.experts,):
-                    setattr(experts, name, nn.Parameter(parameter[order].clone(), requires_grad=False))
-            _permute_router(layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer,
-                            site.experts, order)
-    if not found:
-        raise UnsupportedDisguise(f"{type(model).__name__} has no routed experts")
+    for experts, site, block in _expert_sites(model):
+        if site.stacked:
+            raise UnsupportedDisguise("experts stacked by row (DBRX) are not reordered by this suite")
+        order = torch.randperm(site.experts, generator=generator)
+        _replace_per_expert(experts, site.experts, lambda parameter, order=order: parameter[order].clone())
+        _permute_router(block, site.experts, order)
     return model
+
+
+def _expert_sites(model: PreTrainedModel, required: bool = True) -> list[tuple[nn.Module, MLPSite, nn.Module]]:
+    """(experts module, site, the block holding its router) of every site with routed experts; a model without any
+    cannot wear an expert disguise (refused where ``required``)."""
+    stack = decoder_stack(model)
+    sites = [(layer.get_submodule(site.path), site,
+              layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer)
+             for layer in stack.layers for site in find_sites(layer) if site.experts]
+    if required and not sites:
+        raise UnsupportedDisguise(f"{type(model).__name__} has no routed experts")
+    return sites
+
+
+def _replace_per_expert(experts: nn.Module, count: int, change: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Each of the module's own parameters indexed by expert (first dimension ``count``) replaced by ``change``
+    of it."""
+    for name, parameter in list(experts.named_parameters(recurse=False)):
+        if parameter.shape[:1] == (count,):
+            setattr(experts, name, nn.Parameter(change(parameter.detach()), requires_grad=False))
 
 
 @torch.no_grad()
@@ -216,30 +228,18 @@ def duplicate_experts(count: int = 1) -> Disguise:
 
     @torch.no_grad()
     def disguise(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
-        found = False
-        for layer in decoder_stack(model).layers:
-            for site in find_sites(layer):
-                if not site.experts:
-                    continue
-                block = layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer
-                router = next((c for n, c in block.named_children() if n in ROUTER_NAMES), None)
-                bias = getattr(router, "e_score_correction_bias", None)
-                if bias is None or site.stacked:
-                    raise UnsupportedDisguise(f"{type(model).__name__}'s router has no selection bias: a duplicated "
-                                              "expert would change which experts are chosen")
-                found = True
-                picks = torch.randperm(site.experts, generator=generator)[:count]
-                experts = layer.get_submodule(site.path)
-                for name, parameter in list(experts.named_parameters(recurse=False)):
-                    if parameter.shape[:1] == (site.experts,):
-                        grown = torch.cat([parameter.detach(), parameter.detach()[picks]])
-                        setattr(experts, name, nn.Parameter(grown, requires_grad=False))
-                router.weight = nn.Parameter(torch.cat([router.weight.detach(), router.weight.detach()[picks]]),
-                                             requires_grad=False)
-                router.e_score_correction_bias = torch.cat([bias, torch.full((count,), NEVER_SELECTED,
-                                                                             dtype=bias.dtype)])
-        if not found:
-            raise UnsupportedDisguise(f"{type(model).__name__} has no routed experts")
+        for experts, site, block in _expert_sites(model):
+            router = next((c for n, c in block.named_children() if n in ROUTER_NAMES), None)
+            bias = getattr(router, "e_score_correction_bias", None)
+            if bias is None or site.stacked:
+                raise UnsupportedDisguise(f"{type(model).__name__}'s router has no selection bias: a duplicated "
+                                          "expert would change which experts are chosen")
+            picks = torch.randperm(site.experts, generator=generator)[:count]
+            _replace_per_expert(experts, site.experts, lambda parameter, picks=picks: torch.cat([parameter,
+                                                                                                  parameter[picks]]))
+            router.weight = nn.Parameter(torch.cat([router.weight.detach(), router.weight.detach()[picks]]),
+                                         requires_grad=False)
+            router.e_score_correction_bias = torch.cat([bias, torch.full((count,), NEVER_SELECTED, dtype=bias.dtype)])
         return _rebuilt(model, {key: lambda e: e + count for key in EXPERT_KEYS})
 
     return disguise
@@ -373,7 +373,8 @@ def _set_linear(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | No
     module.weight = nn.Parameter(stored.contiguous().to(dtype), requires_grad=False)
     if bias is not None:
         module.bias = nn.Parameter(bias.contiguous().to(dtype), requires_grad=False)
-    for attribute, value in (("out_features", weight.shape[0]), ("in_features", weight.shape[1]), ("nf", weight.shape[0])):
+    sizes = (("out_features", weight.shape[0]), ("in_features", weight.shape[1]), ("nf", weight.shape[0]))
+    for attribute, value in sizes:
         if hasattr(module, attribute):
             setattr(module, attribute, int(value))
 
@@ -410,7 +411,7 @@ def _permute_router(block: nn.Module, experts: int, order: torch.Tensor) -> None
     if not routers:
         raise UnsupportedDisguise(f"no router beside the experts of {type(block).__name__}")
     for router in routers:
-        for name, tensor in [*router.named_parameters(recurse=False), *router.named_buffers(recurse=False)]:
+        for tensor in [*router.parameters(recurse=False), *router.buffers(recurse=False)]:
             if tensor.shape[:1] == (experts,):
                 tensor.copy_(tensor[order])
         linear = getattr(router, "linear", None) or getattr(router, "layer", None)  # routers that wrap a Linear
@@ -423,8 +424,8 @@ def _permute_router(block: nn.Module, experts: int, order: torch.Tensor) -> None
 # -- the residual stream -------------------------------------------------------------------------------------------
 
 
-def _residual_roles(model: PreTrainedModel, hidden: int
-                    ) -> tuple[dict[nn.Module, list[tuple[nn.Module, str]]], list[nn.Module], list[tuple[nn.Module, str]]]:
+def _residual_roles(model: PreTrainedModel,
+                    hidden: int) -> tuple[dict[nn.Module, list[Part]], list[nn.Module], list[Part]]:
     """(readers of each residual norm, the norms, the writers) observed on one forward pass: a reader is a map (or the
     block holding routed experts, for the experts' input maps) whose input is a norm's output; a writer is a map whose
     output has the residual's width and that reads no norm, and every experts module's output map."""
@@ -434,8 +435,7 @@ def _residual_roles(model: PreTrainedModel, hidden: int
     if not norms:
         raise UnsupportedDisguise(f"{type(model).__name__}: no residual norm found")
     maps = [m for m in stack.layers.modules() if _is_map(m)] + [model.get_output_embeddings()]
-    experts = [(layer.get_submodule(site.path), site, layer.get_submodule(site.path.rsplit(".", 1)[0])
-                if "." in site.path else layer) for layer in stack.layers for site in find_sites(layer) if site.experts]
+    experts = _expert_sites(model, required=False)
     alive: list[torch.Tensor] = []  # norm outputs kept referenced, so no later tensor reuses their memory
     produced: dict[int, nn.Module] = {}
     read: dict[int, nn.Module] = {}
@@ -456,8 +456,8 @@ def _residual_roles(model: PreTrainedModel, hidden: int
     finally:
         for hook in hooks:
             hook.remove()
-    readers: dict[nn.Module, list[tuple[nn.Module, str]]] = {norm: [] for norm in norms}
-    writers: list[tuple[nn.Module, str]] = []
+    readers: dict[nn.Module, list[Part]] = {norm: [] for norm in norms}
+    writers: list[Part] = []
     expert_modules = {id(m) for m, _, _ in experts}
     for module in maps:
         if id(module) in read:
@@ -494,7 +494,8 @@ def _is_norm(module: nn.Module, hidden: int) -> bool:
 
 
 def _is_map(module: nn.Module) -> bool:
-    """A linear map: Linear, GPT-2's Conv1D, or a router-like module holding one 2-D weight (DeepSeek's top-k router)."""
+    """A linear map: Linear, GPT-2's Conv1D, or a router-like module holding one 2-D weight (DeepSeek's top-k
+    router)."""
     if isinstance(module, (nn.Linear, Conv1D)):
         return True
     weight = getattr(module, "weight", None)
