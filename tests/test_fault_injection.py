@@ -221,3 +221,22 @@ def test_without_retrieval_a_damaged_fingerprint_fails_its_pairs_once_and_is_mad
     tested = query(db, "SELECT model_a, model_b FROM current_pair_tests")
     models = set(tested["model_a"].to_list()) | set(tested["model_b"].to_list())
     assert DAMAGED in models and len(tested) == len(MODELS) * (len(MODELS) - 1) // 2
+
+
+def test_a_scan_that_tests_nothing_while_pairs_are_untested_says_so(baseline: Path, tmp_path: Path) -> None:
+    """New models, and no pair chosen (a min score no pair reaches; no card declares a base): once, such a run
+    looked like a success. It must say so in its summary and in scan_runs; a rerun with nothing new counts them."""
+    models = ("aurora-labs/aurora-base", "nimbus/nimbus-1", "ember-ml/ember-small")
+    for model in models:
+        shutil.copytree(baseline / "hub" / model, tmp_path / "hub" / model, ignore=shutil.ignore_patterns("README.md"))
+    config = scan_config(tmp_path / "hub", tmp_path / "out", pairs={"select": "candidates", "min_score": 10**6})
+    first = run_scan(config)
+    assert first.pairs_tested == 0 and first.pairs["untested_comparable"] == 3
+    assert first.warnings == ["no pair tested, though 3 comparable pairs have none and 3 revisions were "
+                              "fingerprinted in this run: candidate retrieval chose none of them (3 revisions "
+                              "queried the index, min score 1000000)"]
+    stored = json.loads(query(config.db_path, "SELECT summary FROM scan_runs WHERE run_id = ?",
+                              [first.run_id])["summary"][0])
+    assert stored["warnings"] == first.warnings and stored["pairs"]["untested_comparable"] == 3
+    again = run_scan(config)  # nothing new: testing nothing is what it should do, and it still counts them
+    assert again.warnings == [] and again.pairs["untested_comparable"] == 3
