@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from scanner import __version__
 from scanner.database_identity import DatabaseIdentity
+from scanner.engine_limits import EngineLimits
 from scanner.errors import HubtraceError, without_sql_excerpt
 from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
@@ -126,6 +127,58 @@ class CandidateRow:
         return (n.model_a, n.revision_a, n.model_b, n.revision_b)
 
 
+def _text_relation(con: duckdb.DuckDBPyConnection, sql: str, every_column: bool,
+                   limit: int | None) -> duckdb.DuckDBPyRelation | None:
+    """The statement's relation with the columns polars cannot hold (or, ``every_column``, all) cast to VARCHAR, cut
+    at ``limit`` rows; None for a statement that returns nothing."""
+    relation = con.sql(sql)
+    if relation is None:
+        return None
+    if limit is not None:
+        relation = relation.limit(limit)
+    columns = []
+    for name, dtype in zip(relation.columns, relation.types):
+        quoted = '"' + str(name).replace('"', '""') + '"'
+        as_text = every_column or str(dtype).split("(")[0] in TEXT_TYPES
+        columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if as_text else quoted)
+    return relation.project(", ".join(columns))
+
+
+class AnswerStream:
+    """A statement's answer as polars frames of ``batch_rows`` rows (at least one, empty for an empty answer, so
+    its columns are known), read on a cursor of its own so the store's connection stays free meanwhile. Nothing
+    runs until the first frame is asked for. Iterate once: the cursor closes when the frames end or the iteration
+    is abandoned (`close` releases one never iterated). `interrupt`, from another thread, stops DuckDB's work on
+    the statement, whichever batch it is on."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, sql: str, every_column: bool, limit: int | None,
+                 batch_rows: int) -> None:
+        self._cursor, self._sql, self._every_column, self._limit = cursor, sql, every_column, limit
+        self._batch_rows = batch_rows
+
+    def __iter__(self) -> Iterator[pl.DataFrame]:
+        try:
+            relation = _text_relation(self._cursor, self._sql, self._every_column, self._limit)
+            if relation is None:
+                yield pl.DataFrame()
+                return
+            reader = relation.to_arrow_reader(self._batch_rows)
+            empty = True
+            for batch in reader:
+                empty = False
+                yield pl.from_arrow(batch)
+            if empty:
+                yield pl.from_arrow(reader.schema.empty_table())
+        finally:
+            self._cursor.close()
+
+    def interrupt(self) -> None:
+        self._cursor.interrupt()
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
 @cache
 def _sealed_temp_directory() -> str:
     """Where sealed readers spill: a private folder of this process, removed when it exits. DuckDB lets SQL read its
@@ -171,20 +224,6 @@ _META_COLUMNS = ("architecture", "model_type", "hidden_size", "intermediate_size
                  "vocab_size", "tokenizer_hash", "parameter_count")
 
 
-@dataclass(frozen=True)
-class EngineLimits:
-    """What one process's reading connections to a database may use, all of them together (DuckDB shares one
-    engine among a process's connections to a file): memory, worker threads, and the temporary files a query may
-    spill to (DuckDB's own defaults are 80% of RAM, every core and most of the disk)."""
-
-    memory: str = "1GB"
-    threads: int = 2
-    spill: str = "1GB"
-
-    def config(self) -> dict[str, Any]:
-        return {"memory_limit": self.memory, "threads": self.threads, "max_temp_directory_size": self.spill}
-
-
 FILE_HEADERS_BYTES = 3 * 4096
 """A DuckDB file starts with three 4 KiB headers; its blocks follow (``pragma_database_size`` counts them)."""
 
@@ -227,6 +266,12 @@ class Store:
         return self.read_only and not self.allow_local_files
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
+        if self.limits is not None:  # a limit DuckDB cannot read is the limit's fault, not the file's
+            try:
+                duckdb.connect(":memory:", config=self.limits.config()).close()
+            except duckdb.Error as exc:
+                raise StoreError(f"DuckDB cannot use these limits (memory {self.limits.memory}, {self.limits.threads} "
+                                 f"threads, spill {self.limits.spill}): {without_sql_excerpt(exc)}") from exc
         try:
             return duckdb.connect(str(self.path), read_only=self.read_only, config=self._config())
         except duckdb.IOException as exc:
@@ -353,17 +398,13 @@ class Store:
         """`query` for a person's SQL: the columns of types polars has no faithful one for (`TEXT_TYPES`), or with
         ``every_column`` all of them, cast to VARCHAR by DuckDB (column names quoted: they come from the query).
         ``limit``: at most that many rows, and DuckDB stops there (a page that shows 500 rows reads 501)."""
-        relation = self._con.sql(sql)
-        if relation is None:
-            return pl.DataFrame()
-        if limit is not None:
-            relation = relation.limit(limit)
-        columns = []
-        for name, dtype in zip(relation.columns, relation.types):
-            quoted = '"' + str(name).replace('"', '""') + '"'
-            as_text = every_column or str(dtype).split("(")[0] in TEXT_TYPES
-            columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if as_text else quoted)
-        return relation.project(", ".join(columns)).pl()
+        relation = _text_relation(self._con, sql, every_column, limit)
+        return pl.DataFrame() if relation is None else relation.pl()
+
+    def stream_as_text(self, sql: str, *, every_column: bool = False, limit: int | None = None,
+                       batch_rows: int = 10_000) -> AnswerStream:
+        """`query_as_text` a batch of rows at a time (`AnswerStream`), so a big answer never sits in memory whole."""
+        return AnswerStream(self._con.cursor(), sql, every_column, limit, batch_rows)
 
     def close(self) -> None:
         self._con.close()
