@@ -39,7 +39,7 @@ REFUSALS = (StoreError, duckdb.Error, QueryStopped)
 @blueprint.get("/sql")
 def page() -> tuple[str, int]:
     sql = request.args.get("q", "")
-    frame, error = None, None
+    frame, error, stopped = None, None, False
     if sql.strip():
         sql_gate = gate()
         try:
@@ -47,9 +47,9 @@ def page() -> tuple[str, int]:
                 frame = sql_gate.run(lane, lambda: answer(lane.store, sql, limit=ROWS_SHOWN + 1),
                                      lane.store.connection.interrupt)
         except REFUSALS as exc:
-            error = message(exc)
+            error, stopped = message(exc), isinstance(exc, QueryStopped)
     return render_template("sql.html", sql=sql, frame=frame, rows=frame.head(ROWS_SHOWN).rows() if frame is not None
-                           else [], error=error, examples=EXAMPLES, rows_shown=ROWS_SHOWN,
+                           else [], error=error, stopped=stopped, examples=EXAMPLES, rows_shown=ROWS_SHOWN,
                            limits=gate().limits), 400 if error else 200
 
 
