@@ -100,7 +100,8 @@ def test_a_truncated_database_is_refused_before_the_scan_starts(tmp_path: Path) 
     (tmp_path / "hub").mkdir()
     lines = refused(["scan", "--local", str(tmp_path / "hub"), "--db", str(db), "--output", str(tmp_path / "out")])
     assert len(lines) == 1 and f"the scan database {db} is truncated" in lines[0]
-    assert f"{len(whole) - block_size:,} bytes, where its header counts {len(whole):,}" in lines[0]
+    assert f"{len(whole) - block_size:,} bytes, where the blocks its header counts in use need {len(whole):,}" \
+        in lines[0]
     for read_only in (True, False):
         with pytest.raises(StoreError, match="truncated"):
             Store(db, read_only=read_only)

@@ -294,18 +294,20 @@ class Store:
         return config
 
     def _check_whole(self) -> None:
-        """Refuse a file shorter than the blocks its header counts (a copy cut short, a full disk): DuckDB opens
-        one and fails later, on whichever read reaches the missing part. A write-ahead log beside the file may
-        hold blocks not yet in it, so the check waits until there is none."""
+        """Refuse a file too short to hold the blocks its header says are in use (a copy cut short, a full disk):
+        DuckDB opens one and fails later, on whichever read reaches the missing part. A block's number is its place
+        in the file, so the used ones need at least that many blocks after the headers (free blocks at the end may
+        have been cut off by DuckDB itself). A write-ahead log beside the file may hold blocks not yet in it, so
+        the check waits until there is none."""
         if self.path.with_name(self.path.name + ".wal").exists() or not self.path.is_file():
             return
-        (block_size, blocks), = self._rows("SELECT block_size, total_blocks FROM pragma_database_size() "
-                                           "WHERE database_name = current_database()")
-        size, needed = self.path.stat().st_size, FILE_HEADERS_BYTES + block_size * blocks
-        if blocks and size < needed:
-            raise StoreError(f"the scan database {self.path} is truncated: {size:,} bytes, where its header counts "
-                             f"{needed:,}; restore it from a copy, or delete it (and {self.path.name}.retrieval/ "
-                             "beside it) to start anew")
+        (block_size, used), = self._rows("SELECT block_size, used_blocks FROM pragma_database_size() "
+                                         "WHERE database_name = current_database()")
+        size, needed = self.path.stat().st_size, FILE_HEADERS_BYTES + block_size * used
+        if used and size < needed:
+            raise StoreError(f"the scan database {self.path} is truncated: {size:,} bytes, where the blocks its "
+                             f"header counts in use need {needed:,}; restore it from a copy, or delete it (and "
+                             f"{self.path.name}.retrieval/ beside it) to start anew")
 
     def _settle_settings(self) -> None:
         """Timestamps in UTC on every connection of the engine (cursors too); a reader's engine then takes no
