@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from scanner.store import Store, StoreError
+from scanner.store import Store, StoreError, queries
 from scanner.store.read_only_sql import (
     FILE_TABLE_FUNCTIONS,
     HARMLESS_SIDE_EFFECTS,
@@ -121,6 +121,16 @@ def test_a_statement_calling_a_function_that_acts_is_refused_unrun(db: Path, sql
     with Store(db, read_only=True) as store:
         assert "refused" in refusal(store, sql)
         assert store.query("SELECT current_setting('enable_profiling') AS p")["p"][0] in (None, "")
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT unnest([1, 2]) AS n", "SELECT generate_series(1, 3) AS s", "SELECT range(3) AS r",
+    "SELECT a.range + 1 FROM range(3) a", "SELECT random() < 2, uuid() IS NOT NULL", "SUMMARIZE models",
+    "SELECT * FROM pragma_table_info('models')", "SELECT count(*) FROM duckdb_tables()",
+])
+def test_a_statement_that_only_reads_runs(db: Path, sql: str) -> None:
+    with Store(db, read_only=True) as store:
+        assert queries.read_only_query(store, sql).height >= 1
 
 
 def test_a_reader_cannot_change_the_engine_even_past_the_check(db: Path) -> None:

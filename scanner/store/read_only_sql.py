@@ -135,10 +135,10 @@ def _check_functions(connection: duckdb.DuckDBPyConnection, sql: str, local_file
 
 def _refusal(name: str, as_table: bool, built_in: dict[tuple[str, bool], bool], local_files: bool) -> str | None:
     """Why a call of ``name`` may not run here (None: it may)."""
-    if (name, as_table) not in built_in:
+    if (name, True) not in built_in and (name, False) not in built_in:
         return "it is not a function DuckDB itself defines (the database or an extension does)"
-    if not as_table:
-        return None if not built_in[name, as_table] or name in HARMLESS_SIDE_EFFECTS else (
+    if not as_table:  # (unnest, say, is listed as a table function and called in a select list too)
+        return None if not built_in.get((name, False)) or name in HARMLESS_SIDE_EFFECTS else (
             "DuckDB marks it as acting beyond the query, and queries here only read")
     if name in FILE_TABLE_FUNCTIONS:
         return None if local_files else ("it reads local files, and this connection reads nothing but the database "
