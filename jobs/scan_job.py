@@ -451,6 +451,7 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
 
 
 def _run_stages(scan: _Scan, config: ScanConfig, fingerprints: FingerprintStore) -> None:
+    """One run's stages in order: fingerprints on the actor pool, then pairs, weight statistics, lineage."""
     shape = pool_shape(config, ray.cluster_resources())
     scan.summary.actors, scan.summary.device = shape.actors, shape.device
     scan.say(f"scan {scan.run_id}: {shape.actors} {shape.device} fingerprint actor(s), "
