@@ -77,7 +77,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=InputSpec().n_sequences * InputSpec().seq_len)
     parser.add_argument("--families", type=int, default=2)
     parser.add_argument("--derivatives", type=int, default=3, help="derived models per base")
-    parser.add_argument("--solver", default="auction", choices=("host", "auction"), help="timed against the host solver")
+    parser.add_argument("--solver", default="auction", choices=("host", "auction"),
+                        help="timed against the host solver")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         store = FingerprintStore(folder)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench_serve import build
+from bench_serve import cached_database
 
 from tests.serve_support import Server, page_url, serving
 
@@ -163,13 +163,7 @@ def main() -> None:
     parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[],
                         help="options for hubtrace serve, e.g. --serve --sql-slots 1 --threads 2")
     args = parser.parse_args()
-    db = CACHE / f"serve-{args.models}-{args.big_family}.duckdb"
-    if not db.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = db.with_suffix(".building")
-        partial.unlink(missing_ok=True)
-        build(partial, args.models, args.big_family)
-        partial.rename(db)
+    db = cached_database(CACHE, args.models, args.big_family)
     pages = [("/", {}), ("/model", {"id": "fam0100/ft-2"}), ("/model", {"id": "bigco/base"}),
              ("/family", {"id": "bigco/base"}), ("/family", {"id": "fam0100/base"}), ("/search", {"q": "ft-05"}),
              ("/model", {"id": f"bigco/ft-{args.big_family // 2:04d}"}), ("/discrepancies", {})]
