@@ -420,11 +420,11 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
     fingerprints = FingerprintStore(config.fingerprint_location)
     if config.db_path.exists():  # a database another process holds: one StoreLockedError before Ray starts
         Store(config.db_path).close()
-    _make_folders(config, fingerprints)
     started_ray = connect_ray(config)
     started = time.perf_counter()
     try:
         check_fingerprint_store(fingerprints, alive_nodes(), config.fingerprint_store_shared)
+        _make_folders(config, fingerprints)  # refused settings leave no file behind
         fingerprints.prepare()
         probed = None if fingerprints.is_local else check_store_from_every_node(fingerprints.location)
         with Store(config.db_path) as store:
@@ -479,8 +479,8 @@ def _run_stages(scan: _Scan, config: ScanConfig, fingerprints: FingerprintStore)
 
 
 def _make_folders(config: ScanConfig, fingerprints: FingerprintStore) -> None:
-    """The database's folder and a local fingerprint store, made before Ray starts: one that cannot be made (a
-    file in the way, no permission) is one line, not a traceback."""
+    """The database's folder and a local fingerprint store: one that cannot be made (a file in the way, no
+    permission) is one line, not a traceback."""
     folders = [config.db_path.parent, *([Path(fingerprints.location)] if fingerprints.is_local else [])]
     for folder in folders:
         try:
