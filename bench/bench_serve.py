@@ -117,6 +117,18 @@ def build(path: Path, n_models: int, big: int) -> None:
           flush=True)
 
 
+def cached_database(folder: Path, n_models: int, big: int) -> Path:
+    """The synthetic database in ``folder``, built the first time (under another name until it is whole)."""
+    db = folder / f"serve-{n_models}-{big}.duckdb"
+    if not db.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = db.with_suffix(".building")
+        partial.unlink(missing_ok=True)
+        build(partial, n_models, big)
+        partial.rename(db)
+    return db
+
+
 def _lineage(parent: dict[str, str | None], pairs: list[tuple[str, str, bool]], log10_p: dict,
              scratch: set[str], created: dict[str, datetime]) -> dict[str, pl.DataFrame]:
     """The four lineage tables as a rebuild would leave them for this layout."""
@@ -182,13 +194,7 @@ def main() -> None:
     parser.add_argument("--big-family", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=30)
     args = parser.parse_args()
-    db = CACHE / f"serve-{args.models}-{args.big_family}.duckdb"
-    if not db.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = db.with_suffix(".building")
-        partial.unlink(missing_ok=True)
-        build(partial, args.models, args.big_family)
-        partial.rename(db)
+    db = cached_database(CACHE, args.models, args.big_family)
     pages = [
         ("front page", "/", {}),
         ("model page (fine-tune in a family of 5)", "/model", {"id": "fam0100/ft-2"}),

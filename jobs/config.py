@@ -31,7 +31,15 @@ LOCAL_FOLDER_OUTPUT = Path("hubtrace-out/local")
 
 
 class ConfigError(HubtraceError):
-    """A scan configuration that cannot be used; the message names the file and the offending keys."""
+    """A scan configuration that cannot be used; the message names the file and the offending keys, one problem
+    to a line (``problems``; the message alone when there is one)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = [f"{message}: {problem}" for problem in problems] if problems else [message]
+        super().__init__("; ".join(self.problems))
+
+    def lines(self) -> list[str]:
+        return self.problems
 
 
 class _Strict(BaseModel):
@@ -242,7 +250,7 @@ def load_config(path: str | Path) -> ScanConfig:
     try:
         return ScanConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(f"{path}: invalid scan config:\n" + "\n".join(_describe(err) for err in e.errors())) from e
+        raise ConfigError(f"{path}: invalid scan config", [_describe(err) for err in e.errors()]) from e
 
 
 def _describe(error: dict) -> str:
@@ -250,14 +258,14 @@ def _describe(error: dict) -> str:
     key = _key_path(loc)
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        return f"  {key}: unknown key; allowed here: {', '.join(allowed)}"
+        return f"{key}: unknown key; allowed here: {', '.join(allowed)}"
     if error["type"] == "missing":
-        return f"  {key}: required key is missing"
+        return f"{key}: required key is missing"
     if error["type"] == "union_tag_invalid":
-        return f"  {key}: unknown source kind; allowed: {', '.join(SOURCE_KINDS)}"
+        return f"{key}: unknown source kind; allowed: {', '.join(SOURCE_KINDS)}"
     if error["type"] == "union_tag_not_found":
-        return f"  {key}: a source needs 'kind' ({', '.join(SOURCE_KINDS)})"
-    return f"  {key}: {error['msg']} (got {error.get('input')!r})"
+        return f"{key}: a source needs 'kind' ({', '.join(SOURCE_KINDS)})"
+    return f"{key}: {error['msg']} (got {error.get('input')!r})"
 
 
 def _key_path(loc: tuple) -> str:

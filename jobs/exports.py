@@ -1,7 +1,8 @@
 """Tables and query answers as CSV or JSON (`hubtrace query --format`, `hubtrace serve` downloads), written while
-they are read (a frame at a time): CSV whose text cells no spreadsheet runs as a formula (`csv_cell`), and a JSON
-array of row objects that any parser reads (no NaN or Infinity: `json_document`) with invisible characters as
-``\\u`` escapes (`json_visible`: the same values)."""
+they are read (a frame at a time): RFC 4180 CSV (CRLF line ends, so a cell holding CR or LF is quoted: a bare CR
+once let ``mit<CR>=cmd|...`` start a spreadsheet row with a formula) whose text cells no spreadsheet runs as a
+formula (`csv_cell`), and a JSON array of row objects that any parser reads (no NaN or Infinity:
+`json_document`) with invisible characters as ``\\u`` escapes (`json_visible`: the same values)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from scanner.text_safety import csv_cell, json_document, json_visible
 def csv_chunks(frames: Iterable[pl.DataFrame]) -> Iterator[str]:
     """A header from the first frame's columns, then every row; nested values as JSON text, bytes as hex."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = csv.writer(buffer, lineterminator="\r\n")  # so the writer quotes a cell holding CR or LF
     header = False
     for frame in frames:
         if not header:

@@ -41,13 +41,21 @@ class PairPlan:
     already_tested: int = 0
     select: str = "all"                  # "candidates": only retrieved comparable pairs (plus declared ones)
     retrieved: int = 0                   # comparable pairs candidate retrieval chose (tested before or not)
+    tested_before: int = 0               # comparable pairs with a current test from an earlier run
+
+    @property
+    def untested(self) -> int:
+        """Comparable pairs that have no test and get none in this run (candidate retrieval did not choose them,
+        or ``comparable: false``)."""
+        return self.comparable - self.tested_before - len(self.jobs)
 
     def to_json_dict(self) -> dict:
         return {"to_test": len(self.jobs), "select": self.select, "possible": self.comparable,
                 "retrieved": self.retrieved, "comparable": self.comparable, "declared": self.declared,
                 "declared_incomparable": self.declared_incomparable,
                 "declared_base_not_scanned": self.declared_base_not_scanned,
-                "incomparable": dict(self.incomparable), "already_tested": self.already_tested}
+                "incomparable": dict(self.incomparable), "already_tested": self.already_tested,
+                "untested_comparable": self.untested}
 
 
 def incomparable_reason(input_set_a: str, input_set_b: str) -> str | None:
@@ -85,6 +93,9 @@ def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, compara
     for (set_a, members_a), (set_b, members_b) in combinations(sorted(groups.items()), 2):
         plan.incomparable[incomparable_reason(set_a, set_b)] += len(members_a) * len(members_b)
 
+    current = {(c.model_id, c.revision): c.input_set for c in by_id.values()}
+    plan.tested_before = sum(1 for a, ra, b, rb in tested
+                             if current.get((a, ra)) is not None and current.get((a, ra)) == current.get((b, rb)))
     for members in groups.values():
         plan.comparable += len(members) * (len(members) - 1) // 2
         for a, b in combinations(members, 2) if retrieved is None else _chosen(members, retrieved, declared_pairs):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
@@ -26,11 +27,12 @@ from rich.console import Console
 
 from jobs.actors import DiskCacheSpec, FingerprintOutcome, PairJob, PairOutcome, WorkFailure, compare_batch_task
 from jobs.cluster import StoreProbe, alive_nodes, check_fingerprint_store, check_store_from_every_node
-from jobs.config import HfCacheSourceConfig, HubSourceConfig, ScanConfig
+from jobs.config import ConfigError, HfCacheSourceConfig, HubSourceConfig, ScanConfig
+from jobs.ownership import claim_fingerprint_store
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
-from scanner.errors import one_line
+from scanner.errors import one_line, without_sql_excerpt
 from scanner.fingerprint_store import FingerprintStore
 from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
 from scanner.text_safety import terminal
@@ -197,7 +199,7 @@ class _Scan:
         current = [Candidate(*row) for row in self.store.fingerprinted_ok_models(self.prefix) if row[3] in stored]
         by_key = {(c.model_id, c.revision, c.input_set): c for c in current}
         try:
-            unreadable = unreadable_entries(self.config.db_path, current)
+            unreadable = unreadable_entries(self.config.db_path, current, self.store.identity())
         except OSError as e:  # not one fingerprint's fault: recorded once, and no fingerprint is forgotten for it
             self.store.record_error(self.run_id, "(retrieval)", None, str(self.config.db_path), "retrieval",
                                     type(e).__name__, f"stored entries not checked: {one_line(e)}")
@@ -234,7 +236,31 @@ class _Scan:
         plan = plan_pairs(candidates, tested, comparable=self.config.pairs.comparable,
                           declared=self.config.pairs.declared, retrieved=retrieved)
         self.summary.pairs = plan.to_json_dict()
+        self._warn_if_nothing_tested(plan)
         return plan
+
+    def _warn_if_nothing_tested(self, plan: PairPlan) -> None:
+        """A run that had new work (revisions fingerprinted, the index queried or rebuilt) and still tests no pair
+        while comparable pairs have no test says so, with why: a scan never tests nothing in silence. (A rerun with
+        nothing new tests nothing by design; its summary still counts the untested pairs.)"""
+        retrieval = self.summary.retrieval
+        new_work = self.summary.fingerprinted or retrieval.get("queried") or retrieval.get("rebuilt")
+        if plan.jobs or not plan.untested or not new_work:
+            return
+        if plan.select == "all":
+            why = "pairs.comparable is false, so only declared pairs are tested"
+        elif not retrieval:
+            why = "candidate retrieval failed in this run (scan_errors, stage retrieval)"
+        else:
+            why = (f"candidate retrieval chose none of them ({retrieval.get('queried', 0)} revisions queried the "
+                   f"index, min score {retrieval.get('min_score')})")
+        self.warn(f"no pair tested, though {plan.untested} comparable pairs have none and "
+                  f"{self.summary.fingerprinted} revisions were fingerprinted in this run: {why}")
+
+    def warn(self, message: str) -> None:
+        """Something a person must know about this run: said now, and kept in its summary (scan_runs)."""
+        self.summary.warnings.append(message)
+        self.say(f"[warning] {message}")
 
     def retrieve(self, candidates: list[Candidate]) -> dict[PairKey, tuple[tuple[int, int], ...]]:
         """Candidate retrieval (scanner.retrieval.scan): the new revisions query the persistent index, the
@@ -386,7 +412,9 @@ class _Scan:
 def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
              console: Console | None = None) -> ScanSummary:
     """Run one scan end to end and return its summary (also stored in ``scan_runs.summary``)."""
-    from scanner.store import Store
+    import duckdb
+
+    from scanner.store import Store, StoreError
 
     console = console or Console()
     fingerprints = FingerprintStore(config.fingerprint_location)
@@ -396,44 +424,67 @@ def run_scan(config: ScanConfig, *, observer: ScanObserver | None = None,
     started = time.perf_counter()
     try:
         check_fingerprint_store(fingerprints, alive_nodes(), config.fingerprint_store_shared)
-        config.db_path.parent.mkdir(parents=True, exist_ok=True)
+        _make_folders(config, fingerprints)  # refused settings leave no file behind
         fingerprints.prepare()
         probed = None if fingerprints.is_local else check_store_from_every_node(fingerprints.location)
         with Store(config.db_path) as store:
+            claimed = claim_fingerprint_store(fingerprints, store, config.db_path)
             scan = _Scan(config, store, fingerprints, observer or ScanObserver(), console, probed)
             try:
-                shape = pool_shape(config, ray.cluster_resources())
-                scan.summary.actors, scan.summary.device = shape.actors, shape.device
-                scan.say(f"scan {scan.run_id}: {shape.actors} {shape.device} fingerprint actor(s), "
-                         f"at most {shape.max_in_flight} models in flight; database {config.db_path}; "
-                         f"fingerprints {fingerprints.location}")
-                token = next((os.environ.get(s.token_env) for s in config.sources if isinstance(s, HubSourceConfig)),
-                             None)
-                with scan.timed("fingerprint"):
-                    pool = FingerprintPool(shape, config, fingerprints.location, token, scan.probe)
-                    try:
-                        scan.fingerprint_stage(pool)
-                    finally:
-                        pool.shutdown()  # frees the actors' CPUs/GPUs for the pair tasks
-                with scan.timed("pairs"):
-                    plan = scan.plan()
-                    scan.say(f"pairs: {plan.comparable} comparable, "
-                             + (f"{plan.retrieved} retrieved, " if plan.select == "candidates" else "")
-                             + f"{plan.declared} declared, {sum(plan.incomparable.values())} incomparable, "
-                             f"{plan.already_tested} already tested, {len(plan.jobs)} to test")
-                    scan.pair_stage(plan, shape)
-                if config.pairs.extra_stats:
-                    with scan.timed("weight statistics"):
-                        scan.weight_statistics_stage()
-                with scan.timed("lineage"):
-                    scan.lineage_stage()
+                if claimed is not None:
+                    scan.warn(claimed)
+                _run_stages(scan, config, fingerprints)
             except BaseException:
                 scan.summary.seconds = time.perf_counter() - started
-                store.finish_run(scan.run_id, "failed", scan.summary.to_json_dict())
+                with suppress(duckdb.Error):  # a database that failed under the scan may refuse this too
+                    store.finish_run(scan.run_id, "failed", scan.summary.to_json_dict())
                 raise
             scan.summary.seconds = time.perf_counter() - started
             store.finish_run(scan.run_id, "succeeded", scan.summary.to_json_dict())
             return scan.summary
+    except duckdb.Error as exc:  # the file failed under the scan (damaged, disk full): one line, not a traceback
+        raise StoreError(f"the scan database {config.db_path} failed during the scan: {without_sql_excerpt(exc)}; "
+                         "if the file is damaged, restore it from a copy or delete it to start anew") from exc
     finally:
         if started_ray:
             ray.shutdown()
+
+
+def _run_stages(scan: _Scan, config: ScanConfig, fingerprints: FingerprintStore) -> None:
+    """One run's stages in order: fingerprints on the actor pool, then pairs, weight statistics, lineage."""
+    shape = pool_shape(config, ray.cluster_resources())
+    scan.summary.actors, scan.summary.device = shape.actors, shape.device
+    scan.say(f"scan {scan.run_id}: {shape.actors} {shape.device} fingerprint actor(s), "
+             f"at most {shape.max_in_flight} models in flight; database {config.db_path}; "
+             f"fingerprints {fingerprints.location}")
+    token = next((os.environ.get(s.token_env) for s in config.sources if isinstance(s, HubSourceConfig)), None)
+    with scan.timed("fingerprint"):
+        pool = FingerprintPool(shape, config, fingerprints.location, token, scan.probe)
+        try:
+            scan.fingerprint_stage(pool)
+        finally:
+            pool.shutdown()  # frees the actors' CPUs/GPUs for the pair tasks
+    with scan.timed("pairs"):
+        plan = scan.plan()
+        scan.say(f"pairs: {plan.comparable} comparable, "
+                 + (f"{plan.retrieved} retrieved, " if plan.select == "candidates" else "")
+                 + f"{plan.declared} declared, {sum(plan.incomparable.values())} incomparable, "
+                 f"{plan.already_tested} already tested, {len(plan.jobs)} to test")
+        scan.pair_stage(plan, shape)
+    if config.pairs.extra_stats:
+        with scan.timed("weight statistics"):
+            scan.weight_statistics_stage()
+    with scan.timed("lineage"):
+        scan.lineage_stage()
+
+
+def _make_folders(config: ScanConfig, fingerprints: FingerprintStore) -> None:
+    """The database's folder and a local fingerprint store: one that cannot be made (a file in the way, no
+    permission) is one line, not a traceback."""
+    folders = [config.db_path.parent, *([Path(fingerprints.location)] if fingerprints.is_local else [])]
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the folder {folder} for the scan's output: "
+                              f"{exc.strerror or exc}") from exc

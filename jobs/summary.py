@@ -32,6 +32,7 @@ class ScanSummary:
     families: dict[str, list[str]] = field(default_factory=dict)   # family id -> members (families of 2 or more)
     discrepancies: int = 0
     exports: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)   # what a person must know: work that found nothing, state
     stage_seconds: dict[str, float] = field(default_factory=dict)   # fingerprint, pairs, lineage
     seconds: float = 0.0
 
@@ -48,7 +49,7 @@ class ScanSummary:
             "pairs": self.pairs, "retrieval": self.retrieval, "pairs_tested": self.pairs_tested,
             "pairs_failed": self.pairs_failed, "weight_statistics": self.weight_statistics,
             "dependent_pairs": self.dependent_pairs, "families": self.families,
-            "discrepancies": self.discrepancies, "exports": self.exports,
+            "discrepancies": self.discrepancies, "exports": self.exports, "warnings": self.warnings,
             "stage_seconds": {k: round(v, 2) for k, v in self.stage_seconds.items()}, "seconds": round(self.seconds, 2),
         }
 
@@ -70,7 +71,8 @@ def render_summary(summary: ScanSummary) -> Group:
                   f"{incomparable} incomparable, {pairs.get('already_tested', 0)} already tested"),
         *((("candidates", f"{pairs.get('possible', 0)} pairs possible, {pairs.get('retrieved', 0)} retrieved "
                            f"(min score {summary.retrieval.get('min_score')}; {summary.retrieval.get('queried', 0)} "
-                           f"revisions queried the index), {pairs.get('to_test', 0)} to test"),)
+                           f"revisions queried the index), {pairs.get('to_test', 0)} to test, "
+                           f"{pairs.get('untested_comparable', 0)} comparable pairs left untested"),)
           if pairs.get("select") == "candidates" else ()),
         ("pairs tested", f"{summary.pairs_tested} now"
                          + (f", {summary.pairs_failed} failed" if summary.pairs_failed else "")),
@@ -85,6 +87,7 @@ def render_summary(summary: ScanSummary) -> Group:
     ]
     for reason, n in sorted(pairs.get("incomparable", {}).items()):
         rows.insert(3, ("  not tested", f"{n}: {reason}"))
+    rows[:0] = [("warning", warning) for warning in summary.warnings]
     for key, value in rows:
         table.add_row(key, Text(terminal(value)))  # Text: rich markup such as [link=...] in hub text stays text
     families = Table(title="families", title_justify="left")

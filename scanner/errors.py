@@ -4,6 +4,10 @@
 class HubtraceError(Exception):
     """Base class for every refusal or failure that is the input's fault, not hubtrace's."""
 
+    def lines(self) -> list[str]:
+        """The refusal as a person reads it: one line, or one per problem where there are several."""
+        return [str(self)]
+
 
 class CheckpointError(HubtraceError):
     """The checkpoint cannot be read as claimed: missing config, corrupt or truncated file, wrong shapes."""

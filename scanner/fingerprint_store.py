@@ -10,15 +10,20 @@ Each fingerprint has one address, ``<location>/<model_id>/<revision>/<input_set>
 the database as written (an absolute path for local stores, a URL otherwise), so any node reads it back with
 `read_fingerprint_at` whatever node wrote it. Writes are atomic on both kinds: local files are renamed into
 place, and an object store shows an object only once its upload is complete.
+
+The store's root holds one more file, ``hubtrace-database.json``: the id, path and host of the scan database it
+belongs to (`StoreOwner`; jobs/ownership.py decides what a scan does with a store another database claimed).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import fsspec
@@ -38,6 +43,17 @@ from scanner.fingerprint_cache import PartReader
 from scanner.fingerprint_ranges import RangedFingerprint
 
 FINGERPRINT_SUFFIX = ".safetensors"
+OWNER_FILE = "hubtrace-database.json"
+
+
+@dataclass(frozen=True)
+class StoreOwner:
+    """The scan database a fingerprint store belongs to: its id (None: a record that cannot be read), the path
+    it had and the host whose scan claimed the store."""
+
+    database_id: str | None
+    database: str
+    host: str
 
 
 def is_url(location: str | Path) -> bool:
@@ -101,6 +117,33 @@ class FingerprintStore:
         except (*_storage_errors(), ValueError) as e:
             raise FingerprintError(f"fingerprint_store {self.location} cannot be written from this node "
                                    f"({one_line(e)}); check that the bucket exists and the AWS_* variables") from e
+
+    def owner(self) -> StoreOwner | None:
+        """The database this store's record names; None where no scan has claimed the store yet. A record that
+        cannot be read names no database (its id None), so no database takes it for its own."""
+        try:
+            data = json.loads(self.fs.cat_file(self._owner_key()))
+            return StoreOwner(str(data["database_id"]), str(data["database"]), str(data["host"]))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as e:
+            return StoreOwner(None, f"(unreadable {OWNER_FILE}: {one_line(e, 100)})", "?")
+        except _storage_errors() as e:
+            raise FingerprintError(f"fingerprint_store {self.location}: cannot read {OWNER_FILE}: {one_line(e)}") from e
+
+    def set_owner(self, owner: StoreOwner) -> None:
+        """Record the database this store belongs to (replaced whole: renamed into place, or one upload)."""
+        data = json.dumps(asdict(owner)).encode()
+        if not self.is_local:
+            self.fs.pipe_file(self._owner_key(), data)
+            return
+        handle, tmp = tempfile.mkstemp(prefix=f".{OWNER_FILE}.", dir=self._root)
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(tmp, self._owner_key())
+
+    def _owner_key(self) -> str:
+        return f"{self._root.rstrip('/')}/{OWNER_FILE}"
 
     def _key(self, model_id: str, revision: str, input_set: str) -> str:
         return f"{self._root.rstrip('/')}/{model_id}/{revision}/{input_set}{FINGERPRINT_SUFFIX}"

@@ -32,7 +32,8 @@ _INVISIBLE = re.compile(
     + "]"
 )
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>!|&~#$])")
-_CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_CSV_FORMULA = ("=", "+", "-", "@")
+_CSV_FORMULA_START = ("\t", "\r")
 
 
 def _escape_char(match: re.Match[str]) -> str:
@@ -146,6 +147,8 @@ def markdown_code(text: object) -> str:
 
 def csv_cell(text: str) -> str:
     """A CSV text cell that a spreadsheet will not run as a formula (``=cmd|...``): a leading ``'`` where the
-    text starts with ``= + - @``, a tab or a carriage return (the OWASP rule); invisible characters visible."""
+    first character that is not white space (spaces, tabs, CR and LF, any Unicode space) is ``= + - @``, and where
+    the text starts with a tab or a carriage return (the OWASP rule); invisible characters visible. The writer
+    must quote a cell holding CR or LF (jobs.exports writes RFC 4180: CRLF line ends, so it does)."""
     text = visible(text, keep="\t\r\n")
-    return "'" + text if text.startswith(_CSV_FORMULA_START) else text
+    return "'" + text if text.startswith(_CSV_FORMULA_START) or text.lstrip().startswith(_CSV_FORMULA) else text

@@ -6,6 +6,7 @@ pairs are tested. Nothing is lost or duplicated: the killed nodes' models and pa
 
 from __future__ import annotations
 
+import json
 import time
 from itertools import combinations
 
@@ -97,8 +98,10 @@ def test_nodes_killed_mid_scan_lose_and_duplicate_nothing(cluster, zoo, tmp_path
     assert sorted(fingerprints["model_id"]) == sorted(MODELS)
     fs, _ = fsspec.core.url_to_fs(location)
     fs.invalidate_cache()
-    in_bucket = {fs.unstrip_protocol(p) for p in fs.find(f"{BUCKET}/scans/test")}
+    in_bucket = {fs.unstrip_protocol(p) for p in fs.find(f"{BUCKET}/scans/test") if p.endswith(".safetensors")}
     assert set(fingerprints["path"]) == in_bucket  # one object per model, every address in the DB is in S3
+    owner = json.loads(fs.cat_file(f"{BUCKET}/scans/test/hubtrace-database.json"))  # and whose store it is
+    assert owner["database_id"] == query(db, "SELECT database_id FROM database_identity")["database_id"][0]
     assert all(p.startswith(f"{location}/") for p in in_bucket)
     assert query(db, "SELECT count(*) AS n FROM scan_errors")["n"][0] == 0
 

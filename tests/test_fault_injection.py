@@ -1,10 +1,12 @@
 """Fault injection: damage one kind of persistent state a scan reads, then scan again.
 
 Issue 24: one flipped byte in a stored fingerprint plus a lost ``<db>.retrieval/`` made every later scan exit at the
-candidate stage, nothing recorded, every night. Each case here starts from the same finished scan of a small hub
-(copied, so the cases do not share state), damages one thing, and runs the real scan job on a real local Ray. The
-next scan must end normally, with every model either fingerprinted and its candidate pairs tested, or named in
-``scan_errors`` of that run, and no stored pair test lost.
+candidate stage, nothing recorded, every night. Issue 34: a database deleted to start over, its retrieval folder
+left beside the new one, made the next scan query nothing and test nothing, in silence. Each case here starts from
+the same finished scan of a small hub (copied, so the cases do not share state), damages one thing, and runs the
+real scan job on a real local Ray. The next scan must end normally, with every model either fingerprinted and its
+candidate pairs tested, or named in ``scan_errors`` of that run; its current pair tests must be the clean scan's
+(the same pairs, the same p-values), and a damaged index must be rebuilt and answer again.
 """
 
 from __future__ import annotations
@@ -19,12 +21,19 @@ import pytest
 
 from jobs.scan_job import run_scan
 from scanner.retrieval.hub import index_folder
+from scanner.retrieval.scan import similar
 from scanner.store import Store
 from tests.scan_support import copy_models, query, scan_config
 
 #: A family of two (the chat fine-tune of the base), a camouflaged copy of the chat model, and an independent base.
 MODELS = ("aurora-labs/aurora-base", "finch-nlp/aurora-chat", "nimbus/nimbus-1", "ember-ml/ember-small")
 DAMAGED = "finch-nlp/aurora-chat"
+
+
+def _tests(db: Path) -> dict[tuple[str, str], float]:
+    """The current phi_MATCH tests: (model_a, model_b) -> log10 p."""
+    tested = query(db, "SELECT model_a, model_b, log10_p FROM current_pair_tests WHERE statistic = 'match'")
+    return {(a, b): p for a, b, p in tested.iter_rows()}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +118,14 @@ def _lose_the_index_folder(root: Path) -> None:
     shutil.rmtree(index_folder(root / "out" / "hubtrace.duckdb"))
 
 
+def _delete_the_database(root: Path) -> None:
+    """Start over the way a person does: delete the database, leave the folders beside it. Once, the retrieval
+    folder then told the new database that every model had queried the index already: 0 pairs tested, no error."""
+    db = root / "out" / "hubtrace.duckdb"
+    db.unlink()
+    db.with_name(db.name + ".wal").unlink(missing_ok=True)
+
+
 def _entries_folder_unwritable(root: Path) -> None:
     """No entry can be written (a full or read-only disk; as root, a file where the folder was): once, every stored
     fingerprint was taken for damaged and the whole hub fingerprinted again."""
@@ -129,14 +146,18 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "index of another dimension": _index_of_another_dimension,
     "index folder lost": _lose_the_index_folder,
     "retrieval entries folder unwritable": _entries_folder_unwritable,
+    "database deleted, its folders left": _delete_the_database,
 }
+INDEX_DAMAGE = {"index manifest garbage", "index of another dimension", "index folder lost",
+                "fingerprint byte flipped, index folder lost", "database deleted, its folders left"}
+"""The cases whose index cannot be used as it is: the scan must rebuild it, and it must answer again."""
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_the_next_scan_survives_the_damage_and_loses_nothing(baseline: Path, tmp_path: Path, damage: str) -> None:
     root = _copy(baseline, tmp_path / "case")
     db = root / "out" / "hubtrace.duckdb"
-    tests_before = query(db, "SELECT count(*) AS n FROM pair_tests")["n"][0]
+    clean = _tests(db)
     DAMAGE[damage](root)
     summary = run_scan(scan_config(root / "hub", root / "out", pairs={"select": "candidates"}))
     ok = set(query(db, "SELECT model_id FROM current_models WHERE status = 'ok'")["model_id"].to_list())
@@ -145,15 +166,30 @@ def test_the_next_scan_survives_the_damage_and_loses_nothing(baseline: Path, tmp
     named = set(errors["model_id"].to_list())
     for model in MODELS:  # fingerprinted (and so in the candidate stage), or named in this run's errors
         assert (model in ok and model in fingerprinted) or model in named, (damage, model, errors)
-    assert query(db, "SELECT count(*) AS n FROM pair_tests")["n"][0] >= tests_before  # nothing lost
-    tested = query(db, "SELECT model_a, model_b FROM current_pair_tests WHERE statistic = 'match'")
-    pairs = set(zip(tested["model_a"].to_list(), tested["model_b"].to_list()))
-    assert ("aurora-labs/aurora-base", "finch-nlp/aurora-chat") in pairs  # the family's pair is (still) tested
+    after = _tests(db)  # the clean scan's answer: the same pairs tested, the same p-values
+    assert after.keys() == clean.keys(), (damage, summary.retrieval, summary.pairs)
+    for pair, log10_p in clean.items():
+        assert after[pair] == pytest.approx(log10_p, rel=1e-6, abs=1e-9), (damage, pair)
+    assert ("aurora-labs/aurora-base", "finch-nlp/aurora-chat") in after  # the family's pair is (still) tested
     if "fingerprint" in damage or "row" in damage:  # the damaged file was seen, said, and replaced in this run
         assert DAMAGED in named and DAMAGED in fingerprinted
         assert "store" in errors.filter(errors["model_id"] == DAMAGED)["stage"].to_list()
     if damage == "retrieval entries folder unwritable":  # recorded, and no sound fingerprint taken for damaged
         assert set(errors["stage"].to_list()) == {"retrieval"}
+    if damage in INDEX_DAMAGE:  # rebuilt: every model queried it again, and it answers
+        assert summary.retrieval["queried"] == len(MODELS), summary.retrieval
+        assert "aurora-labs/aurora-base" in _similar(db, DAMAGED)
+    if damage in INDEX_DAMAGE - {"index folder lost", "fingerprint byte flipped, index folder lost"}:
+        assert summary.retrieval["rebuilt"], summary.retrieval  # and the scan said why
+    if damage == "database deleted, its folders left":
+        assert any("index written for another database" in why for why in summary.retrieval["rebuilt"].values())
+        assert summary.fingerprinted == len(MODELS) and summary.pairs_tested == len(clean)
+
+
+def _similar(db: Path, model_id: str) -> list[str]:
+    """``hubtrace query --similar``'s answer: the index beside the database, asked without testing anything."""
+    with Store(db, read_only=True) as store:
+        return similar(store, db, model_id)["model_id"].to_list()
 
 
 def test_similar_on_an_unusable_index_says_so_instead_of_an_empty_table(baseline: Path, tmp_path: Path) -> None:
@@ -185,3 +221,22 @@ def test_without_retrieval_a_damaged_fingerprint_fails_its_pairs_once_and_is_mad
     tested = query(db, "SELECT model_a, model_b FROM current_pair_tests")
     models = set(tested["model_a"].to_list()) | set(tested["model_b"].to_list())
     assert DAMAGED in models and len(tested) == len(MODELS) * (len(MODELS) - 1) // 2
+
+
+def test_a_scan_that_tests_nothing_while_pairs_are_untested_says_so(baseline: Path, tmp_path: Path) -> None:
+    """New models, and no pair chosen (a min score no pair reaches; no card declares a base): once, such a run
+    looked like a success. It must say so in its summary and in scan_runs; a rerun with nothing new counts them."""
+    models = ("aurora-labs/aurora-base", "nimbus/nimbus-1", "ember-ml/ember-small")
+    for model in models:
+        shutil.copytree(baseline / "hub" / model, tmp_path / "hub" / model, ignore=shutil.ignore_patterns("README.md"))
+    config = scan_config(tmp_path / "hub", tmp_path / "out", pairs={"select": "candidates", "min_score": 10**6})
+    first = run_scan(config)
+    assert first.pairs_tested == 0 and first.pairs["untested_comparable"] == 3
+    assert first.warnings == ["no pair tested, though 3 comparable pairs have none and 3 revisions were "
+                              "fingerprinted in this run: candidate retrieval chose none of them (3 revisions "
+                              "queried the index, min score 1000000)"]
+    stored = json.loads(query(config.db_path, "SELECT summary FROM scan_runs WHERE run_id = ?",
+                              [first.run_id])["summary"][0])
+    assert stored["warnings"] == first.warnings and stored["pairs"]["untested_comparable"] == 3
+    again = run_scan(config)  # nothing new: testing nothing is what it should do, and it still counts them
+    assert again.warnings == [] and again.pairs["untested_comparable"] == 3

@@ -198,7 +198,7 @@ def test_query_outputs_hold_hostile_text_safely(scanned, hub, tmp_path: Path) ->
     secret.write_text("local file\n")
     for reading in (f"SELECT * FROM read_text('{secret}')", f"SELECT * FROM read_csv('{secret}')",
                     f"SELECT * FROM glob('{tmp_path}/*')"):
-        assert "disabled by configuration" in refusal("query", "--db", db, reading)
+        assert "refused: it reads local files" in refusal("query", "--db", db, reading)
     assert "LOAD refused" in refusal("query", "--db", db, "INSTALL httpfs")
     opened = json.loads(hubtrace("query", "--db", db, f"SELECT content FROM read_text('{secret}')",
                                  "--allow-local-files", "--format", "json").stdout)

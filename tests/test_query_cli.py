@@ -186,7 +186,10 @@ def test_the_folder_beside_the_database_is_not_a_way_to_other_files(scan, tmp_pa
     secrets_folder.mkdir()
     (secrets_folder / "key.csv").write_text("token\nhunter2\n")
     (tmp_path / "copy.duckdb.tmp").symlink_to(secrets_folder)
-    message = refusal(copy, f"SELECT * FROM read_csv('{tmp_path / 'copy.duckdb.tmp' / 'key.csv'}')")
+    planted = tmp_path / "copy.duckdb.tmp" / "key.csv"
+    message = refusal(copy, f"SELECT * FROM read_csv('{planted}')")  # refused unrun: it reads files
+    assert "hunter2" not in message and "read_csv() refused: it reads local files" in message
+    message = refusal(copy, f"SELECT * FROM '{planted}'")  # a path as a table: no function, DuckDB's own wall
     assert "hunter2" not in message and "disabled" in message
 
 

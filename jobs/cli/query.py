@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from scanner.store import Store
 
 FORMATS = ("table", "csv", "json")
+DEFAULT_LIMIT = 100_000
+"""Rows an answer carries unless --limit says otherwise: a statement of millions of rows would take gigabytes."""
 TABLE_STR_CHARS = 200
 """Longer text cells end in an ellipsis in a table (whole error reasons and details fit); csv and json are never cut."""
 
@@ -59,6 +61,9 @@ def query_command(
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json (an array of row objects)")] = "table",
     out: Annotated[Path | None, typer.Option("--out", help="Write the answer to this file instead.")] = None,
+    limit: Annotated[int, typer.Option(
+        "--limit", min=0, help="Rows of the answer at most (0: all of them); a cut answer says so on stderr.")
+    ] = DEFAULT_LIMIT,
     allow_local_files: Annotated[bool, typer.Option(
         "--allow-local-files", help="Let SQL read local files (read_csv, read_parquet, ...); off by default, so a "
                                     "query reaches nothing but the database.")] = False,
@@ -70,8 +75,9 @@ def query_command(
     from scanner.store import Store, StoreError, queries
 
     threshold = queries.DEFAULT_LOG10_P if log10_p_below is None else log10_p_below
+    asked_rows = limit + 1 if limit else None  # one more than shown: whether there are more
     presets = {  # the question: (asked, how the store answers it)
-        "SQL": (sql is not None, lambda store: queries.read_only_query(store, sql)),
+        "SQL": (sql is not None, lambda store: queries.read_only_query(store, sql, limit=asked_rows)),
         "--derives-from": (derives_from is not None, lambda store: queries.derives_from(store, derives_from)),
         "--depends-on": (depends_on is not None,
                          lambda store: queries.dependent_on(store, depends_on, log10_p_below=threshold)),
@@ -95,13 +101,13 @@ def query_command(
             if run is not None and run not in queries.runs(store)["run_id"]:
                 raise StoreError(f"no scan run {run!r} in {db} (--runs lists them)")
             try:
-                frame = presets[asked[0]][1](store)
+                frame = _cut(presets[asked[0]][1](store), limit)
                 text = _render(frame, fmt)
             except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
                 if asked[0] != "SQL":
                     raise
                 # values polars cannot hold or show (a date past year 262143, VARINT, VARIANT): every column as text
-                frame = queries.read_only_query(store, sql, as_text=True)
+                frame = _cut(queries.read_only_query(store, sql, as_text=True, limit=asked_rows), limit)
                 text = _render(frame, fmt)
                 typer.echo("hubtrace: note: some values have no table type here (out-of-range dates, VARINT, "
                            "VARIANT, ...), so every column is shown as text", err=True)
@@ -113,13 +119,22 @@ def query_command(
         raise CommandError("cannot turn the answer into a table (cast the column, e.g. ::VARCHAR): "
                            f"{without_sql_excerpt(exc)}") from exc
     if out is None:
-        typer.echo(text)
+        typer.echo(text, nl=False)
         return
     try:
-        out.write_text(text + "\n", encoding="utf-8")
+        out.write_text(text, encoding="utf-8", newline="")
     except OSError as exc:
         raise CommandError(f"cannot write {out}: {exc.strerror or exc}") from exc
     typer.echo(f"wrote {out} ({frame.height} rows)")
+
+
+def _cut(frame: pl.DataFrame, limit: int) -> pl.DataFrame:
+    """The first ``limit`` rows (0: all), saying on stderr when there were more."""
+    if not limit or frame.height <= limit:
+        return frame
+    typer.echo(f"hubtrace: note: the answer has more than {limit:,} rows; these are the first {limit:,} "
+               "(--limit N for more, --limit 0 for all)", err=True)
+    return frame.head(limit)
 
 
 def _similar(store: Store, db: Path, model_id: str) -> pl.DataFrame:
@@ -129,17 +144,18 @@ def _similar(store: Store, db: Path, model_id: str) -> pl.DataFrame:
 
 
 def _render(frame: pl.DataFrame, fmt: str) -> str:
-    """The frame as text: a table with every row and column, CSV (nested values as JSON text) or a JSON array."""
+    """The frame as text ending in a line break: a table with every row and column, CSV (nested values as JSON
+    text; CRLF line ends, RFC 4180) or a JSON array."""
     import polars as pl
 
     if fmt in ("csv", "json"):  # the writers `hubtrace serve` downloads with: the same cells either way
         from jobs.exports import csv_chunks, json_chunks
 
-        return "".join((csv_chunks if fmt == "csv" else json_chunks)([frame])).removesuffix("\n")
+        return "".join((csv_chunks if fmt == "csv" else json_chunks)([frame]))
     frame = _text_cells(frame, terminal)  # hub text cannot move the cursor, recolour or reorder the table
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=TABLE_STR_CHARS,
                    fmt_table_cell_list_len=-1):
-        return terminal_lines(str(frame))  # and nothing in a type not handled above reaches the terminal raw
+        return terminal_lines(str(frame)) + "\n"  # and nothing in a type not handled above reaches the terminal raw
 
 
 def _text_cells(frame: pl.DataFrame, escape: Callable[[str], str]) -> pl.DataFrame:

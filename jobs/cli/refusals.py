@@ -1,5 +1,6 @@
 """The one place where a refusal becomes what a person sees: any `HubtraceError` a command raises is printed as
-one ``hubtrace: error: ...`` line on stderr and the command exits with status 2, never a traceback.
+one ``hubtrace: error: ...`` line on stderr (one per problem, for a config with several) and the command exits with
+status 2, never a traceback.
 
 Commands raise; they do not print errors themselves. A foreign error whose message a person can act on (an
 unwritable output file, an unknown family id) is raised again as a `CommandError` with that message.
@@ -31,5 +32,6 @@ class RefusingCommand(TyperCommand):
         try:
             return super().invoke(ctx)
         except HubtraceError as error:
-            typer.echo(f"hubtrace: error: {terminal(str(error))}", err=True)  # paths and ids in it are data
+            for line in error.lines():  # one line a problem; paths and ids in them are data
+                typer.echo(f"hubtrace: error: {terminal(line)}", err=True)
             raise typer.Exit(EXIT_REFUSED) from error

@@ -11,10 +11,13 @@ from typing import Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
+from jobs.web.limits import ServeLimits
+from scanner.engine_limits import EngineLimits
 from scanner.text_safety import terminal
 
-THREADS = 4
-"""Requests answered at once (each worker thread has its own read-only connection)."""
+THREADS = 8
+"""Requests answered at once (each worker thread has its own read-only connection); the SQL box takes at most
+``--sql-slots`` of them, so pages keep answering while slow statements run."""
 
 
 def serve_command(
@@ -23,18 +26,38 @@ def serve_command(
         "--host", help="Address to listen on. The default answers this machine only; another address lets anyone "
                        "who can reach it read the whole database.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free port, printed).")] = 8000,
+    query_seconds: Annotated[float, typer.Option(
+        "--query-seconds", min=0.1, help="DuckDB time one SQL-box statement (or download) may take; then it is "
+                                         "stopped.")] = ServeLimits.query_seconds,
+    download_rows: Annotated[int, typer.Option(
+        "--download-rows", min=1, help="Rows a SQL-box download carries at most.")] = ServeLimits.download_rows,
+    sql_slots: Annotated[int, typer.Option(
+        "--sql-slots", min=1, max=THREADS - 1, help="SQL-box statements run at once; more are asked to come back "
+                                                   "later.")] = ServeLimits.sql_slots,
+    memory_limit: Annotated[str, typer.Option(
+        "--memory-limit", help="Memory DuckDB may use for all requests together (e.g. 1GB, 500MB).")
+    ] = EngineLimits.memory,
+    threads: Annotated[int, typer.Option(
+        "--threads", min=1, help="Threads DuckDB may use for all requests together.")] = EngineLimits.threads,
+    spill: Annotated[str, typer.Option(
+        "--spill", help="Temporary disk space DuckDB may use for all requests together (0GB: none).")
+    ] = EngineLimits.spill,
 ) -> None:
     """Browse a scan database in a web browser: families, models, pair evidence, a read-only SQL box, downloads."""
     from waitress import create_server
 
     from jobs.web.app import LOCAL_NAMES, create_app
+    from jobs.web.bounds import EXTENSION as GATE
     from jobs.web.database import EXTENSION
 
     local = _loopback(host)
-    # a missing, locked or outdated database: a StoreError, refused in one line
-    app = create_app(db, host_names=LOCAL_NAMES | {host} if local else None)
+    limits = ServeLimits(query_seconds, download_rows, sql_slots, EngineLimits(memory_limit, threads, spill))
+    # a missing, locked, outdated or newer database, or a limit DuckDB cannot read: a StoreError, one line
+    app = create_app(db, host_names=LOCAL_NAMES | {host} if local else None, limits=limits)
     try:
-        server = create_server(app, host=host, port=port, threads=THREADS, ident="hubtrace")
+        # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen
+        server = create_server(app, host=host, port=port, threads=THREADS, ident="hubtrace",
+                               channel_request_lookahead=1)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     if not local:
@@ -50,6 +73,7 @@ def serve_command(
         pass
     finally:
         server.close()
+        app.extensions[GATE].close()
         app.extensions[EXTENSION].close()
 
 

@@ -13,8 +13,10 @@ from flask import Flask, Response, abort, render_template, request
 from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
-from jobs.web import text
+from jobs.web import bounds, text
+from jobs.web.bounds import SqlGate
 from jobs.web.database import EXTENSION, Database
+from jobs.web.limits import ServeLimits
 from jobs.web.views import discrepancies, family, home, model, pair, search, sql, tables
 from scanner.store import Store
 
@@ -33,15 +35,19 @@ class HubtraceFlask(Flask):
     """Autoescape every template, whatever its file name; hub text made visible; a misspelt variable an error."""
 
 
-def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES) -> Flask:
+def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES,
+               limits: ServeLimits | None = None) -> Flask:
     """The app on one scan database, which must open read-only now (a `StoreError` says why not). ``host_names``:
-    the only Host header names it answers (None: any, for an app bound to an address others reach)."""
-    Store(db, read_only=True).close()
+    the only Host header names it answers (None: any, for an app bound to an address others reach); ``limits``:
+    the bounds of each request's work (jobs.web.bounds)."""
+    limits = limits or ServeLimits()
+    Store(db, read_only=True, limits=limits.engine).close()
     app = HubtraceFlask(__name__)
     if host_names is not None:
         app.before_request(_addressed_to(frozenset(host_names)))
     app.before_request(_not_from_another_site)
-    app.extensions[EXTENSION] = Database(Path(db))
+    database = app.extensions[EXTENSION] = Database(Path(db), limits.engine)
+    app.extensions[bounds.EXTENSION] = SqlGate(limits, database)
     app.jinja_env.filters.update(text.FILTERS)
     app.jinja_env.globals["database_name"] = Path(db).name
     for view in (home, discrepancies, search, model, pair, family, sql, tables):

@@ -1,5 +1,7 @@
 """The scan database as the app reads it: one sealed read-only `Store` per worker thread, because a DuckDB
-connection must not be shared between threads, and the server answers several requests at once."""
+connection must not be shared between threads, and the server answers several requests at once. They share one
+engine, whose memory, threads and spill space the app bounds (`EngineLimits`) and whose settings no statement can
+change (the store locks them)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 from flask import current_app
 
+from scanner.engine_limits import EngineLimits
 from scanner.store import Store
 
 EXTENSION = "hubtrace_database"
@@ -17,8 +20,8 @@ EXTENSION = "hubtrace_database"
 class Database:
     """Opens the file read-only (no other file reachable from SQL) once per thread that asks, and closes them all."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, limits: EngineLimits) -> None:
+        self.path, self.limits = path, limits
         self._local = threading.local()
         self._opened: list[Store] = []
         self._lock = threading.Lock()
@@ -26,7 +29,7 @@ class Database:
     def store(self) -> Store:
         store = getattr(self._local, "store", None)
         if store is None:
-            store = self._local.store = Store(self.path, read_only=True)
+            store = self._local.store = Store(self.path, read_only=True, limits=self.limits)
             with self._lock:
                 self._opened.append(store)
         return store

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from markupsafe import Markup
 
+from jobs.web.database import store
 from lineage_graph.report import write_report
 from lineage_graph.stored import pair_lineage
-from scanner.store import Store
 from scanner.text_safety import html_text
 
 REPORT_FOLDER = "report-folder"
@@ -34,13 +34,14 @@ def report_body(db: Path, model_a: str, model_b: str) -> Markup | None:
 
 @lru_cache(maxsize=CACHED_REPORTS)
 def _body(db: Path, first: str, second: str) -> str | None:
-    with _drawing, Store(db, read_only=True) as store, tempfile.TemporaryDirectory(prefix="hubtrace-pair-") as tmp:
-        lineage = pair_lineage(store, first, second)
+    with _drawing, tempfile.TemporaryDirectory(prefix="hubtrace-pair-") as tmp:
+        reader = store()
+        lineage = pair_lineage(reader, first, second)
         if lineage is None:
             return None
         out = Path(tmp) / "report"
         try:
-            page = write_report(store, lineage, first, second, out, db).html.read_text(encoding="utf-8")
+            page = write_report(reader, lineage, first, second, out, db).html.read_text(encoding="utf-8")
         except KeyError:  # a model of the pair is no longer current
             return None
     body = page.split("<body>", 1)[1].rsplit("</body>", 1)[0]

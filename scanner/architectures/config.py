@@ -30,13 +30,19 @@ def transformers_config(checkpoint: Checkpoint) -> PretrainedConfig:
     try:
         # transformers writes inf and NaN as {"__float__": "Infinity"} (Bamba's time_step_limit) and reads them back
         values = PretrainedConfig._decode_special_floats(_without_implementation_choices(checkpoint.config))
-        return CONFIG_MAPPING[model_type].from_dict(values)
+        config = CONFIG_MAPPING[model_type].from_dict(values)
     # The config classes raise assorted errors (strict dataclass validation, ValueError, TypeError) on bad input.
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__  # the whole message: its first line ends in ':'
         raise CheckpointError(
             f"{checkpoint.path / 'config.json'} is not a valid {model_type} config: {reason}"
         ) from exc
+    text = config.get_text_config()
+    if not isinstance(text, PretrainedConfig):  # a text_config key a type without a text sub-config keeps as is
+        raise CheckpointError(
+            f"{checkpoint.path / 'config.json'} is not a valid {model_type} config: its text_config is a "
+            f"{type(text).__name__}, and a {model_type} config has no text sub-config to read it as")
+    return config
 
 
 def _without_implementation_choices(values: Any) -> Any:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from scanner.database_identity import DatabaseIdentity
 from scanner.errors import RetrievalIndexError
 from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, with_wide_block_maps
 from scanner.retrieval.index import DEFAULT_SEARCH, ModelKey, RetrievalIndex, SearchParams, load_or_make_entry
@@ -76,20 +77,22 @@ def index_folder(db_path: str | Path) -> Path:
 
 def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_score: int,
                    params: SignatureParams = DEFAULT_PARAMS, search: SearchParams = DEFAULT_SEARCH,
-                   map_threshold: float = MAP_THRESHOLD, before_save=None) -> RetrievalRun:
+                   map_threshold: float = MAP_THRESHOLD, before_save=None,
+                   owner: DatabaseIdentity | None = None) -> RetrievalRun:
     """For each input set: drop superseded or vanished revisions from its index, add and query the new ones,
     return the pairs scoring at least ``min_score`` with block maps drawn down to ``map_threshold``
     (scanner.retrieval.candidates). ``before_save(run)`` is called before an index is written (the scan stores
-    the pairs there first, so a crash in between only repeats the query next time)."""
+    the pairs there first, so a crash in between only repeats the query next time). ``owner``: the database the
+    folder belongs to; an index or entry written for another is rebuilt."""
     run = RetrievalRun()
     by_set: dict[str, dict[ModelKey, IndexedModel]] = {}
     for model in models:
         by_set.setdefault(model.input_set, {})[model.key] = model
     for input_set, members in sorted(by_set.items()):
-        index = RetrievalIndex(folder, input_set, params, search)
+        index = RetrievalIndex(folder, input_set, params, search, owner)
 
         def load(key: ModelKey, members: dict = members) -> RetrievalEntry:
-            return load_or_make_entry(folder, members[key].fingerprint_path, params)
+            return load_or_make_entry(folder, members[key].fingerprint_path, params, owner)
 
         removed, added = index.sync({key: partial(load, key) for key in members})
         if index.rebuilt_because and index.rebuilt_because != "no index yet":
@@ -107,16 +110,16 @@ def update_indexes(folder: str | Path, models: Iterable[IndexedModel], *, min_sc
 
 
 def similar_models(folder: str | Path, model: IndexedModel, *, params: SignatureParams = DEFAULT_PARAMS,
-                   limit: int = 20) -> list[CandidatePair]:
+                   limit: int = 20, owner: DatabaseIdentity | None = None) -> list[CandidatePair]:
     """The models nearest to ``model`` by collision score (any score above zero), best first; reads the index,
-    never writes it."""
-    index = RetrievalIndex(folder, model.input_set, params)
+    never writes it (one of a database other than ``owner`` is refused)."""
+    index = RetrievalIndex(folder, model.input_set, params, owner=owner)
     if index.index is None and index.rebuilt_because not in (None, "no index yet"):
         raise RetrievalIndexError(f"the retrieval index of {model.input_set} in {folder} cannot be used "
                                   f"({index.rebuilt_because}); the next scan rebuilds it")
     if model.key not in index.models:
         return []
-    entry = load_or_make_entry(folder, model.fingerprint_path, params)
+    entry = load_or_make_entry(folder, model.fingerprint_path, params, owner)
     pairs = scored_pairs(index, {model.key: entry})
     return sorted(pairs, key=lambda p: (-p.score, p.key))[:limit]
 

@@ -2,10 +2,12 @@
 
 One index per canonical input set under ``<db>.retrieval/<hash of the input set>/``: ``index.faiss`` and
 ``manifest.json`` (the models and revisions it holds, the number each one's vector ids start from, the signature
-params and the sha256 of the index file). Both are replaced atomically, index first; a manifest that does not
-describe the index file next to it (a driver killed between the two writes, a file deleted or damaged) makes the
-next open rebuild the index from the entry files, which sit beside the fingerprints (``*.retrieval.safetensors``)
-and are recomputed from a fingerprint when they are missing.
+params, the sha256 of the index file and the id of the database it belongs to). Both are replaced atomically,
+index first; a manifest that does not describe the index file next to it (a driver killed between the two writes, a
+file deleted or damaged) makes the next open rebuild the index from the entry files, which sit beside the
+fingerprints (``*.retrieval.safetensors``) and are recomputed from a fingerprint when they are missing. Each entry
+file records its database's id too: an index or entry of another database (one deleted and started again beside
+the same folder) is rebuilt, never trusted (scanner.database_identity).
 
 Index kind (``SearchParams.kind``, the scan's ``pairs.index``): ``auto`` builds an exact inner-product index (faiss
 ``IndexIDMap2`` over ``IndexFlatIP``) when a build starts with at most ``FLAT_LIMIT`` vectors and an inverted-file
@@ -31,6 +33,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from scanner.database_identity import DatabaseIdentity
 from scanner.errors import FingerprintError
 from scanner.retrieval import ivf_join
 from scanner.retrieval.collisions import ROW_BITS, close_pairs, cross_model_pairs, unique_id_pairs, vector_id
@@ -81,6 +84,8 @@ def write_entry(entry: RetrievalEntry, path: str | Path) -> None:
     """Atomically write an entry (float16 vectors: the index compares them at far coarser resolution)."""
     meta = {"params": json.dumps(entry.params.to_json_dict()), "input_set": entry.input_set,
             "n_layers": str(entry.n_layers)}
+    if entry.database_id is not None:
+        meta["database_id"] = entry.database_id
     tensors = {"vectors": entry.vectors.astype(np.float16), "blocks": entry.blocks.astype(np.int32),
                "indexed": entry.indexed.astype(np.uint8)}
     _atomic(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
@@ -97,17 +102,17 @@ def read_entry(path: str | Path) -> RetrievalEntry:
         tensors = load_file(str(path))
         params = SignatureParams.from_json_dict(json.loads(meta["params"]))
         return RetrievalEntry(tensors["vectors"], tensors["blocks"], tensors["indexed"].astype(bool),
-                              int(meta["n_layers"]), meta["input_set"], params)
+                              int(meta["n_layers"]), meta["input_set"], params, meta.get("database_id"))
     except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
         raise FingerprintError(f"{path}: not a readable retrieval entry: {exc}") from exc
 
 
-def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path,
-                       params: SignatureParams) -> RetrievalEntry:
+def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path, params: SignatureParams,
+                       owner: DatabaseIdentity | None = None) -> RetrievalEntry:
     """The entry of a fingerprint kept in ``folder``; computed from the fingerprint (read from wherever the
-    fingerprint store keeps it) and written when missing, damaged or made with other params. Either way it is
-    returned as the file holds it (``read_entry``), so a first scan and a rebuild from the files compare the same
-    float16 vectors and retrieve the same pairs."""
+    fingerprint store keeps it) and written when missing, damaged, made with other params or, given the ``owner``
+    database, written for another one. Either way it is returned as the file holds it (``read_entry``), so a first
+    scan and a rebuild from the files compare the same float16 vectors and retrieve the same pairs."""
     from scanner.fingerprint_store import read_fingerprint_at
     from scanner.retrieval.signatures import retrieval_entry
 
@@ -115,11 +120,12 @@ def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path,
     if path.is_file():
         try:
             entry = read_entry(path)
-            if entry.params == params:
+            if entry.params == params and (owner is None or owner.owns(entry.database_id)):
                 return entry
         except FingerprintError:
             pass
-    entry = retrieval_entry(read_fingerprint_at(fingerprint_address), params)
+    entry = replace(retrieval_entry(read_fingerprint_at(fingerprint_address), params),
+                    database_id=None if owner is None else owner.database_id)
     write_entry(entry, path)
     return replace(entry, vectors=entry.vectors.astype(np.float16))
 
@@ -129,11 +135,12 @@ class RetrievalIndex:
     close signature pairs of some of them against everything held."""
 
     def __init__(self, folder: str | Path, input_set: str, params: SignatureParams = DEFAULT_PARAMS,
-                 search: SearchParams = DEFAULT_SEARCH) -> None:
+                 search: SearchParams = DEFAULT_SEARCH, owner: DatabaseIdentity | None = None) -> None:
+        """``owner``: the database the index belongs to; an index on disk written for another is not loaded."""
         import faiss
 
         self.folder = Path(folder) / hashlib.sha256(input_set.encode()).hexdigest()[:16]
-        self.input_set, self.params, self.search_params = input_set, params, search
+        self.input_set, self.params, self.search_params, self.owner = input_set, params, search, owner
         self._faiss = faiss
         self.models: dict[ModelKey, dict] = {}       # key -> {"number", "rows", "n_layers"}
         self.blocks: dict[int, np.ndarray] = {}      # model number -> block of each row
@@ -157,6 +164,9 @@ class RetrievalIndex:
             data = json.loads(manifest.read_text(encoding="utf-8"))
             if data.get("params") != self.params.to_json_dict() or data.get("input_set") != self.input_set:
                 self.rebuilt_because = "signature params or input set changed"
+                return
+            if self.owner is not None and not self.owner.owns(data.get("database_id")):
+                self.rebuilt_because = f"index {self.owner.stranger(data.get('database_id'))}"
                 return
             if data.get("index_sha256") != _sha256(index_file):
                 self.rebuilt_because = "index file does not match its manifest"
@@ -194,6 +204,7 @@ class RetrievalIndex:
         _atomic(index_file, lambda tmp: self._faiss.write_index(self._index(), tmp))
         manifest = {
             "input_set": self.input_set, "params": self.params.to_json_dict(), "kind": self.kind,
+            "database_id": None if self.owner is None else self.owner.database_id,
             "next_number": self.next_number, "index_sha256": _sha256(index_file),
             "models": sorted(self.models.values(), key=lambda m: m["number"]),
             "blocks": {str(n): b.tolist() for n, b in self.blocks.items()},

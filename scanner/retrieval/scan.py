@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from scanner.database_identity import DatabaseIdentity
 from scanner.errors import FingerprintError, HubtraceError, one_line
 from scanner.fingerprint_store import read_fingerprint_meta_at
 from scanner.retrieval.candidates import MAP_THRESHOLD
@@ -59,17 +60,19 @@ class Retrieved:
                 "removed": self.removed, "min_score": self.min_score, "rebuilt": self.rebuilt}
 
 
-def unreadable_entries(db_path: str | Path, models: Sequence[ScannedModel]) -> dict[tuple[str, str, str], str]:
+def unreadable_entries(db_path: str | Path, models: Sequence[ScannedModel],
+                       owner: DatabaseIdentity) -> dict[tuple[str, str, str], str]:
     """(model_id, revision, input_set) -> why, for each model whose retrieval entry can be neither read nor made
     from its fingerprint (a damaged or vanished fingerprint file). Every other entry is left ready on disk, so the
     index update that follows reads each in 0.1 ms; a model listed here would stop it. Any other OSError (the
     entries folder unwritable, a store that does not answer) is raised: it says nothing about one fingerprint, and
-    listing every model would have the whole hub fingerprinted again."""
+    listing every model would have the whole hub fingerprinted again. An entry written for a database other than
+``owner`` is made anew from its fingerprint."""
     folder = index_folder(db_path)
     unreadable = {}
     for model in models:
         try:
-            load_or_make_entry(folder, model.path, DEFAULT_PARAMS)
+            load_or_make_entry(folder, model.path, DEFAULT_PARAMS, owner)
         except (HubtraceError, FileNotFoundError) as exc:
             unreadable[(model.model_id, model.revision, model.input_set)] = one_line(exc)
     return unreadable
@@ -86,7 +89,7 @@ def retrieve_candidates(store: Store, db_path: str | Path, models: Sequence[Scan
 
     run = update_indexes(index_folder(db_path), indexed, min_score=min_score,
                          search=SearchParams(kind=index_kind), map_threshold=map_threshold,
-                         before_save=store_retrieved)
+                         before_save=store_retrieved, owner=store.identity())
     out = Retrieved(queried=run.queried, removed=run.removed, min_score=min_score, rebuilt=run.rebuilt)
     by_set: dict[str, list[ScannedModel]] = {}
     for model in models:
@@ -153,7 +156,7 @@ def similar(store: Store, db_path: str | Path, model_id: str, *, limit: int = 20
     rows = []
     for revision, input_set, path in fingerprints.select("revision", "input_set", "path").iter_rows():
         for pair in similar_models(index_folder(db_path), IndexedModel(model_id, revision, input_set, path),
-                                   limit=limit):
+                                   limit=limit, owner=store.identity()):
             other, other_revision = ((pair.model_b, pair.revision_b) if pair.model_a == model_id
                                      else (pair.model_a, pair.revision_a))
             rows.append({"model_id": other, "revision": other_revision, "score": pair.score, "rank": pair.rank,

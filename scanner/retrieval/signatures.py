@@ -86,6 +86,7 @@ class RetrievalEntry:
     n_layers: int
     input_set: str
     params: SignatureParams
+    database_id: str | None = None   # the database whose folder keeps its file (None: not from a file, or older)
 
     def __post_init__(self) -> None:
         if self.vectors.ndim != 2 or self.vectors.shape[1] != 2 * self.params.dim:

@@ -8,13 +8,12 @@ the lineage tables that ``rebuild_lineage`` writes (FDR-controlled, oriented par
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from datetime import datetime
 
 import polars as pl
 
 from scanner.store.read_only_sql import check_read_only
-from scanner.store.store import Store
+from scanner.store.store import AnswerStream, Store
 
 DEFAULT_LOG10_P = -8.0
 """log10 p at or below which a raw pair test counts as dependence: about a 5% Bonferroni bound over 2 million
@@ -212,11 +211,18 @@ def pair_tests_between(store: Store, model_a: str, model_b: str) -> pl.DataFrame
 
 def read_only_query(store: Store, sql: str, *, as_text: bool = False, limit: int | None = None) -> pl.DataFrame:
     """Run ``sql`` if it is exactly one statement that only reads (`read_only_sql.check_read_only`: DuckDB's
-    parser, EXPLAIN ANALYZE and everything that writes or executes refused unrun). Columns of types polars cannot
-    hold come as text (`Store.query_as_text`); ``as_text`` makes every column text (a date past polars' range);
-    ``limit``: at most that many rows."""
-    check_read_only(store.connection, sql)
+    parser, EXPLAIN ANALYZE and everything that writes or executes refused unrun, and so is every function that
+    acts). Columns of types polars cannot hold come as text (`Store.query_as_text`); ``as_text`` makes every column
+    text (a date past polars' range); ``limit``: at most that many rows."""
+    check_read_only(store.connection, sql, local_files=store.allow_local_files)
     return store.query_as_text(sql, every_column=as_text, limit=limit)
+
+
+def read_only_stream(store: Store, sql: str, *, as_text: bool = False, limit: int | None = None,
+                     batch_rows: int = 10_000) -> AnswerStream:
+    """`read_only_query`'s answer a batch of rows at a time (`Store.stream_as_text`), checked the same way."""
+    check_read_only(store.connection, sql, local_files=store.allow_local_files)
+    return store.stream_as_text(sql, every_column=as_text, limit=limit, batch_rows=batch_rows)
 
 
 CURRENT_FINGERPRINTS_SQL = """
@@ -495,27 +501,13 @@ def tables(store: Store) -> pl.DataFrame:
     return frame.with_columns(pl.Series("rows", counts, dtype=pl.Int64))
 
 
-def table_batches(store: Store, table: str, *, batch_rows: int = 10_000) -> Iterator[pl.DataFrame]:
+def table_batches(store: Store, table: str, *, batch_rows: int = 10_000) -> AnswerStream:
     """Every row of one of `tables` (``KeyError`` at once for any other name) in frames of about ``batch_rows`` (at
     least one, empty for an empty table, so its columns are known), read on a connection of its own: an export of a
     big table never holds all of it in memory, and the store's connection stays free for other reads meanwhile."""
     if table not in set(store.query(TABLES_SQL)["name"]):
         raise KeyError(table)
-    return _batches(store, f"SELECT * FROM {_identifier(table)}", batch_rows)
-
-
-def _batches(store: Store, sql: str, batch_rows: int) -> Iterator[pl.DataFrame]:
-    cursor = store.connection.cursor()
-    try:
-        reader = cursor.sql(sql).to_arrow_reader(batch_rows)
-        empty = True
-        for batch in reader:
-            empty = False
-            yield pl.from_arrow(batch)
-        if empty:
-            yield pl.from_arrow(reader.schema.empty_table())
-    finally:
-        cursor.close()
+    return store.stream_as_text(f"SELECT * FROM {_identifier(table)}", batch_rows=batch_rows)
 
 
 def _identifier(name: str) -> str:

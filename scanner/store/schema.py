@@ -1,6 +1,7 @@
 """The store's schema as an ordered list of migrations, so a file written by an older hubtrace is brought up to
 date when a newer one opens it for writing. Each migration runs once, in its own transaction, and is recorded in
-``schema_version``; its statements are also safe to run again (``IF NOT EXISTS``, ``OR REPLACE``)."""
+``schema_version``; its statements are also safe to run again (``IF NOT EXISTS``, ``OR REPLACE``), except a
+table rebuilt to change a constraint (migration 10), which the transaction makes all or nothing."""
 
 from __future__ import annotations
 
@@ -128,6 +129,33 @@ DIRECTION_LEVEL_DDL: tuple[str, ...] = (
 with the build so a reader recomputes the same lineage); migration 8. NULL in rows built before it."""
 
 
+DATABASE_IDENTITY_DDL: tuple[str, ...] = (
+    """CREATE TABLE IF NOT EXISTS database_identity (
+        database_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, legacy_artefacts BOOLEAN NOT NULL)""",
+    """INSERT INTO database_identity SELECT uuid()::VARCHAR, now(), EXISTS (SELECT 1 FROM scan_runs)
+        WHERE NOT EXISTS (SELECT 1 FROM database_identity)""",
+)
+"""The database's identity, one row: every artefact a scan keeps beside it (the retrieval index, its manifest and
+entries, the fingerprint store) records this id, so one left by another or a deleted database is never trusted
+(scanner.database_identity). ``legacy_artefacts``: the id was given to a database that already had scans, so
+artefacts written before ids existed (none recorded) are its own; migration 9."""
+
+
+ABANDONED_RUNS_DDL: tuple[str, ...] = (
+    """CREATE TABLE scan_runs_with_process (
+        run_id VARCHAR PRIMARY KEY, started_at TIMESTAMPTZ NOT NULL, finished_at TIMESTAMPTZ,
+        status VARCHAR NOT NULL CHECK (status IN ('running', 'succeeded', 'failed', 'abandoned')),
+        config JSON, hubtrace_version VARCHAR NOT NULL, summary JSON, host VARCHAR, pid INTEGER)""",
+    """INSERT INTO scan_runs_with_process SELECT run_id, started_at, finished_at, status, config, hubtrace_version,
+        summary, NULL, NULL FROM scan_runs""",
+    "DROP TABLE scan_runs",
+    "ALTER TABLE scan_runs_with_process RENAME TO scan_runs",
+)
+"""Status ``abandoned`` (a run whose process ended without finishing it: killed, or its machine lost) and the host
+and process id of each run; DuckDB cannot change a CHECK constraint in place, so the table is rebuilt (once, in the
+migration's transaction: these statements are not meant to run twice); migration 10."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -155,6 +183,10 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: WEIGHT_STATISTICS_DDL),
     Migration(8, "lineage_edges.direction_decided and the min_direction_confidence of each lineage build",
               lambda: DIRECTION_LEVEL_DDL),
+    Migration(9, "database_identity: the id every artefact beside the database records",
+              lambda: DATABASE_IDENTITY_DDL),
+    Migration(10, "scan_runs: status abandoned, and each run's host and process id",
+              lambda: ABANDONED_RUNS_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

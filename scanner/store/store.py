@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import re
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -29,7 +31,9 @@ import polars as pl
 import pyarrow as pa
 
 from scanner import __version__
-from scanner.errors import HubtraceError
+from scanner.database_identity import DatabaseIdentity
+from scanner.engine_limits import EngineLimits
+from scanner.errors import HubtraceError, without_sql_excerpt
 from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
 
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
     from scanner.stats.weight_statistics import WeightProfile
 
 MODEL_STATUSES = ("ok", "error", "superseded")
-RUN_STATUSES = ("running", "succeeded", "failed")
+RUN_STATUSES = ("running", "succeeded", "failed", "abandoned")
 PAIR_REASONS = ("comparable", "declared_base")
 
 PairKey = tuple[str, str, str, str]
@@ -123,6 +127,58 @@ class CandidateRow:
         return (n.model_a, n.revision_a, n.model_b, n.revision_b)
 
 
+def _text_relation(con: duckdb.DuckDBPyConnection, sql: str, every_column: bool,
+                   limit: int | None) -> duckdb.DuckDBPyRelation | None:
+    """The statement's relation with the columns polars cannot hold (or, ``every_column``, all) cast to VARCHAR, cut
+    at ``limit`` rows; None for a statement that returns nothing."""
+    relation = con.sql(sql)
+    if relation is None:
+        return None
+    if limit is not None:
+        relation = relation.limit(limit)
+    columns = []
+    for name, dtype in zip(relation.columns, relation.types):
+        quoted = '"' + str(name).replace('"', '""') + '"'
+        as_text = every_column or str(dtype).split("(")[0] in TEXT_TYPES
+        columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if as_text else quoted)
+    return relation.project(", ".join(columns))
+
+
+class AnswerStream:
+    """A statement's answer as polars frames of ``batch_rows`` rows (at least one, empty for an empty answer, so
+    its columns are known), read on a cursor of its own so the store's connection stays free meanwhile. Nothing
+    runs until the first frame is asked for. Iterate once: the cursor closes when the frames end or the iteration
+    is abandoned (`close` releases one never iterated). `interrupt`, from another thread, stops DuckDB's work on
+    the statement, whichever batch it is on."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, sql: str, every_column: bool, limit: int | None,
+                 batch_rows: int) -> None:
+        self._cursor, self._sql, self._every_column, self._limit = cursor, sql, every_column, limit
+        self._batch_rows = batch_rows
+
+    def __iter__(self) -> Iterator[pl.DataFrame]:
+        try:
+            relation = _text_relation(self._cursor, self._sql, self._every_column, self._limit)
+            if relation is None:
+                yield pl.DataFrame()
+                return
+            reader = relation.to_arrow_reader(self._batch_rows)
+            empty = True
+            for batch in reader:
+                empty = False
+                yield pl.from_arrow(batch)
+            if empty:
+                yield pl.from_arrow(reader.schema.empty_table())
+        finally:
+            self._cursor.close()
+
+    def interrupt(self) -> None:
+        self._cursor.interrupt()
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
 @cache
 def _sealed_temp_directory() -> str:
     """Where sealed readers spill: a private folder of this process, removed when it exits. DuckDB lets SQL read its
@@ -168,14 +224,22 @@ _META_COLUMNS = ("architecture", "model_type", "hidden_size", "intermediate_size
                  "vocab_size", "tokenizer_hash", "parameter_count")
 
 
+FILE_HEADERS_BYTES = 3 * 4096
+"""A DuckDB file starts with three 4 KiB headers; its blocks follow (``pragma_database_size`` counts them)."""
+
+
 class Store:
     """The scan database. Use as a context manager; ``read_only=True`` for investigators (no writes, no
-    migrations, and the file must already exist; no other file readable unless ``allow_local_files``)."""
+    migrations, and the file must already exist; no other file readable unless ``allow_local_files``; the engine's
+    settings locked once the connection is set up, so no statement can change them). ``limits``: a reader's
+    memory, threads and spill space (`EngineLimits`; DuckDB's defaults without)."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False, allow_local_files: bool = False) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False, allow_local_files: bool = False,
+                 limits: EngineLimits | None = None) -> None:
         self.path = Path(path)
         self.read_only = read_only
         self.allow_local_files = allow_local_files
+        self.limits = limits
         if read_only and not self.path.is_file():
             raise StoreError(f"no scan database at {self.path} (run a scan first, or check --db)")
         if not read_only:
@@ -183,11 +247,15 @@ class Store:
         self._con = self._connect()
         self._depth = 0
         try:
-            self._con.execute("SET TimeZone = 'UTC'")
+            self._check_whole()
+            self._settle_settings()
             if read_only:
                 self._check_version()
             else:
                 self._migrate()
+        except duckdb.Error as exc:  # a damaged file can fail any first read
+            self._con.close()
+            raise StoreError(f"{self.path} is not a readable scan database: {without_sql_excerpt(exc)}") from exc
         except BaseException:
             self._con.close()
             raise
@@ -198,6 +266,12 @@ class Store:
         return self.read_only and not self.allow_local_files
 
     def _connect(self) -> duckdb.DuckDBPyConnection:
+        if self.limits is not None:  # a limit DuckDB cannot read is the limit's fault, not the file's
+            try:
+                duckdb.connect(":memory:", config=self.limits.config()).close()
+            except duckdb.Error as exc:
+                raise StoreError(f"DuckDB cannot use these limits (memory {self.limits.memory}, {self.limits.threads} "
+                                 f"threads, spill {self.limits.spill}): {without_sql_excerpt(exc)}") from exc
         try:
             return duckdb.connect(str(self.path), read_only=self.read_only, config=self._config())
         except duckdb.IOException as exc:
@@ -215,7 +289,37 @@ class Store:
         if self._sealed:
             config["enable_external_access"] = False
             config["temp_directory"] = _sealed_temp_directory()
+        if self.limits is not None:
+            config.update(self.limits.config())
         return config
+
+    def _check_whole(self) -> None:
+        """Refuse a file too short to hold the blocks its header says are in use (a copy cut short, a full disk):
+        DuckDB opens one and fails later, on whichever read reaches the missing part. A block's number is its place
+        in the file, so the used ones need at least that many blocks after the headers (free blocks at the end may
+        have been cut off by DuckDB itself). A write-ahead log beside the file may hold blocks not yet in it, so
+        the check waits until there is none."""
+        if self.path.with_name(self.path.name + ".wal").exists() or not self.path.is_file():
+            return
+        (block_size, used), = self._rows("SELECT block_size, used_blocks FROM pragma_database_size() "
+                                         "WHERE database_name = current_database()")
+        size, needed = self.path.stat().st_size, FILE_HEADERS_BYTES + block_size * used
+        if used and size < needed:
+            raise StoreError(f"the scan database {self.path} is truncated: {size:,} bytes, where the blocks its "
+                             f"header counts in use need {needed:,}; restore it from a copy, or delete it (and "
+                             f"{self.path.name}.retrieval/ beside it) to start anew")
+
+    def _settle_settings(self) -> None:
+        """Timestamps in UTC on every connection of the engine (cursors too); a reader's engine then takes no
+        further setting (``lock_configuration``: no SET, and no table function that changes the engine, such
+        as ``enable_logging``, can run). A later reader of the same engine finds it locked, and in UTC."""
+        if self._rows("SELECT current_setting('lock_configuration')")[0][0]:
+            if self._rows("SELECT current_setting('TimeZone')")[0][0] != "UTC":
+                raise StoreError(f"{self.path} is already open in this process with settings hubtrace did not make")
+            return
+        self._con.execute("SET GLOBAL TimeZone = 'UTC'")
+        if self.read_only:
+            self._con.execute("SET lock_configuration = true")
 
     # schema ---------------------------------------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -226,6 +330,10 @@ class Store:
 
     def _check_version(self) -> None:
         version = self.schema_version()
+        if version > LATEST_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this hubtrace ({__version__}, schema "
+                f"{LATEST_VERSION}) reads; upgrade hubtrace to read it")
         if version < LATEST_VERSION:
             raise StoreError(
                 f"{self.path} has schema version {version}, this hubtrace needs {LATEST_VERSION}: open it once "
@@ -246,6 +354,11 @@ class Store:
                     self._con.execute(statement)
                 self._con.execute("INSERT INTO schema_version VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                                   [migration.version, migration.description, _now(), __version__])
+
+    def identity(self) -> DatabaseIdentity:
+        """This database's id, which every artefact kept beside it records (scanner.database_identity)."""
+        (database_id, legacy), = self._rows("SELECT database_id, legacy_artefacts FROM database_identity")
+        return DatabaseIdentity(database_id, legacy)
 
     # plumbing -------------------------------------------------------------------------------------------------
     @property
@@ -287,17 +400,13 @@ class Store:
         """`query` for a person's SQL: the columns of types polars has no faithful one for (`TEXT_TYPES`), or with
         ``every_column`` all of them, cast to VARCHAR by DuckDB (column names quoted: they come from the query).
         ``limit``: at most that many rows, and DuckDB stops there (a page that shows 500 rows reads 501)."""
-        relation = self._con.sql(sql)
-        if relation is None:
-            return pl.DataFrame()
-        if limit is not None:
-            relation = relation.limit(limit)
-        columns = []
-        for name, dtype in zip(relation.columns, relation.types):
-            quoted = '"' + str(name).replace('"', '""') + '"'
-            as_text = every_column or str(dtype).split("(")[0] in TEXT_TYPES
-            columns.append(f"CAST({quoted} AS VARCHAR) AS {quoted}" if as_text else quoted)
-        return relation.project(", ".join(columns)).pl()
+        relation = _text_relation(self._con, sql, every_column, limit)
+        return pl.DataFrame() if relation is None else relation.pl()
+
+    def stream_as_text(self, sql: str, *, every_column: bool = False, limit: int | None = None,
+                       batch_rows: int = 10_000) -> AnswerStream:
+        """`query_as_text` a batch of rows at a time (`AnswerStream`), so a big answer never sits in memory whole."""
+        return AnswerStream(self._con.cursor(), sql, every_column, limit, batch_rows)
 
     def close(self) -> None:
         self._con.close()
@@ -310,11 +419,24 @@ class Store:
 
     # runs -----------------------------------------------------------------------------------------------------
     def start_run(self, config: dict) -> str:
-        """Record a scan as running and return its id."""
+        """Record a scan as running, with this process and host, and return its id. Every other run still marked
+        running is marked abandoned first: this process holds the file for writing, and DuckDB lets no other
+        process open it meanwhile, so their processes are gone (killed, or their machine lost)."""
         run_id = new_run_id()
-        self._con.execute(
-            "INSERT INTO scan_runs (run_id, started_at, status, config, hubtrace_version) "
-            "VALUES (?, ?, 'running', ?, ?)", [run_id, _now(), json.dumps(config, default=str), __version__])
+        host, pid = socket.gethostname(), os.getpid()
+        with self.transaction() as con:
+            for other, other_host, other_pid in con.execute(
+                    "SELECT run_id, host, pid FROM scan_runs WHERE status = 'running'").fetchall():
+                if (other_host, other_pid) == (host, pid):
+                    continue  # a run of this very process (a caller that has not finished it yet)
+                process = f"process {other_pid} on {other_host}" if other_pid is not None else "its process"
+                con.execute("UPDATE scan_runs SET status = 'abandoned', summary = ? WHERE run_id = ?",
+                            [json.dumps({"abandoned": f"{process} ended without finishing the run; found by run "
+                                                      f"{run_id}"}), other])
+            con.execute(
+                "INSERT INTO scan_runs (run_id, started_at, status, config, hubtrace_version, host, pid) "
+                "VALUES (?, ?, 'running', ?, ?, ?, ?)",
+                [run_id, _now(), json.dumps(config, default=str), __version__, host, pid])
         return run_id
 
     def finish_run(self, run_id: str, status: str, summary: dict) -> None:
@@ -384,6 +506,17 @@ class Store:
         as for a revision never fingerprinted."""
         self._con.execute("DELETE FROM fingerprints WHERE model_id = ? AND revision = ? AND input_set = ?",
                           [model_id, revision, input_set])
+
+    def fingerprints_under(self, location: str) -> int:
+        """How many fingerprints this database records under a store location (whether it uses that store)."""
+        return self._rows("SELECT count(*) FROM fingerprints WHERE starts_with(path, ?)",
+                          [location.rstrip("/") + "/"])[0][0]
+
+    def forget_fingerprints_under(self, location: str) -> int:
+        """Drop the rows of every fingerprint recorded under a store location (a store another database took over
+        meanwhile); returns how many. The next fingerprint stage makes them anew."""
+        return len(self._rows("DELETE FROM fingerprints WHERE starts_with(path, ?) RETURNING model_id",
+                              [location.rstrip("/") + "/"]))
 
     def recorded_fingerprint_path(self, model_id: str, revision: str, input_set: str) -> str | None:
         """The fingerprint file recorded for this model, revision and input set (it may have gone since)."""

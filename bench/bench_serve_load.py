@@ -1,0 +1,189 @@
+"""`hubtrace serve` under load: 50 clients reading pages while others run slow SQL and walk away from it.
+
+    PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 2 x 60 s of load
+    PYTHONPATH=. python bench/bench_serve_load.py --models 2000 --big-family 300 --seconds 30
+    PYTHONPATH=. python bench/bench_serve_load.py --serve --sql-slots 1 --query-seconds 10
+
+The database is bench/bench_serve.py's synthetic hub, built once under .hubtrace-cache/bench-load/. One real server
+process with its default bounds (jobs.web.limits; --serve passes other options) is loaded twice for --seconds each,
+so the second phase's difference is the slow SQL's doing whatever else the machine runs:
+
+1. pages alone: --page-clients threads (default 50), each fetching the front page, model pages, family views,
+   searches and discrepancies in a loop, every response read whole, waiting --think seconds (default 5) before the
+   next, as a reader does (each starts at a random moment of its first pause);
+2. the same, while --sql-clients threads (default 4) run a statement that would work for hours (a 10^12-row cross
+   join) again and again, which the server stops at its time limit or turns away (503) when its SQL lanes are
+   taken, and one more client sends the statement and hangs up at once, every two seconds (the server must stop it,
+   not run it for nobody).
+
+Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst), what became of the SQL
+requests, and the server's resident memory (sampled every 0.2 s from /proc: before, peak, after). Goals (issue 34):
+pages p95 <= 1 s while the slow SQL runs, and the server's memory bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from bench_serve import cached_database
+
+from tests.serve_support import Server, page_url, serving
+
+CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache" / "bench-load"
+SLOW = "SELECT sum(a.range * b.range) AS s FROM range(1000000) a, range(1000000) b"
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident memory now, in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Phase:
+    """What one phase of load measured."""
+
+    latencies: list[list[float]]
+    failures: Counter = field(default_factory=Counter)
+    sql: Counter = field(default_factory=Counter)
+    memory: list[float] = field(default_factory=list)
+
+
+def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int) -> Phase:
+    """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any)."""
+    phase = Phase([[] for _ in pages])
+    stop = threading.Event()
+
+    def pages_client(offset: int) -> None:
+        i = offset
+        stop.wait(random.Random(offset).uniform(0, args.think))  # readers arrive over a pause, not all at once
+        while not stop.is_set():
+            k = i % len(pages)
+            i += 1
+            started = time.perf_counter()
+            try:
+                with urllib.request.urlopen(page_url(server.url, pages[k][0], **pages[k][1]), timeout=120) as answer:
+                    answer.read()
+                phase.latencies[k].append(time.perf_counter() - started)
+            except (urllib.error.URLError, TimeoutError) as error:
+                phase.failures[type(error).__name__] += 1
+            stop.wait(args.think)
+
+    def sql_client() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(page_url(server.url, "/sql", q=SLOW), timeout=300) as answer:
+                    answer.read()
+                    phase.sql[f"answered {answer.status}"] += 1
+            except urllib.error.HTTPError as error:
+                text = error.read().decode()
+                phase.sql["stopped at the time limit" if "stopped" in text else
+                          "turned away, lanes taken (503)" if error.code == 503 else f"HTTP {error.code}"] += 1
+                if error.code == 503:
+                    stop.wait(1.0)
+
+    def leaving_client() -> None:
+        parts = urlsplit(page_url(server.url, "/sql", q=SLOW))
+        while not stop.is_set():
+            with socket.create_connection((parts.hostname, parts.port)) as client:
+                client.sendall(f"GET {parts.path}?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
+                time.sleep(0.2)
+            phase.sql["sent and left"] += 1
+            stop.wait(2.0)
+
+    def sampler() -> None:
+        while not stop.is_set():
+            phase.memory.append(rss_mb(server.process.pid))
+            stop.wait(0.2)
+
+    background = [threading.Thread(target=sampler)]
+    if sql_clients:
+        background += [threading.Thread(target=sql_client) for _ in range(sql_clients)]
+        background.append(threading.Thread(target=leaving_client))
+    for thread in background:
+        thread.start()
+    if sql_clients:
+        time.sleep(2.0)  # the slow statements are running before the pages start
+    readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
+    for thread in readers:
+        thread.start()
+    time.sleep(args.seconds)
+    stop.set()
+    for thread in readers + background:
+        thread.join()
+    return phase
+
+
+def report(title: str, phase: Phase, pages: list[tuple[str, dict]], seconds: float) -> None:
+    every = [t for times in phase.latencies for t in times]
+    print(f"\n{title}: {len(every) / seconds:.1f} pages/s answered, load average {os.getloadavg()[0]:.1f}")
+    print("| pages | requests | median ms | p95 ms | p99 ms | worst ms |\n|---|---|---|---|---|---|")
+
+    def row(label: str, times: list[float]) -> None:
+        times = sorted(times)
+        if not times:
+            print(f"| {label} | 0 | | | | |")
+            return
+        q = lambda f: times[min(len(times) - 1, round(f * (len(times) - 1)))] * 1000  # noqa: E731
+        print(f"| {label} | {len(times)} | {statistics.median(times) * 1000:.0f} | {q(0.95):.0f} | {q(0.99):.0f} "
+              f"| {times[-1] * 1000:.0f} |")
+
+    for (path, params), times in zip(pages, phase.latencies):
+        row(path + (f" {params}" if params else ""), times)
+    row("all pages", every)
+    print(f"page failures: {dict(phase.failures) or 'none'}")
+    if phase.sql:
+        print(f"SQL requests: {dict(phase.sql)}")
+    print(f"server memory (RSS) peak: {max(phase.memory, default=float('nan')):.0f} MB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=10_000)
+    parser.add_argument("--big-family", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=60.0, help="of each phase")
+    parser.add_argument("--page-clients", type=int, default=50)
+    parser.add_argument("--sql-clients", type=int, default=4)
+    parser.add_argument("--think", type=float, default=5.0, help="seconds each page client waits between pages")
+    parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[],
+                        help="options for hubtrace serve, e.g. --serve --sql-slots 1 --threads 2")
+    args = parser.parse_args()
+    db = cached_database(CACHE, args.models, args.big_family)
+    pages = [("/", {}), ("/model", {"id": "fam0100/ft-2"}), ("/model", {"id": "bigco/base"}),
+             ("/family", {"id": "bigco/base"}), ("/family", {"id": "fam0100/base"}), ("/search", {"q": "ft-05"}),
+             ("/model", {"id": f"bigco/ft-{args.big_family // 2:04d}"}), ("/discrepancies", {})]
+    with tempfile.TemporaryDirectory() as tmp, serving(db, Path(tmp) / "stderr.txt", *args.serve) as server:
+        for path, params in pages:  # warm: the first model and family pages read their tables once
+            urllib.request.urlopen(page_url(server.url, path, **params)).read()
+        before = rss_mb(server.process.pid)
+        alone = load(server, pages, args, sql_clients=0)
+        loaded = load(server, pages, args, sql_clients=args.sql_clients)
+        time.sleep(1.0)
+        after = rss_mb(server.process.pid)
+        stopped = (Path(tmp) / "stderr.txt").read_text().count("stopped a statement")
+    print(f"{args.page_clients} page clients ({args.think:g} s between pages), {args.models:,} models, "
+          f"{args.seconds:.0f} s a phase, hubtrace serve {' '.join(args.serve) or '(defaults)'}, {os.cpu_count()} CPUs")
+    report("pages alone", alone, pages, args.seconds)
+    report(f"pages while {args.sql_clients} clients run slow SQL and one sends it and leaves", loaded, pages,
+           args.seconds)
+    print(f"\nstatements the server stopped: {stopped}; server memory (RSS): {before:.0f} MB before, "
+          f"{max(alone.memory + loaded.memory):.0f} MB peak, {after:.0f} MB after")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""The bounds of `hubtrace serve` (jobs.web.bounds applies them), light enough for the command line to name their
+defaults without loading Flask or DuckDB."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scanner.engine_limits import EngineLimits
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """The bounds of `hubtrace serve` (its command line sets them; docs/serve.md states them)."""
+
+    query_seconds: float = 30.0
+    download_rows: int = 1_000_000
+    sql_slots: int = 2
+    engine: EngineLimits = field(default_factory=EngineLimits)
