@@ -155,7 +155,7 @@ def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> Non
                (("original", fp_original), ("copy", fp_copy), ("control", fp_control))}
     index = RetrievalIndex(tmp_path / "index", fp_original.meta.input_set)
     index.sync({key: (lambda e=entry: e) for key, entry in entries.items()})
-    proposed = {frozenset((p.model_a[0], p.model_b[0])) for p in scored_pairs(index, entries, MIN_SCORE)}
+    proposed = {frozenset((p.model_a, p.model_b)) for p in scored_pairs(index, entries, MIN_SCORE)}
     assert frozenset(("original", "copy")) in proposed
     assert not any("control" in pair for pair in proposed)
 

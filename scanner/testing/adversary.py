@@ -400,8 +400,17 @@ def _rebuilt(model: PreTrainedModel, changes: dict[str, Callable[[int], int]]) -
         setattr(text, key, value)
     if not changed:
         raise UnsupportedDisguise(f"{type(model).__name__}'s config names none of {sorted(changes)}")
-    rebuilt = type(model)(config)
-    rebuilt.load_state_dict(model.state_dict(), strict=True)
+    rebuilt, state = type(model)(config), model.state_dict()
+    missing, unexpected = rebuilt.load_state_dict(state, strict=False)
+    for key in unexpected:  # a bias that folding a norm's bias gave a map built without one
+        path, name = key.rsplit(".", 1)
+        module = rebuilt.get_submodule(path)
+        if name != "bias" or getattr(module, "bias", None) is not None:
+            missing.append(key)
+            continue
+        module.bias = nn.Parameter(state[key].clone(), requires_grad=False)
+    if missing:
+        raise RuntimeError(f"{type(model).__name__} rebuilt wider does not hold {sorted(missing)}")
     return rebuilt.eval()
 
 
