@@ -20,7 +20,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class FingerprintMeta:
     dtype: str
     mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, whose two views are (fc pre-activation, proj read-back)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
+    attention: str = "causal"  # "bidirectional": an encoder, whose units see every position (compared only with one)
 
 
 _META_TYPES = TypeAdapter(FingerprintMeta)
@@ -96,6 +97,10 @@ class Fingerprint:
     def comparable_with(self, other: Fingerprint) -> str | None:
         """None when activation statistics may compare the two; otherwise why not (one line)."""
         a, b = self.meta, other.meta
+        if a.attention != b.attention:
+            return (f"one model reads its input {a.attention}ly and the other {b.attention}ly (an encoder and a "
+                    "decoder): their units see different positions of the same tokens, so hubtrace compares encoders "
+                    "only with encoders")
         if a.mlp_kind != b.mlp_kind:
             return (f"one model's MLPs are {a.mlp_kind} and the other's {b.mlp_kind}: their units have different "
                     "views, so no activation statistic pairs them")
@@ -182,6 +187,7 @@ def fingerprint_model(
         dtype=storage_dtype,
         mlp_kind=getattr(adapter, "mlp_kind", "gated"),
         model_layers=getattr(adapter, "model_layers", None),
+        attention=getattr(adapter, "attention", "causal"),
     )
     checkpoint.close()
     return Fingerprint(meta=meta, blocks=blocks)
@@ -469,7 +475,8 @@ def parse_fingerprint_meta(path: str | Path, metadata: dict[str, str] | None) ->
             f"{FINGERPRINT_FORMAT}; re-fingerprint the model"
         )
     expected = {f.name for f in fields(FingerprintMeta)}
-    if set(data) != expected:
+    defaulted = {f.name for f in fields(FingerprintMeta) if f.default is not MISSING}
+    if set(data) - expected or expected - defaulted - set(data):  # a field added later is read with its default
         missing, extra = sorted(expected - set(data)), sorted(set(data) - expected)
         raise FingerprintError(f"{path}: fingerprint metadata fields differ (missing {missing}, unexpected {extra})")
     try:  # strict: a JSON that lies about a field's type ("4" layers, true for a count) is refused, not coerced

@@ -23,6 +23,7 @@ Two ways to run the blocks, one per kind of adapter:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -186,9 +187,9 @@ def _forward_layer_by_layer(
                 for name, param in module.named_parameters(recurse=False):
                     setattr(module, name, nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False))
 
-    unique, local_ids = np.unique(ids, return_inverse=True)
+    table, local_ids = renumbered(ids, stack.base.get_input_embeddings().padding_idx)
     tree.materialize_buffers(device, dtype)
-    _materialize_globals(tree.lm, stack.base, stack.layers, adapter.embedding_rows(unique.tolist()), device, dtype,
+    _materialize_globals(tree.lm, stack.base, stack.layers, adapter.embedding_rows(table), device, dtype,
                          load_globals)
     ran: set[int] = set()
     blocks = {layer: block for block, layer in enumerate(adapter.block_layers)}
@@ -228,8 +229,10 @@ def _forward_layer_by_layer(
         module.forward = streamed(layer, module.forward)
     local = torch.from_numpy(local_ids.reshape(ids.shape)).to(device)
     embedding = stack.base.get_input_embeddings().register_forward_pre_hook(_embeds_only(local, tree.lm))
+    # a decoder runs without a key/value cache; an encoder's forward may have no such argument to pass down
+    no_cache = {"use_cache": False} if adapter.attention == "causal" or _takes(stack.base, "use_cache") else {}
     try:
-        stack.base(input_ids=local, use_cache=False)
+        stack.base(input_ids=local, **no_cache)
     except _AllLayersRan:
         pass
     finally:
@@ -239,6 +242,26 @@ def _forward_layer_by_layer(
     if len(ran) != len(stack.layers):
         raise CheckpointError(f"{tree.lm.config.model_type}: the model ran {len(ran)} of its {len(stack.layers)} "
                               "layers")
+
+
+def renumbered(ids: np.ndarray, keep: int | None = None) -> tuple[list[int], np.ndarray]:
+    """The token ids as indices into a small embedding table of just the rows they use: (the table's token ids,
+    the ids renumbered, flat). ``keep`` (the embedding's padding id) keeps its own number and no other id gets it:
+    RoBERTa's and XGLM's forwards count positions from the ids, skipping the padding id, so a renumbered table must
+    not turn an ordinary token into padding (nor padding into an ordinary token)."""
+    unique = np.unique(ids)
+    if keep is None or keep < 0:
+        return unique.tolist(), np.searchsorted(unique, ids.reshape(-1))
+    others = [int(u) for u in unique if u != keep]
+    table = others[:keep] + [keep] * (keep + 1 - min(keep, len(others))) + others[keep:]
+    index = {token: i for i, token in enumerate(table) if i != keep or token == keep}
+    index[keep] = keep
+    return table, np.array([index[int(t)] for t in ids.reshape(-1)], dtype=np.int64)
+
+
+def _takes(module: nn.Module, argument: str) -> bool:
+    """Whether the module's forward names this argument (not merely accepts **kwargs it may pass further down)."""
+    return argument in inspect.signature(module.forward).parameters
 
 
 def _embeds_only(ids: torch.Tensor, lm: PreTrainedModel) -> Callable[..., None]:
