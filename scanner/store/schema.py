@@ -128,6 +128,16 @@ DIRECTION_LEVEL_DDL: tuple[str, ...] = (
 with the build so a reader recomputes the same lineage); migration 8. NULL in rows built before it."""
 
 
+MODEL_KIND_DDL: tuple[str, ...] = (
+    "ALTER TABLE models ADD COLUMN IF NOT EXISTS mlp_kind VARCHAR",
+    "ALTER TABLE models ADD COLUMN IF NOT EXISTS attention VARCHAR",
+    "CREATE OR REPLACE VIEW current_models AS SELECT * FROM models WHERE status <> 'superseded'",
+)
+"""The kind of units each fingerprint holds (gated or plain MLPs; a decoder's causal or an encoder's bidirectional
+reading), so a scan pairs only models of one kind; NULL in rows fingerprinted before it (read as gated, causal:
+what every model was before encoders were read)."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -155,6 +165,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: WEIGHT_STATISTICS_DDL),
     Migration(8, "lineage_edges.direction_decided and the min_direction_confidence of each lineage build",
               lambda: DIRECTION_LEVEL_DDL),
+    Migration(9, "models.mlp_kind and models.attention: the kind of units a fingerprint holds (pairs of one kind)",
+              lambda: MODEL_KIND_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 
