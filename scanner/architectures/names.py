@@ -74,6 +74,8 @@ UNVERIFIED: dict[str, str] = {
                     "transformers builds for it saves its language model under names that class does not load back",
     "pi0": "a robot action policy (a vision-language model and an action expert): the tiny model of its own config "
            "stores an action-token table of another size than that config gives, so no end-to-end check runs",
+    "xmod": "every layer routes through a language-specific adapter chosen by a language id, which the canonical "
+            "token ids do not carry (its forward refuses to run without one)",
     "longformer": "its forward pads the input with padding tokens up to a multiple of its attention window, so its "
                   "blocks see other ids than the canonical ones",
 }

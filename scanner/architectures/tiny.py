@@ -104,7 +104,7 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
     "hy_v4_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
     # A tower's output width that must equal the (shrunk) text width, which no shared key ties to it.
     "granite_docling": {"vision_config": {"out_hidden_size": 64}},
-    "inkling2": {"vision_config": {"text_hidden_size": 64}}, "inkling2_loop": {"vision_config": {"text_hidden_size": 64}},
+    **{t: {"vision_config": {"text_hidden_size": 64}} for t in ("inkling2", "inkling2_loop")},
     "muse_spark": {"audio_config": {"out_hidden_size": 64, "hidden_sizes": [16, 16, 16, 16]}, "out_hidden_size": 64,
                    "projector_hidden_size": 64},
     "molmo2": {"adapter_config": {"vision_feature_layer": [-1], "text_hidden_size": 64}},
