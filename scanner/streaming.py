@@ -23,6 +23,7 @@ Two ways to run the blocks, one per kind of adapter:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -48,6 +49,7 @@ from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import MLPSite, SiteWeights, site_weights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, HubtraceError, one_line
+from scanner.expert_stream import StreamedExperts
 from scanner.lockstep import lockstep
 
 
@@ -200,21 +202,41 @@ def _forward_layer_by_layer(
             if sites and len(ran & set(blocks)) != blocks[layer]:
                 raise CheckpointError(f"{tree.lm.config.model_type}: its forward runs layer {layer} before the "
                                       "layers that hold the blocks before it")
-            module = tree.load_layer(layer, device, dtype)
+            by_expert = {site: found for site in sites
+                         if (found := StreamedExperts.find(tree, layer, site)) is not None}
+            module = tree.load_layer(layer, device, dtype,
+                                     left_out=[n for experts in by_expert.values() for n in experts.stored_names],
+                                     left_out_modules=[site.path for site in by_expert])
             captured: dict[str, torch.Tensor] = {}
             handles = [module.get_submodule(path).register_forward_pre_hook(_first_input(captured, path),
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
+            for site, experts_of_site in by_expert.items():
+                width = getattr(module.get_submodule(site.path), site.up).shape[-1]  # d (the param is on meta)
+                site_input = functools.partial(_site_input, captured, site, width)
+                module.get_submodule(site.path).forward = experts_of_site.forward(
+                    module.get_submodule(site.path), site_input, device, dtype)
             try:
                 out = forward(*args, **kwargs)
-                weights = [(site, w) for site in sites for w in site_weights(module, site)]
-                activations = [site_activations(_site_input(captured, site, w.up.shape[1]), w) for site, w in weights]
-                experts = [_on_cpu(w) for _, w in weights]
+                activations, experts = [], []
+                for site in sites:
+                    if site in by_expert:
+                        if len(by_expert[site].activations) != site.experts:
+                            raise CheckpointError(f"{tree.lm.config.model_type}: the experts at {site.path} of layer "
+                                                  f"{layer} were not called by the block's forward")
+                        activations += by_expert[site].activations
+                        experts += by_expert[site].lazy()
+                        continue
+                    for w in site_weights(module, site):
+                        activations.append(site_activations(_site_input(captured, site, w.up.shape[1]), w))
+                        experts.append(_on_cpu(w))
             finally:
                 for handle in handles:
                     handle.remove()
+                for site in by_expert:
+                    del module.get_submodule(site.path).forward  # back to the class's forward
                 tree.release_layer(layer)
-            del captured, weights
+            del captured
             ran.add(layer)
             if sites:
                 emit(StreamedBlock(blocks[layer], experts, activations))

@@ -9,6 +9,7 @@ names per family; a block's tensors are those whose converted name lies under th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -116,13 +117,18 @@ class ModuleTree:
                 if buffer is not None and buffer.is_floating_point():
                     module._buffers[name] = buffer.to(dtype)
 
-    def load_layer(self, layer: int, device: str, dtype: torch.dtype) -> nn.Module:
+    def load_layer(self, layer: int, device: str, dtype: torch.dtype, *, left_out: Sequence[str] = (),
+                   left_out_modules: Sequence[str] = ()) -> nn.Module:
         """Decoder layer `layer` with every parameter real on `device` in `dtype`; refused when one stays unstored.
-        `release_layer` puts its parameters back on the meta device."""
+        `release_layer` puts its parameters back on the meta device. ``left_out``: stored tensors not loaded, and
+        ``left_out_modules`` (paths under the layer) whose parameters stay on the meta device: routed experts read
+        one at a time instead (`scanner.expert_stream`)."""
         module = self.stack.layers[layer]
-        self.load(self.stored_by_layer.get(layer, []), device, dtype)
+        skipped = set(left_out)
+        self.load([n for n in self.stored_by_layer.get(layer, []) if n not in skipped], device, dtype)
         self._load_tied(layer, device, dtype)
-        missing = [name for name, p in module.named_parameters() if p.is_meta]
+        kept_out = tuple(f"{path}." for path in left_out_modules)
+        missing = [name for name, p in module.named_parameters() if p.is_meta and not name.startswith(kept_out)]
         if missing:
             raise CheckpointError(
                 f"{self.checkpoint.path}: block {layer} stores no tensor for {', '.join(missing[:3])}"
@@ -130,7 +136,8 @@ class ModuleTree:
             )
         for sub in module.modules():
             for name, param in list(sub.named_parameters(recurse=False)):
-                sub._parameters[name] = nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False)
+                if not param.is_meta:
+                    sub._parameters[name] = nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False)
         return module
 
     def _load_tied(self, layer: int, device: str, dtype: torch.dtype) -> None:
