@@ -2,7 +2,9 @@
 
 BERT-style encoders (plain GELU MLPs, learned positions, post-LayerNorm) trained with a masked-LM objective on one
 synthetic language (`scanner.zoo.languages`), each from its own seed and data order: independent models trained
-alike, the hard case for validity. From the first of them, three derivatives people make of encoders:
+alike, the hard case for validity. ModernBERT-style encoders (gated GeGLU MLPs, rotary positions, pre-norm) trained
+the same way, for the gated statistic's validity on encoders. From the first BERT, three derivatives people make of
+encoders:
 
 * ``finetune``: more masked-LM training on another language (a domain-adapted encoder);
 * ``sentence``: a sentence-transformers-style embedding model: the encoder under mean pooling, trained with an
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForMaskedLM, BertModel
+from transformers import BertConfig, BertForMaskedLM, BertModel, ModernBertConfig, ModernBertForMaskedLM
 
 from scanner.zoo.build import _exclusive
 from scanner.zoo.languages import MarkovLanguage
@@ -41,6 +43,7 @@ class EncoderZooSpec:
     """What the zoo is trained from; a different spec builds a new zoo."""
 
     independent: int = 8
+    gated_independent: int = 8
     hidden: int = 64
     layers: int = 4
     intermediate: int = 256
@@ -58,6 +61,17 @@ class EncoderZooSpec:
                           max_position_embeddings=self.seq_len, pad_token_id=PAD_ID, hidden_dropout_prob=0.0,
                           attention_probs_dropout_prob=0.0)
 
+    def gated_config(self) -> ModernBertConfig:
+        """ModernBERT at the same width, half the units per view (its Wi holds gate and up), global attention in
+        every layer, no dropout."""
+        special = {key: PAD_ID for key in ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id",
+                                           "sep_token_id")}
+        return ModernBertConfig(vocab_size=LANGUAGE_VOCAB + 2, hidden_size=self.hidden, num_hidden_layers=self.layers,
+                                num_attention_heads=4, intermediate_size=self.intermediate // 2,
+                                max_position_embeddings=self.seq_len, global_attn_every_n_layers=1,
+                                local_attention=self.seq_len, attention_dropout=0.0, mlp_dropout=0.0,
+                                embedding_dropout=0.0, **special)
+
 
 @dataclass(frozen=True)
 class EncoderZoo:
@@ -73,7 +87,12 @@ class EncoderZoo:
 
     @property
     def derivatives(self) -> list[str]:
-        return [m for m, relation in self.relations.items() if relation not in ("independent", "base")]
+        return [m for m, relation in self.relations.items() if relation not in ("independent", "base", "gated")]
+
+    def trained_alike(self, gated: bool = False) -> list[Path]:
+        """The encoders trained alike from their own seeds: the BERT-style ones (the base first), or the gated."""
+        kinds = ("gated",) if gated else ("base", "independent")
+        return [self.models[m] for m, relation in self.relations.items() if relation in kinds]
 
 
 def build_encoder_zoo(root: Path, spec: EncoderZooSpec = EncoderZooSpec()) -> EncoderZoo:
@@ -134,6 +153,13 @@ def _build(root: Path, spec: EncoderZooSpec) -> dict[str, str]:
 
         _pruned(base, spec.prune_fraction).save_pretrained(root / "derived/pruned")
         relations["derived/pruned"] = "pruned"
+
+        for i in range(spec.gated_independent):
+            torch.manual_seed(1000 + i)
+            gated = ModernBertForMaskedLM(spec.gated_config())
+            _train_mlm(gated, language, spec.steps, spec.lr, spec.seq_len, data_seed=i)
+            gated.save_pretrained(root / f"gated/modernbert-{i}")
+            relations[f"gated/modernbert-{i}"] = "gated"
     return relations
 
 
@@ -143,8 +169,8 @@ def _masked(tokens: torch.Tensor, generator: torch.Generator, rate: float = 0.15
     return tokens.masked_fill(chosen, MASK_ID), tokens.masked_fill(~chosen, -100)
 
 
-def _train_mlm(model: BertForMaskedLM, language: MarkovLanguage, steps: int, lr: float, seq_len: int,
-               data_seed: int) -> None:
+def _train_mlm(model: BertForMaskedLM | ModernBertForMaskedLM, language: MarkovLanguage, steps: int, lr: float,
+               seq_len: int, data_seed: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     data = torch.Generator().manual_seed(data_seed)
     model.train()
