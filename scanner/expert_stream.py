@@ -86,6 +86,7 @@ class StreamedExperts:
         else:
             gate, up = checkpoint.get_rows(self._stored.gate_up, [expert])[0].float().chunk(2, dim=0)
             down = checkpoint.get_rows(self._stored.down, [expert])[0].float()
+        checkpoint.close()  # unmap: the pages one expert read must not add up over 256 experts in this process
         return SiteWeights(up=up, down=down, gate=gate)
 
     def forward(self, module: nn.Module, site_input: Callable[[], torch.Tensor], device: str, dtype: torch.dtype
