@@ -26,7 +26,7 @@ from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.formats.lora import LoraCheckpoint
 from scanner.formats.lora_base import BaseLocator, adapter_base
-from scanner.sources import ModelRecord, RetryPolicy, discover_local, materialize
+from scanner.sources import ModelRecord, RetryPolicy, discover_hf_cache, discover_local, materialize
 from scanner.testing.fake_hub import FakeHub
 from scanner.validate import validate_checkpoint
 from tests.peft_support import LLAMA, lora_finetune, save_adapter, save_merged, tiny_llama
@@ -197,6 +197,9 @@ def test_the_base_is_found_in_the_hub_a_folder_or_the_cache_and_a_downloaded_ada
                              "adapter", False, None, (), None, None)
         snapshot = materialize(record, tmp_path / "scratch", retry=FAST)
         assert isinstance(validate_checkpoint(snapshot).checkpoint, LoraCheckpoint)
+        cached = {r.model_id: r for r in discover_hf_cache(tmp_path / "scratch")}  # that cache, as a source
+        assert set(cached) == {"acme/base", "acme/lora"}
+        assert (cached["acme/lora"].base_models, cached["acme/lora"].base_model_relation) == (("acme/base",), "adapter")
 
         save_adapter(adapter, tmp_path / "upload2", str(tmp_path / "elsewhere" / "base"))
         by_path_sha = hub.add_folder("acme/lora-by-path", tmp_path / "upload2")
