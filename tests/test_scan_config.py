@@ -74,7 +74,8 @@ def test_pairs_are_planned_within_one_kind_of_units():
     incomparable with the reason, and a declared base of another kind is not tested either."""
     candidates = [_c("o/llama"), _c("o/lora", bases=("o/llama",)), _c("o/bert", kind="plain, bidirectional"),
                   _c("o/bert-ft", bases=("o/bert",), kind="plain, bidirectional"),
-                  _c("o/modernbert", kind="gated, bidirectional"), _c("o/gpt2", bases=("o/llama",), kind="plain, causal")]
+                  _c("o/modernbert", kind="gated, bidirectional"),
+                  _c("o/gpt2", bases=("o/llama",), kind="plain, causal")]
     plan = plan_pairs(candidates, tested=set())
     assert {(j.model_a, j.model_b) for j in plan.jobs} == {("o/llama", "o/lora"), ("o/bert", "o/bert-ft")}
     assert plan.comparable == 2 and plan.declared == 2 and plan.declared_incomparable == 1
