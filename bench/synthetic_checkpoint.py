@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 #: Llama-2-7B's shape (6.74e9 parameters) and TinyLlama-1.1B's, gated MLPs; Pythia-6.9B's and Pythia-1.4B's (GPT-NeoX),
 #: plain MLPs of 4x width with biases: a 7B of each kind, about the same size.
@@ -33,7 +32,23 @@ SHAPES = {
     "1b-plain": dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], hidden_size=2048,
                      intermediate_size=8192, num_hidden_layers=24, num_attention_heads=16, vocab_size=50304,
                      hidden_act="gelu", rotary_pct=0.25, use_parallel_residual=True, max_position_embeddings=2048),
+    # Llama-3-70B's widths with 3 of its 80 layers (memory is per block): 8192 hidden, 28672 MLP units, 64 heads over
+    # 8 key-value heads, a 128,256-token vocabulary.
+    "70b": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=8192, intermediate_size=28672,
+                num_hidden_layers=3, num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=8192, rope_theta=500000.0),
+    # DeepSeek-V3's widths with one dense layer and one MoE layer of its 61 (3 dense, 58 MoE): MLA attention, 256
+    # routed experts of 2048 units and a shared one, top-8 routing in 8 groups.
+    "deepseek-v3": dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], hidden_size=7168,
+                        intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=2,
+                        first_k_dense_replace=1, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+                        n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+                        num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, head_dim=64, v_head_dim=128, vocab_size=129280,
+                        hidden_act="silu", rms_norm_eps=1e-6, max_position_embeddings=4096, rope_theta=10000.0),
 }
+#: Values of a random tensor drawn and written at a time, so the writer holds no whole tensor.
+_RANDOM_CHUNK = 1 << 24
 
 
 def _tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -46,13 +61,37 @@ def _tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
-def _random(name: str, dims: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """Norm weights 1, biases 0, everything else N(0, 0.02)."""
-    if len(dims) == 1 and "norm" in name and name.endswith("weight"):
-        return torch.ones(dims, dtype=torch.bfloat16)
-    if name.endswith("bias"):
-        return torch.zeros(dims, dtype=torch.bfloat16)
-    return (0.02 * torch.randn(dims, generator=generator)).to(torch.bfloat16)
+def _random_chunks(name: str, dims: tuple[int, ...], generator: torch.Generator) -> Iterator[bytes]:
+    """A tensor's bf16 bytes, `_RANDOM_CHUNK` values at a time: norm weights 1, biases 0 (DeepSeek's router
+    correction bias too), everything else N(0, 0.02)."""
+    count = int(torch.Size(dims).numel())
+    for start in range(0, count, _RANDOM_CHUNK):
+        n = min(_RANDOM_CHUNK, count - start)
+        if len(dims) == 1 and "norm" in name and name.endswith("weight"):
+            values = torch.ones(n, dtype=torch.bfloat16)
+        elif name.endswith("bias"):
+            values = torch.zeros(n, dtype=torch.bfloat16)
+        else:
+            values = (0.02 * torch.randn(n, generator=generator)).to(torch.bfloat16)
+        yield values.view(torch.uint8).numpy().tobytes()
+
+
+def _write_shard(file: Path, shapes: dict[str, tuple[int, ...]], generator: torch.Generator) -> None:
+    """A safetensors file of random bf16 tensors, written value chunk by value chunk (a 15 GB expert tensor never
+    sits in memory): the header first, then each tensor's bytes in header order."""
+    header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dims in shapes.items():
+        nbytes = 2 * int(torch.Size(dims).numel())
+        header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(file, "wb") as out:
+        out.write(len(raw).to_bytes(8, "little") + raw)
+        for name, dims in shapes.items():
+            for chunk in _random_chunks(name, dims, generator):
+                out.write(chunk)
 
 
 def write_random_checkpoint(root: Path, shape: str, *, shard_bytes: int = 5 * 10**9, seed: int = 0) -> int:
@@ -74,10 +113,8 @@ def write_random_checkpoint(root: Path, shape: str, *, shard_bytes: int = 5 * 10
     weight_map = {}
     for k, names in enumerate(shards, start=1):
         filename = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: _random(name, shapes[name], generator) for name in names}
+        _write_shard(root / filename, {name: shapes[name] for name in names}, generator)
         weight_map |= dict.fromkeys(names, filename)
-        save_file(tensors, str(root / filename), metadata={"format": "pt"})
-        del tensors
     total = sum(int(torch.Size(d).numel()) for d in shapes.values())
     index = {"metadata": {"total_size": 2 * total}, "weight_map": weight_map}
     (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

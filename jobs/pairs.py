@@ -1,8 +1,9 @@
 """Which pairs a scan tests, and a count of why the others are not tested. Pure: no Ray, no store.
 
 Two fingerprints are comparable when they were taken on the same canonical input set (the same token ids, which
-needs the same shared token range); φ_MATCH itself works across widths and depths. Models are grouped by input
-set, so counting the incomparable pairs of a hub with thousands of models does not enumerate them.
+needs the same shared token range) and hold units of the same kind (gated or plain MLPs, read by a decoder or an
+encoder); φ_MATCH itself works across widths and depths. Models are grouped by input set and kind, so counting the
+incomparable pairs of a hub with thousands of models does not enumerate them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Candidate:
     path: str
     declared_base_models: tuple[str, ...] = ()
     file_sha256: str | None = None
+    kind: str = "gated, causal"   # "<mlp kind>, <attention>" (scanner.fingerprint's mlp_kind and attention)
 
 
 @dataclass
@@ -58,10 +60,19 @@ class PairPlan:
                 "untested_comparable": self.untested}
 
 
-def incomparable_reason(input_set_a: str, input_set_b: str) -> str | None:
-    if input_set_a == input_set_b:
-        return None
-    return f"different canonical input sets ({input_set_a} vs {input_set_b}: token ranges differ)"
+def incomparable_reason(a: tuple[str, str], b: tuple[str, str]) -> str | None:
+    """Why two groups, each (input set, kind), are not compared; None when they are one group."""
+    (input_set_a, kind_a), (input_set_b, kind_b) = a, b
+    if input_set_a != input_set_b:
+        return f"different canonical input sets ({input_set_a} vs {input_set_b}: token ranges differ)"
+    if kind_a != kind_b:
+        first, second = sorted((kind_a, kind_b))
+        return f"different kinds of units ({first} vs {second} models)"
+    return None
+
+
+def _group(c: Candidate) -> tuple[str, str]:
+    return c.input_set, c.kind
 
 
 def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, comparable: bool = True,
@@ -81,17 +92,17 @@ def plan_pairs(candidates: Iterable[Candidate], tested: set[PairKey], *, compara
                 continue
             if base not in by_id:
                 plan.declared_base_not_scanned += 1
-            elif incomparable_reason(c.input_set, by_id[base].input_set) is None:
+            elif incomparable_reason(_group(c), _group(by_id[base])) is None:
                 declared_pairs.add((min(base, c.model_id), max(base, c.model_id)))
             else:
                 plan.declared_incomparable += 1
     plan.declared = len(declared_pairs)
 
-    groups: dict[str, list[Candidate]] = {}
+    groups: dict[tuple[str, str], list[Candidate]] = {}
     for c in sorted(by_id.values(), key=lambda c: c.model_id):
-        groups.setdefault(c.input_set, []).append(c)
-    for (set_a, members_a), (set_b, members_b) in combinations(sorted(groups.items()), 2):
-        plan.incomparable[incomparable_reason(set_a, set_b)] += len(members_a) * len(members_b)
+        groups.setdefault(_group(c), []).append(c)
+    for (group_a, members_a), (group_b, members_b) in combinations(sorted(groups.items()), 2):
+        plan.incomparable[incomparable_reason(group_a, group_b)] += len(members_a) * len(members_b)
 
     current = {(c.model_id, c.revision): c.input_set for c in by_id.values()}
     plan.tested_before = sum(1 for a, ra, b, rb in tested

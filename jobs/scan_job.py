@@ -38,7 +38,7 @@ from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, disco
 from scanner.text_safety import terminal
 
 if TYPE_CHECKING:
-    from scanner.store import PairKey, PairTestRow, Store
+    from scanner.store import LastError, PairKey, PairTestRow, Store
 
 #: Error stages worth retrying on the next run even at an unchanged revision (the model may be fine).
 TRANSIENT_STAGES = frozenset({"fetch", "worker", "store"})
@@ -83,7 +83,7 @@ class _Known:
 
     revisions: dict[str, tuple[str, str]] = field(default_factory=dict)     # model -> (revision, status)
     fingerprinted: set[tuple[str, str]] = field(default_factory=set)        # (model, revision), file present
-    last_error: dict[tuple[str, str], str] = field(default_factory=dict)    # (model, revision) -> stage
+    last_error: dict[tuple[str, str], LastError] = field(default_factory=dict)  # (model, revision) -> error
     missing: dict[tuple[str, str], str] = field(default_factory=dict)       # (model, revision) -> recorded address
 
     @classmethod
@@ -93,7 +93,7 @@ class _Known:
         fingerprinted = {(model_id, revision) for model_id, revision, path in rows if path in stored}
         missing = {(model_id, revision): path for model_id, revision, path in rows
                    if path not in stored and (model_id, revision) not in fingerprinted}
-        return cls(store.current_revisions(), fingerprinted, store.last_error_stages(), missing)
+        return cls(store.current_revisions(), fingerprinted, store.last_errors(), missing)
 
     def needs_fingerprint(self, record: ModelRecord, rescan_errors: bool) -> bool:
         revision, status = self.revisions.get(record.model_id, (None, None))
@@ -101,8 +101,14 @@ class _Known:
             return True
         if status == "ok":
             return (record.model_id, revision) not in self.fingerprinted
-        stage = self.last_error.get((record.model_id, revision))
-        return rescan_errors or stage is None or stage in TRANSIENT_STAGES
+        error = self.last_error.get((record.model_id, revision))
+        return rescan_errors or error is None or error.stage in TRANSIENT_STAGES
+
+    def failed_before(self, record: ModelRecord) -> LastError | None:
+        """The error of a model that is not fingerprinted again because it failed at this very revision (its files
+        are unchanged, so it would fail the same way)."""
+        revision, status = self.revisions.get(record.model_id, (None, None))
+        return self.last_error.get((record.model_id, revision)) if status == "error" else None
 
 
 def connect_ray(config: ScanConfig) -> bool:
@@ -160,6 +166,8 @@ class _Scan:
                                                                                              item.revision],
                                                   "FingerprintMissing", "its fingerprint file is gone from the store")
                 yield item
+            elif (error := known.failed_before(item)) is not None:
+                self._repeat_model_error(item, error)
             else:
                 self.summary.skipped += 1
 
@@ -224,6 +232,18 @@ class _Scan:
                                 error.error_type, error.reason)
         self.summary.failures[error.stage] += 1
         self.say(f"[{error.stage}] {record.model_id}: {error.error_type}: {error.reason}")
+
+    def _repeat_model_error(self, record: ModelRecord, error: LastError) -> None:
+        """A model that failed at this revision and is not tried again (nothing it is read from changed): its error
+        is recorded for this run too, so the summary and `hubtrace query --errors` keep showing it until it is fixed
+        (`rescan_errors: true` tries it anyway)."""
+        self.store.upsert_model(record, None, self.run_id, "error")
+        self.store.record_error(self.run_id, record.model_id, record.revision, record.location, error.stage,
+                                error.error_type or "Error", error.reason or "")
+        self.summary.failures[error.stage] += 1
+        self.summary.not_retried += 1
+        self.say(f"[{error.stage}] {record.model_id}: {error.error_type}: {error.reason} (unchanged since it failed "
+                 f"in run {error.run_id}: not tried again)")
 
     # pairs ------------------------------------------------------------------------------------------------
     def plan(self) -> PairPlan:

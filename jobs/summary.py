@@ -21,6 +21,7 @@ class ScanSummary:
     models: int = 0                  # model records discovered
     fingerprinted: int = 0           # new or changed revisions fingerprinted in this run
     skipped: int = 0                 # unchanged revisions already in the store
+    not_retried: int = 0             # unchanged revisions that failed before: their error recorded again, not retried
     source_errors: int = 0           # entries discovery could not describe (symlink loops, unreadable folders)
     failures: Counter = field(default_factory=Counter)   # stage -> models (or pairs, stage "compare")
     pairs: dict = field(default_factory=dict)            # PairPlan.to_json_dict()
@@ -45,6 +46,7 @@ class ScanSummary:
         return {
             "run_id": self.run_id, "db": self.db, "actors": self.actors, "device": self.device,
             "models": self.models, "fingerprinted": self.fingerprinted, "skipped": self.skipped,
+            "not_retried": self.not_retried,
             "failed": self.failed, "source_errors": self.source_errors, "failures": dict(self.failures),
             "pairs": self.pairs, "retrieval": self.retrieval, "pairs_tested": self.pairs_tested,
             "pairs_failed": self.pairs_failed, "weight_statistics": self.weight_statistics,
@@ -65,7 +67,9 @@ def render_summary(summary: ScanSummary) -> Group:
     rows = [
         ("models", f"{summary.models} discovered: {summary.fingerprinted} new or changed, "
                    f"{summary.skipped} unchanged (skipped), {summary.failed} failed"
-                   + (f" ({failures})" if failures else "")),
+                   + (f" ({failures})" if failures else "")
+                   + (f"; {summary.not_retried} of them failed before and are unchanged, so not tried again "
+                      "(rescan_errors: true retries them)" if summary.not_retried else "")),
         ("workers", f"{summary.actors} {summary.device} actor(s)"),
         ("pairs", f"{pairs.get('comparable', 0)} comparable ({pairs.get('declared', 0)} declared by cards), "
                   f"{incomparable} incomparable, {pairs.get('already_tested', 0)} already tested"),

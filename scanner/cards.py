@@ -8,7 +8,7 @@ or fields of the wrong type give an empty claim and a note saying why, never an 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,13 @@ def card_from_metadata(meta: Any) -> Card:
         tags=_strings(meta.get("tags"), "tags", notes),
         notes=tuple(notes),
     )
+
+
+def adapter_card(card: Card, base: str) -> Card:
+    """The claim of a PEFT adapter folder: its adapter_config.json names the base it was trained on, so the base is
+    declared (unless the card names bases itself) and the relation is `adapter` (unless the card says otherwise)."""
+    return replace(card, base_model=card.base_model or (base,),
+                   base_model_relation=card.base_model_relation or "adapter")
 
 
 def _strings(value: Any, field: str, notes: list[str]) -> tuple[str, ...]:

@@ -21,6 +21,15 @@ class UnsupportedArchitectureError(CheckpointError):
     """No adapter maps this architecture's tensor names to the canonical roles."""
 
 
+class UnsupportedAdapterError(CheckpointError):
+    """A PEFT adapter of a method or variant hubtrace does not read (anything but plain LoRA)."""
+
+
+class MissingBaseError(CheckpointError):
+    """A PEFT adapter's base model is nowhere hubtrace looks: not in the scanned hub, a local folder or the Hugging
+    Face cache."""
+
+
 class FingerprintError(CheckpointError):
     """A fingerprint file is missing, truncated, altered or from an unknown format version."""
 

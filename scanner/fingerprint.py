@@ -22,7 +22,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ class FingerprintMeta:
     dtype: str
     mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, views (fc pre-activation, write direction's residual)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
+    attention: str = "causal"  # "bidirectional": an encoder, whose units see every position (compared only with one)
     block_experts: list[int] | None = None  # routed experts of each block (0: a dense block); None: no block has any
 
     @property
@@ -111,6 +112,10 @@ class Fingerprint:
     def comparable_with(self, other: Fingerprint) -> str | None:
         """None when activation statistics may compare the two; otherwise why not (one line)."""
         a, b = self.meta, other.meta
+        if a.attention != b.attention:
+            return (f"one model reads its input {a.attention}ly and the other {b.attention}ly (an encoder and a "
+                    "decoder): their units see different positions of the same tokens, so hubtrace compares encoders "
+                    "only with encoders")
         if a.mlp_kind != b.mlp_kind:
             return (f"one model's MLPs are {a.mlp_kind} and the other's {b.mlp_kind}: their units have different "
                     "views, so no activation statistic pairs them")
@@ -198,6 +203,7 @@ def fingerprint_model(
         mlp_kind=getattr(adapter, "mlp_kind", "gated"),
         model_layers=getattr(adapter, "model_layers", None),
         block_experts=_block_experts(adapter),
+        attention=getattr(adapter, "attention", "causal"),
     )
     checkpoint.close()
     return Fingerprint(meta=meta, blocks=blocks)
@@ -498,7 +504,8 @@ def parse_fingerprint_meta(path: str | Path, metadata: dict[str, str] | None) ->
             f"{FINGERPRINT_FORMAT}; re-fingerprint the model"
         )
     expected = {f.name for f in fields(FingerprintMeta)}
-    if set(data) != expected:
+    defaulted = {f.name for f in fields(FingerprintMeta) if f.default is not MISSING}
+    if set(data) - expected or expected - defaulted - set(data):  # a field added later is read with its default
         missing, extra = sorted(expected - set(data)), sorted(set(data) - expected)
         raise FingerprintError(f"{path}: fingerprint metadata fields differ (missing {missing}, unexpected {extra})")
     try:  # strict: a JSON that lies about a field's type ("4" layers, true for a count) is refused, not coerced

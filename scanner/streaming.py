@@ -23,6 +23,8 @@ Two ways to run the blocks, one per kind of adapter:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
@@ -47,6 +49,7 @@ from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import MLPSite, SiteWeights, site_weights
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, HubtraceError, one_line
+from scanner.expert_stream import StreamedExperts
 from scanner.lockstep import lockstep
 
 
@@ -104,7 +107,9 @@ def stream_blocks(
     for layer, module in enumerate(layers):
         with torch.inference_mode():
             experts = adapter.mlp(layer)
+            checkpoint.close()  # the MLP is float32 now: its stored pages need not stay mapped (70B: 1.4 GB of bf16)
             _load_block(module, checkpoint, adapter, layer, experts, device, dtype)
+            checkpoint.close()
             mlp = lm.get_submodule(adapter.mlp_module_path(layer))
             captured: list[torch.Tensor] = []
             outputs: dict[str, torch.Tensor] = {}
@@ -186,9 +191,9 @@ def _forward_layer_by_layer(
                 for name, param in module.named_parameters(recurse=False):
                     setattr(module, name, nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False))
 
-    unique, local_ids = np.unique(ids, return_inverse=True)
+    table, local_ids = renumbered(ids, stack.base.get_input_embeddings().padding_idx)
     tree.materialize_buffers(device, dtype)
-    _materialize_globals(tree.lm, stack.base, stack.layers, adapter.embedding_rows(unique.tolist()), device, dtype,
+    _materialize_globals(tree.lm, stack.base, stack.layers, adapter.embedding_rows(table), device, dtype,
                          load_globals)
     ran: set[int] = set()
     blocks = {layer: block for block, layer in enumerate(adapter.block_layers)}
@@ -199,22 +204,42 @@ def _forward_layer_by_layer(
             if sites and len(ran & set(blocks)) != blocks[layer]:
                 raise CheckpointError(f"{tree.lm.config.model_type}: its forward runs layer {layer} before the "
                                       "layers that hold the blocks before it")
-            module = tree.load_layer(layer, device, dtype)
+            by_expert = {site: found for site in sites
+                         if (found := StreamedExperts.find(tree, layer, site)) is not None}
+            module = tree.load_layer(layer, device, dtype,
+                                     left_out=[n for experts in by_expert.values() for n in experts.stored_names],
+                                     left_out_modules=[site.path for site in by_expert])
             captured: dict[str, torch.Tensor] = {}
             handles = [module.get_submodule(path).register_forward_pre_hook(_first_input(captured, path),
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
+            for site, experts_of_site in by_expert.items():
+                width = getattr(module.get_submodule(site.path), site.up).shape[-1]  # d (the param is on meta)
+                site_input = functools.partial(_site_input, captured, site, width)
+                module.get_submodule(site.path).forward = experts_of_site.forward(
+                    module.get_submodule(site.path), site_input, device, dtype)
             stream = _layer_input(args, kwargs) if any(site.kind == "plain" for site in sites) else None
             try:
                 out = forward(*args, **kwargs)
-                weights = [(site, site_weights(module, site)) for site in sites]
-                activations = [views for site, ws in weights for views in _site_views(captured, site, ws, stream)]
-                experts = [_on_cpu(w) for _, ws in weights for w in ws]
+                activations, experts, weights = [], [], []
+                for site in sites:
+                    if site in by_expert:
+                        if len(by_expert[site].activations) != site.experts:
+                            raise CheckpointError(f"{tree.lm.config.model_type}: the experts at {site.path} of layer "
+                                                  f"{layer} were not called by the block's forward")
+                        activations += by_expert[site].activations
+                        experts += by_expert[site].lazy()
+                        continue
+                    weights = site_weights(module, site)
+                    activations += _site_views(captured, site, weights, stream)
+                    experts += [_on_cpu(w) for w in weights]
             finally:
                 for handle in handles:
                     handle.remove()
+                for site in by_expert:
+                    del module.get_submodule(site.path).forward  # back to the class's forward
                 tree.release_layer(layer)
-            del captured, weights, stream
+            del captured, stream, weights
             ran.add(layer)
             if sites:
                 emit(StreamedBlock(blocks[layer], experts, activations))
@@ -229,8 +254,10 @@ def _forward_layer_by_layer(
         module.forward = streamed(layer, module.forward)
     local = torch.from_numpy(local_ids.reshape(ids.shape)).to(device)
     embedding = stack.base.get_input_embeddings().register_forward_pre_hook(_embeds_only(local, tree.lm))
+    # a decoder runs without a key/value cache; an encoder's forward may have no such argument to pass down
+    no_cache = {"use_cache": False} if adapter.attention == "causal" or _takes(stack.base, "use_cache") else {}
     try:
-        stack.base(input_ids=local, use_cache=False)
+        stack.base(input_ids=local, **no_cache)
     except _AllLayersRan:
         pass
     finally:
@@ -240,6 +267,26 @@ def _forward_layer_by_layer(
     if len(ran) != len(stack.layers):
         raise CheckpointError(f"{tree.lm.config.model_type}: the model ran {len(ran)} of its {len(stack.layers)} "
                               "layers")
+
+
+def renumbered(ids: np.ndarray, keep: int | None = None) -> tuple[list[int], np.ndarray]:
+    """The token ids as indices into a small embedding table of just the rows they use: (the table's token ids,
+    the ids renumbered, flat). ``keep`` (the embedding's padding id) keeps its own number and no other id gets it:
+    RoBERTa's and XGLM's forwards count positions from the ids, skipping the padding id, so a renumbered table must
+    not turn an ordinary token into padding (nor padding into an ordinary token)."""
+    unique = np.unique(ids)
+    if keep is None or keep < 0:
+        return unique.tolist(), np.searchsorted(unique, ids.reshape(-1))
+    others = [int(u) for u in unique if u != keep]
+    table = others[:keep] + [keep] * (keep + 1 - min(keep, len(others))) + others[keep:]
+    index = {token: i for i, token in enumerate(table) if i != keep or token == keep}
+    index[keep] = keep
+    return table, np.array([index[int(t)] for t in ids.reshape(-1)], dtype=np.int64)
+
+
+def _takes(module: nn.Module, argument: str) -> bool:
+    """Whether the module's forward names this argument (not merely accepts **kwargs it may pass further down)."""
+    return argument in inspect.signature(module.forward).parameters
 
 
 def _embeds_only(ids: torch.Tensor, lm: PreTrainedModel) -> Callable[..., None]:
@@ -417,11 +464,17 @@ def _load_block(
     device: str,
     dtype: torch.dtype,
 ) -> None:
-    """Give a meta-device decoder layer its real weights: stored tensors by name, fused experts from `experts`."""
+    """Give a meta-device decoder layer its real weights: stored tensors by name, fused experts from `experts`, and a
+    dense MLP's maps as `experts` holds them already (read once, held once: a 70B block's MLP is 2.8 GB of float32)."""
     prefix = adapter.block_prefix(layer)
+    names = adapter.stored_names(layer) if len(experts) == 1 else {}
+    held = {names[role]: getattr(experts[0], role) for role in ("gate", "up", "down") if role in names}
     state: dict[str, torch.Tensor] = {}
     for key in module.state_dict():
-        if checkpoint.has(prefix + key):
+        stored = held.get(prefix + key)
+        if stored is not None and tuple(stored.shape) == tuple(checkpoint.shape(prefix + key)):
+            state[key] = stored
+        elif checkpoint.has(prefix + key):
             state[key] = checkpoint.get(prefix + key)
         else:
             state[key] = _fused_expert_tensor(key, adapter, layer, experts)

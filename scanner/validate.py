@@ -26,6 +26,8 @@ from scanner.checkpoint import Checkpoint, json_limit
 from scanner.errors import CheckpointError, UnsafeCheckpointError
 from scanner.files import PathRefused, resolve_inside
 from scanner.formats import open_model_checkpoint
+from scanner.formats.lora import is_adapter_folder, read_adapter_config
+from scanner.formats.lora_base import BaseLocator, locate_base
 
 #: Bytes of one tensor held in memory at a time while its values are checked.
 VALUE_CHUNK_BYTES = 16 << 20
@@ -42,7 +44,8 @@ class ValidatedCheckpoint(NamedTuple):
 
 
 def validate_checkpoint(
-    path: str | Path, *, check_values: bool = True, chunk_bytes: int = VALUE_CHUNK_BYTES, follow_links: bool = False
+    path: str | Path, *, check_values: bool = True, chunk_bytes: int = VALUE_CHUNK_BYTES, follow_links: bool = False,
+    bases: BaseLocator | None = None,
 ) -> ValidatedCheckpoint:
     """A model folder checked throughout, with its adapter; raises a `HubtraceError` subclass naming the problem.
 
@@ -50,12 +53,18 @@ def validate_checkpoint(
     (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run
     (`fingerprint_model` given no hashes folds the check into its forward pass instead: `ValuesAsRead`).
     `check_values=False` skips it (`tensor_hashes` is then None). `follow_links` accepts links that lead out of
-    the folder (a person's own tree of linked downloads); links into the folder are always fine.
+    the folder (a person's own tree of linked downloads); links into the folder are always fine. A PEFT LoRA
+    adapter folder is read through its base, which `bases` says where to find (default: around the adapter,
+    `BaseLocator.around`); the base's folder is checked as the adapter's is.
     """
     target = _real_path(Path(path))
+    base = None
     if target.is_dir():
         _check_entries(target, follow_links)
-    checkpoint = open_model_checkpoint(target)
+        if is_adapter_folder(target):
+            base = _real_path(locate_base(target, read_adapter_config(target), bases or BaseLocator.around(target)))
+            _check_entries(base, follow_links)
+    checkpoint = open_model_checkpoint(target, base=base)
     adapter = adapter_for(checkpoint)
     hashes = check_values_and_hash(checkpoint, chunk_bytes) if check_values else None
     return ValidatedCheckpoint(checkpoint, adapter, hashes)

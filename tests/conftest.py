@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
+from scanner.zoo.encoders import GROUND_TRUTH as ENCODER_GROUND_TRUTH
+from scanner.zoo.encoders import EncoderZoo, build_encoder_zoo
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -46,11 +48,11 @@ CHAIN_SPEC = ChainSpec(length=3)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
-#: Fixtures that make a test slow: the trained zoos and the real model (minutes to build on a fresh machine), the
-#: adversary suite's briefly trained models of every kind (test_adversary.py), and Ray clusters (a local one in
-#: test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
+#: Fixtures that make a test slow: the trained zoos (the encoder zoo too) and the real model (minutes to build on a
+#: fresh machine), the adversary suite's briefly trained models of every kind (test_adversary.py), and Ray clusters (a
+#: local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds"})
+                           "trained_kinds", "encoder_zoo"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
@@ -107,7 +109,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
 #: zoo 142, chain 44.
-_BUILD_ORDER = ("zoo", "independent", "smollm2", "seed1", "seed2", "seed3", "chain")
+_BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "seed1", "seed2", "seed3", "chain")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -125,6 +127,8 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
         found[f"seed{seed}"] = partial(_seed_zoo, seed)
     if "chain_zoo" in names:
         found["chain"] = partial(build_chain, CACHE / "chain", spec=CHAIN_SPEC)
+    if "encoder_zoo" in names:
+        found["encoders"] = partial(build_encoder_zoo, CACHE / "encoders")
     return {name: found[name] for name in _BUILD_ORDER if name in found}
 
 
@@ -134,6 +138,8 @@ def _built(name: str) -> bool:
         from scanner.testing.real_model import smollm2_fingerprints_built
 
         return smollm2_fingerprints_built(CACHE)
+    if name == "encoders":
+        return (CACHE / "encoders" / ENCODER_GROUND_TRUTH).is_file()
     folder = {"independent": "independent", "chain": "chain"}.get(name) or (
         f"zoo-small-seed{name[4:]}" if name.startswith("seed") else name)
     return (CACHE / folder / "ground_truth.json").is_file()
@@ -192,6 +198,13 @@ def independent_zoo() -> Zoo:
 @pytest.fixture(scope="session")
 def chain_zoo() -> Zoo:
     return build_chain(CACHE / "chain", spec=CHAIN_SPEC)
+
+
+@pytest.fixture(scope="session")
+def encoder_zoo() -> EncoderZoo:
+    """Tiny BERT-style encoders trained alike from 8 seeds, and a fine-tune, a sentence-embedding fine-tune and a
+    pruned copy of the first (scanner.zoo.encoders)."""
+    return build_encoder_zoo(CACHE / "encoders")
 
 
 @pytest.fixture(scope="session", params=OTHER_SEEDS)

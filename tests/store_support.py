@@ -33,6 +33,8 @@ class Meta:
     parameter_count: int = 123_456
     input_set: str = "v1-seed0-32x64-ids<256"
     summaries: dict = field(default_factory=dict)
+    mlp_kind: str = "gated"
+    attention: str = "causal"
 
 
 def record(model_id: str, revision: str = "r1", *, bases: tuple[str, ...] = (), scratch: bool = False,

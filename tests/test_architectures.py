@@ -18,12 +18,19 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import binom, kstest
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForMaskedLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
 
 from scanner.activations import load_causal_lm, site_activations
 from scanner.architectures.config import transformers_config
-from scanner.architectures.coverage import classify, coverage
+from scanner.architectures.coverage import all_coverage, causal_lm_types, classify, coverage
 from scanner.architectures.sites import SiteWeights
+from scanner.architectures.tasks import Task
 from scanner.architectures.tiny import tiny_config
 from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
@@ -37,13 +44,18 @@ INDEPENDENT = -3.0  # the issue's bar for one independent pair: 1e-3 false failu
 NOISE = 0.02  # the copy's noise, relative to each parameter's spread
 
 
-def _save(model_type: str, folder: Path, seed: int, noise: float = 0.0) -> None:
+#: The auto class each kind of model is saved with (scanner.architectures.tasks).
+AUTO_CLASSES = {"causal-lm": AutoModelForCausalLM, "image-text-to-text": AutoModelForImageTextToText,
+                "masked-lm": AutoModelForMaskedLM}
+
+
+def _save(model_type: str, folder: Path, seed: int, noise: float = 0.0, task: Task = "causal-lm") -> None:
     """A tiny random model of the type, saved as transformers saves it. A weight matrix the model's own init leaves
     constant (RWKV zeroes its channel-mixing key) is drawn at random, as training would move it: constant units tie,
     and a model of only ties says nothing about the pipeline. The copy's noise is relative to each parameter's spread
     (RWKV's embedding rows are 1e-4 wide; absolute noise would drown them)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type))
+    model = AUTO_CLASSES[task].from_config(tiny_config(model_type))
     with torch.no_grad():
         for parameter in model.parameters():
             if parameter.ndim >= 2 and bool((parameter == parameter.flatten()[0]).all()):
@@ -96,6 +108,57 @@ def test_every_supported_type_tells_a_noisy_copy_from_an_independent_model(tmp_p
     assert not failures, failures
     assert sum(p <= math.log10(0.05) for p in independent) <= binom.ppf(0.99, len(independent), 0.05)
     assert len(supported) >= 150
+
+
+@pytest.mark.parametrize("task", ["image-text-to-text", "masked-lm"])
+def test_every_supported_multimodal_and_encoder_type_tells_a_noisy_copy_from_an_independent_model(
+        task: Task, tmp_path: Path) -> None:
+    """The same end-to-end check for the language model inside each supported image-text-to-text type (saved with
+    its vision tower, as the Hub holds it; the types whose class is also a causal LM's are checked above) and for each
+    supported encoder masked LM (read bidirectionally): a noisy copy at log10 p <= -20, each independent pair at -3
+    - log10(#types) (Bonferroni: 1e-3 false failures per table), and no more p-values <= 0.05 than the binomial 99th
+    percentile (1% false failures)."""
+    built_as_causal = set(causal_lm_types()) if task == "image-text-to-text" else set()
+    rows = [row for row in coverage(task) if row.supported and row.model_type not in built_as_causal]
+    failures, independent = [], []
+    for row in rows:
+        folders = [tmp_path / f"{row.model_type}-{name}" for name in ("base", "copy", "other")]
+        _save_three(row.model_type, task, *folders)
+        base, copy, other = (fingerprint_model(folder) for folder in folders)
+        assert base.meta.attention == ("bidirectional" if task == "masked-lm" else "causal"), row.model_type
+        dependent = compare_fingerprints(base, copy).log10_p
+        independent.append(compare_fingerprints(base, other).log10_p)
+        if not (dependent <= DEPENDENT and independent[-1] >= INDEPENDENT - math.log10(len(rows))):
+            failures.append(f"{row.model_type}: copy {dependent:.1f}, independent {independent[-1]:.2f}")
+        for folder in folders:
+            shutil.rmtree(folder)
+    assert not failures, failures
+    assert sum(p <= math.log10(0.05) for p in independent) <= binom.ppf(0.99, len(independent), 0.05)
+    assert len(rows) >= 30
+
+
+@torch.no_grad()
+def _save_three(model_type: str, task: Task, base: Path, copy: Path, other: Path) -> None:
+    """`_save`'s base, noisy copy and independent model from one initialisation (a multimodal model's towers are
+    slow to initialise and play no part): the independent model is the base with every parameter's entries
+    shuffled by another seed, a draw from the same i.i.d. initialisation."""
+    torch.manual_seed(0)
+    model = AUTO_CLASSES[task].from_config(tiny_config(model_type))
+    for parameter in model.parameters():
+        if parameter.ndim >= 2 and bool((parameter == parameter.flatten()[0]).all()):
+            parameter.normal_(0.0, 0.02)
+    model.save_pretrained(base)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    for parameter in model.parameters():
+        spread = float(parameter.std()) if parameter.numel() > 1 else 0.0
+        parameter.add_(torch.randn_like(parameter) * NOISE * (spread or 0.1))
+    model.save_pretrained(copy)
+    model.load_state_dict(state)
+    shuffle = torch.Generator().manual_seed(1)
+    for parameter in model.parameters():
+        flat = parameter.view(-1)
+        flat.copy_(flat[torch.randperm(flat.numel(), generator=shuffle)])
+    model.save_pretrained(other)
 
 
 def test_a_refused_architecture_is_one_clear_error(tmp_path: Path) -> None:
@@ -235,17 +298,23 @@ def test_plain_statistic_p_values_are_uniform_for_independent_mlps_that_share_a_
 def test_architectures_command_lists_every_type() -> None:
     out = subprocess.run([sys.executable, "-m", "jobs.cli.app", "architectures"], capture_output=True, text=True,
                          check=True).stdout
-    assert "decoder-only causal-LM model types with an MLP supported" in out
-    assert any(line.split()[:2] == ["gpt2", "plain"] for line in out.splitlines())
+    for heading in ("Causal language models", "Image-text-to-text models", "Encoder masked language models"):
+        assert heading in out
+    assert "decoder-only causal-LM model types with an MLP are supported" in out
+    lines = [line.split()[:2] for line in out.splitlines()]
+    assert ["gpt2", "plain"] in lines and ["llava", "gated"] in lines and ["modernbert", "gated"] in lines
+    assert ["bert", "plain"] in lines and ["bert", "refused"] in lines  # read as an encoder, not as a decoder
     checkpoint_types = {classify("gpt_oss").verdict, classify("mamba").verdict}
     assert checkpoint_types == {"moe", "refused"}
+    assert classify("qwen2_vl", "image-text-to-text").verdict == "gated"
+    assert classify("deberta-v2", "masked-lm").verdict == "plain"
 
 
 def test_docs_table_is_the_command_output() -> None:
     from scanner.architectures.coverage import coverage_markdown
 
     docs = Path(__file__).parent.parent / "docs" / "architectures.md"
-    assert docs.read_text() == coverage_markdown(list(coverage())), "regenerate: hubtrace architectures --markdown"
+    assert docs.read_text() == coverage_markdown(all_coverage()), "regenerate: hubtrace architectures --markdown"
 
 
 def test_checkpoint_attention_choice_is_ignored(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import yaml
 from jobs.pool import FingerprintPool
 from jobs.scan_job import ScanObserver, run_scan
 from scanner.sources import ModelRecord
+from scanner.store import Store, queries
 from scanner.testing.broken import build_broken_corpus
 from scanner.testing.fake_hub import FakeHub
 from tests.scan_support import SUBSET, copy_models, query, scan_config
@@ -101,11 +102,16 @@ def test_rerun_is_incremental_and_a_new_revision_supersedes_its_old_tests(first_
     db = config.db_path
     again = run_scan(config)
     assert (again.fingerprinted, again.pairs_tested) == (0, 0)
-    # what discovery cannot describe has no revision to remember, so it is reported again; the rest is skipped
-    assert dict(again.failures) == {"discover": first.failures["discover"]}
-    assert again.skipped == len(SUBSET) + len(broken) - first.failures["discover"]
-    errors = query(db, "SELECT stage FROM scan_errors WHERE run_id = ?", [again.run_id])
-    assert errors["stage"].to_list() == ["discover"] * first.failures["discover"]
+    # the good models are skipped; every broken one fails again visibly (not retried: its files are unchanged)
+    assert dict(again.failures) == dict(first.failures) and again.failed == len(broken)
+    assert again.skipped == len(SUBSET)
+    assert again.not_retried == len(broken) - first.failures["discover"]
+    errors = query(db, "SELECT model_id, stage, reason FROM scan_errors WHERE run_id = ?", [again.run_id])
+    before = query(db, "SELECT model_id, stage, reason FROM scan_errors WHERE run_id = ?", [first.run_id])
+    assert sorted(errors.iter_rows()) == sorted(before.iter_rows())
+    with Store(db, read_only=True) as store:  # what `hubtrace query --errors` prints: each one seen before
+        listed = queries.run_errors(store, again.run_id)
+    assert sorted(listed["model_id"]) == sorted(broken) and not any(listed["new"])
     assert set(query(db, "SELECT DISTINCT run_id FROM fingerprints")["run_id"]) == {first.run_id}
     assert set(query(db, "SELECT DISTINCT run_id FROM pair_tests")["run_id"]) == {first.run_id}
 

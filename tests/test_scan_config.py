@@ -64,8 +64,29 @@ def test_overrides_replace_sources_db_and_output():
     assert defaulted.db_path == Path("o/hubtrace.duckdb")
 
 
-def _c(model_id: str, input_set: str = "v1-seed0-4x64-ids<256", bases: tuple[str, ...] = ()) -> Candidate:
-    return Candidate(model_id, "r", input_set, f"/fp/{model_id}", bases)
+def _c(model_id: str, input_set: str = "v1-seed0-4x64-ids<256", bases: tuple[str, ...] = (),
+       kind: str = "gated, causal") -> Candidate:
+    return Candidate(model_id, "r", input_set, f"/fp/{model_id}", bases, kind=kind)
+
+
+def test_pairs_are_planned_within_one_kind_of_units():
+    """An encoder is never paired with a decoder, nor a plain MLP with a gated one: such pairs are counted as
+    incomparable with the reason, and a declared base of another kind is not tested either."""
+    candidates = [_c("o/llama"), _c("o/lora", bases=("o/llama",)), _c("o/bert", kind="plain, bidirectional"),
+                  _c("o/bert-ft", bases=("o/bert",), kind="plain, bidirectional"),
+                  _c("o/modernbert", kind="gated, bidirectional"),
+                  _c("o/gpt2", bases=("o/llama",), kind="plain, causal")]
+    plan = plan_pairs(candidates, tested=set())
+    assert {(j.model_a, j.model_b) for j in plan.jobs} == {("o/llama", "o/lora"), ("o/bert", "o/bert-ft")}
+    assert plan.comparable == 2 and plan.declared == 2 and plan.declared_incomparable == 1
+    assert plan.incomparable == {
+        "different kinds of units (gated, bidirectional vs plain, bidirectional models)": 2,
+        "different kinds of units (gated, causal vs plain, bidirectional models)": 4,
+        "different kinds of units (gated, bidirectional vs gated, causal models)": 2,
+        "different kinds of units (gated, causal vs plain, causal models)": 2,
+        "different kinds of units (plain, bidirectional vs plain, causal models)": 2,
+        "different kinds of units (gated, bidirectional vs plain, causal models)": 1,
+    }
 
 
 def test_pair_plan_counts_comparable_declared_incomparable_and_tested():

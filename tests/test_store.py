@@ -122,6 +122,21 @@ def test_model_row_holds_record_and_fingerprint_fields(db: Path) -> None:
             store.upsert_model(record("org/ft"), None, run2, "superseded")
 
 
+def test_each_model_row_says_which_kind_of_units_its_fingerprint_holds(db: Path) -> None:
+    """mlp_kind and attention come from the fingerprint, so the pair plan groups models of one kind; a row from
+    before they were stored (NULL) reads as what every model then was: gated, causal."""
+    with Store(db) as store:
+        run = store.start_run({})
+        for model_id, meta in (("org/bert", Meta(mlp_kind="plain", attention="bidirectional")), ("org/llama", Meta()),
+                               ("org/old", Meta(mlp_kind=None, attention=None))):
+            store.upsert_model(record(model_id), meta, run, "ok")
+            store.put_fingerprint(model_id, "r1", meta.input_set, f"/fp/{model_id}", "sha", 256, run)
+        kinds = {row[0]: row[-1] for row in store.fingerprinted_ok_models("v1-")}
+        assert kinds == {"org/bert": "plain, bidirectional", "org/llama": "gated, causal", "org/old": "gated, causal"}
+        assert store.query("SELECT attention FROM current_models WHERE model_id = 'org/bert'")["attention"][0] == (
+            "bidirectional")
+
+
 def test_pairs_are_stored_with_the_smaller_model_first(db: Path) -> None:
     with Store(db) as store:
         run = store.start_run({})

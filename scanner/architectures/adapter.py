@@ -1,4 +1,4 @@
-"""The adapter for every causal LM that has no hand-checked family row: everything read off the module tree.
+"""The adapter for every language model that has no hand-checked family row: everything read off the module tree.
 
 `scanner.adapters` keeps rows for the Llama-style families whose every weight role (norms, attention, MLP) the weight
 statistics need by name. Any other architecture transformers builds is read here: its decoder layers, their MLP
@@ -19,6 +19,7 @@ from scanner.architectures.module_tree import ModuleTree, build_meta_model, not_
 from scanner.architectures.names import UNVERIFIED
 from scanner.architectures.shape import ModelShape
 from scanner.architectures.sites import MLPKind, SiteWeights, site_units, site_weights
+from scanner.architectures.tasks import Attention, Task, model_task, task_attention
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
 
@@ -27,7 +28,8 @@ ACTIVATION_KEYS = ("hidden_activation", "hidden_act", "activation_function", "ff
 
 
 class ModuleTreeAdapter:
-    """Any decoder-only causal LM whose layers' MLPs `scanner.architectures.sites` finds."""
+    """Any decoder-only causal LM, language model inside an image-text-to-text checkpoint, or encoder masked LM
+    (`scanner.architectures.tasks`) whose layers' MLPs `scanner.architectures.sites` finds."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         """Build the model on the meta device, find its MLPs and check the stored shapes against it (headers only)."""
@@ -43,8 +45,10 @@ class ModuleTreeAdapter:
                 f"{UNVERIFIED[checkpoint.config['model_type']]})"
             )
         config = transformers_config(checkpoint)
+        self.task: Task = model_task(config)
+        self.attention: Attention = task_attention(self.task)
         self.tree = ModuleTree(checkpoint, build_meta_model(checkpoint, config))
-        reason = not_decoder_only(config, self.tree.stack)
+        reason = not_decoder_only(config, self.tree.stack) if self.task != "masked-lm" else None
         if reason:
             raise UnsupportedArchitectureError(f"{checkpoint.path}: model_type {config.model_type!r} is {reason}")
         self.block_layers = [layer for layer, sites in enumerate(self.tree.sites) if sites]
@@ -95,8 +99,9 @@ class ModuleTreeAdapter:
 
     def global_tensor_names(self) -> list[str]:
         """Stored tensors of the base model outside its layers that run before the first block (positions, input
-        norms), the input embedding and the output head excluded."""
-        base = self.tree.stack.layers_path.rsplit(".", 1)[0] + "." if "." in self.tree.stack.layers_path else ""
+        norms, an encoder's embedding LayerNorm and token types), the input embedding and the output head
+        excluded."""
+        base = self.tree.stack.base_path + "." if self.tree.stack.base_path else ""
         layers = self.tree.stack.layers_path + "."
         return [name for name, key in self.tree.model_keys.items()
                 if key.startswith(base) and not key.startswith(layers) and key != self._embed_key]

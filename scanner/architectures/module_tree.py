@@ -9,13 +9,14 @@ names per family; a block's tensors are those whose converted name lies under th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cached_property
 
 import torch
 import transformers
 from torch import nn
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForMaskedLM, PreTrainedModel
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import (
     WeightConverter,
@@ -28,6 +29,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from scanner.architectures.names import TOWER_WORDS
 from scanner.architectures.sites import MLPSite, find_sites
+from scanner.architectures.tasks import Task, encoder_by_default, encoder_decoder_by_default, model_task
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError, one_line
 from scanner.quiet import no_progress_bars
@@ -40,6 +42,7 @@ class DecoderStack:
     base: nn.Module
     layers: nn.ModuleList
     layers_path: str  # e.g. "model.layers", "transformer.h"
+    base_path: str = ""  # e.g. "model", "transformer", "bert", "model.language_model" ("": the model itself)
 
 
 class ModuleTree:
@@ -114,13 +117,18 @@ class ModuleTree:
                 if buffer is not None and buffer.is_floating_point():
                     module._buffers[name] = buffer.to(dtype)
 
-    def load_layer(self, layer: int, device: str, dtype: torch.dtype) -> nn.Module:
+    def load_layer(self, layer: int, device: str, dtype: torch.dtype, *, left_out: Sequence[str] = (),
+                   left_out_modules: Sequence[str] = ()) -> nn.Module:
         """Decoder layer `layer` with every parameter real on `device` in `dtype`; refused when one stays unstored.
-        `release_layer` puts its parameters back on the meta device."""
+        `release_layer` puts its parameters back on the meta device. ``left_out``: stored tensors not loaded, and
+        ``left_out_modules`` (paths under the layer) whose parameters stay on the meta device: routed experts read
+        one at a time instead (`scanner.expert_stream`)."""
         module = self.stack.layers[layer]
-        self.load(self.stored_by_layer.get(layer, []), device, dtype)
+        skipped = set(left_out)
+        self.load([n for n in self.stored_by_layer.get(layer, []) if n not in skipped], device, dtype)
         self._load_tied(layer, device, dtype)
-        missing = [name for name, p in module.named_parameters() if p.is_meta]
+        kept_out = tuple(f"{path}." for path in left_out_modules)
+        missing = [name for name, p in module.named_parameters() if p.is_meta and not name.startswith(kept_out)]
         if missing:
             raise CheckpointError(
                 f"{self.checkpoint.path}: block {layer} stores no tensor for {', '.join(missing[:3])}"
@@ -128,7 +136,8 @@ class ModuleTree:
             )
         for sub in module.modules():
             for name, param in list(sub.named_parameters(recurse=False)):
-                sub._parameters[name] = nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False)
+                if not param.is_meta:
+                    sub._parameters[name] = nn.Parameter(param.to(device=device, dtype=dtype), requires_grad=False)
         return module
 
     def _load_tied(self, layer: int, device: str, dtype: torch.dtype) -> None:
@@ -171,15 +180,25 @@ def build_meta_model(checkpoint: Checkpoint, config) -> PreTrainedModel:
     attention chosen here: a checkpoint's `attn_implementation` never picks code (a Hub-style value would load a
     compiled kernel)."""
     try:
-        with torch.device("meta"):
-            model_class = _text_causal_lm_class(config)
-            if model_class is not None:
-                lm = model_class._from_config(config, attn_implementation="eager")
-            else:
-                lm = AutoModelForCausalLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
+        lm = meta_model(config, model_task(config))
     except Exception as exc:  # a config transformers accepts but cannot build a model of (head_dim 0: a zero division)
         raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {one_line(exc)}") from exc
     return lm.eval()
+
+
+def meta_model(config, task: Task) -> PreTrainedModel:
+    """The model of one kind (`scanner.architectures.tasks`) on the meta device, through transformers' auto class
+    for it (or the text model's own `...ForCausalLM` where the auto mapping has none)."""
+    with torch.device("meta"):
+        if task == "masked-lm":
+            return AutoModelForMaskedLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
+        if task == "image-text-to-text":
+            return AutoModelForImageTextToText.from_config(config, trust_remote_code=False,
+                                                           attn_implementation="eager")
+        model_class = _text_causal_lm_class(config)
+        if model_class is not None:
+            return model_class._from_config(config, attn_implementation="eager")
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
 
 
 def _text_causal_lm_class(config) -> type[PreTrainedModel] | None:
@@ -210,18 +229,20 @@ def decoder_stack(lm: PreTrainedModel) -> DecoderStack:
         )
     exact = [item for item in lists if len(item[1]) == depth]
     path, layers = max(exact or lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
-    return DecoderStack(base=_base_model(lm, path), layers=layers, layers_path=path)
+    base_path = _base_model_path(lm, path)
+    return DecoderStack(base=lm.get_submodule(base_path), layers=layers, layers_path=path, base_path=base_path)
 
 
-def _base_model(lm: PreTrainedModel, layers_path: str) -> nn.Module:
-    """The model that embeds the tokens and runs the layers: the nearest ancestor of the layer list that is a
-    transformers model with a token embedding (GPT-2's transformer, or CPM-Ant's model around its `encoder.layers`)."""
+def _base_model_path(lm: PreTrainedModel, layers_path: str) -> str:
+    """Where the model that embeds the tokens and runs the layers is: the nearest ancestor of the layer list that is
+    a transformers model with a token embedding (GPT-2's transformer, CPM-Ant's model around its `encoder.layers`,
+    BERT's model around its `encoder.layer`, a VLM's language model); "" for the model itself."""
     parts = layers_path.split(".")[:-1]
     for end in range(len(parts), 0, -1):
         module = lm.get_submodule(".".join(parts[:end]))
         if isinstance(module, PreTrainedModel) and _embeds_tokens(module):
-            return module
-    return lm
+            return ".".join(parts[:end])
+    return ""
 
 
 def _embeds_tokens(model: PreTrainedModel) -> bool:
@@ -238,33 +259,13 @@ def _in_tower(path: str) -> bool:
 def not_decoder_only(config, stack: DecoderStack) -> str | None:
     """Why a causal-LM class is not a decoder-only language model (None when it is): the decoder of an
     encoder-decoder (BART, Marian: its model type is one by default, whatever a saved `...ForCausalLM` config says),
-    or an encoder run as a decoder (BERT-style `...ForCausalLM`, whose layers live under `encoder.`)."""
+    or an encoder run as a decoder (a BERT-style config with `is_decoder: true`, whose layers live under
+    `encoder.`; with `is_decoder: false` the same model is read as an encoder, `scanner.architectures.tasks`)."""
     if getattr(config, "is_encoder_decoder", False) or encoder_decoder_by_default(config.model_type):
-        return "encoder-decoder: hubtrace tests decoder-only language models"
-    if "encoder" in stack.layers_path.split(".") and _encoder_by_default(config.model_type):
+        return "encoder-decoder: hubtrace reads decoder-only and encoder-only language models"
+    if "encoder" in stack.layers_path.split(".") and encoder_by_default(config.model_type):
         return (f"an encoder run as a decoder ({type(stack.layers[0]).__name__} under {stack.layers_path}): hubtrace "
-                "tests decoder-only language models")
+                "reads this model type as an encoder only (is_decoder: false)")
     return None
 
 
-@cache
-def _default_values(model_type: str) -> dict:
-    """The model type's default config as a dict (empty where transformers cannot build its own default)."""
-    try:
-        return CONFIG_MAPPING[model_type]().to_dict()
-    except Exception:  # a default that fails its own validation (gemma4_assistant in transformers 5.24)
-        return {}
-
-
-def encoder_decoder_by_default(model_type: str) -> bool:
-    """BART, Marian, Whisper, MusicGen: an encoder-decoder model type, even where a saved `...ForCausalLM` (its
-    decoder alone) says otherwise."""
-    return bool(_default_values(model_type).get("is_encoder_decoder"))
-
-
-def _encoder_by_default(model_type: str) -> bool:
-    """BERT-style configs carry `is_decoder`, False unless a causal LM is asked for, and `add_cross_attention` for
-    the decoder of a seq2seq pair: an encoder by design (Reformer, a causal LM that also says is_decoder False, has
-    no cross-attention)."""
-    values = _default_values(model_type)
-    return values.get("is_decoder") is False and "add_cross_attention" in values

@@ -12,7 +12,7 @@ from __future__ import annotations
 #: searched: Nemotron-H names every sublayer so, an MLP included (a Mamba or attention mixer has no up/down pair).
 MIXER_NAMES = frozenset({
     "self_attn", "attn", "attention", "self_attention", "cross_attn", "encoder_attn", "linear_attn", "mamba",
-    "temporal_block", "mlstm_layer", "conv", "short_conv", "time_mixer", "rwkv", "token_mixer",
+    "temporal_block", "mlstm_layer", "conv", "short_conv", "time_mixer", "rwkv", "token_mixer", "crossattention",
 })
 
 #: Experts stacked by row in 2-D maps, which no shape tells apart from a dense MLP: the attribute holding the expert
@@ -27,9 +27,10 @@ ROUTER_NAMES = frozenset({"gate", "router"})
 #: output.dense (down), Reformer's dense.dense and output.dense, CPM-Ant's w_in holding gate w_0 and up w_1.
 WRAPPER_NAMES = frozenset({"intermediate", "output", "w_in", "dense"})
 
-#: Words in a module path that mark a vision, audio or image-tokenizer tower of a multimodal model: its layer lists
-#: are never taken for the language model's decoder stack.
-TOWER_WORDS = ("vision", "visual", "audio", "image", "speech", "vqmodel")
+#: Words in a module path that mark a vision, audio or image-tokenizer tower of a multimodal model, or the Q-Former
+#: that bridges one to the language model (BLIP-2, InstructBLIP): their layer lists are never taken for the language
+#: model's stack.
+TOWER_WORDS = ("vision", "visual", "audio", "image", "speech", "vqmodel", "qformer")
 
 #: A child whose name ends so is a norm, never searched for MLPs (AXK2's gated RMSNorm holds a small gating MLP).
 NORM_SUFFIX = "norm"
@@ -67,4 +68,14 @@ UNVERIFIED: dict[str, str] = {
            "end-to-end check finds no dependence between a model and its noisy copy",
     "reformer": "LSH attention hashes with fresh random rotations on every forward pass (unless the config sets "
                 "hash_seed), so its activations are not a function of its weights",
+    "idefics": "its language model's forward needs an image (pixel values or image embeddings) on every call, so it "
+               "cannot read text alone",
+    "shieldgemma2": "an image classifier (ShieldGemma2ForImageClassification): the image-text-to-text class "
+                    "transformers builds for it saves its language model under names that class does not load back",
+    "pi0": "a robot action policy (a vision-language model and an action expert): the tiny model of its own config "
+           "stores an action-token table of another size than that config gives, so no end-to-end check runs",
+    "xmod": "every layer routes through a language-specific adapter chosen by a language id, which the canonical "
+            "token ids do not carry (its forward refuses to run without one)",
+    "longformer": "its forward pads the input with padding tokens up to a multiple of its attention window, so its "
+                  "blocks see other ids than the canonical ones",
 }

@@ -82,6 +82,36 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [16, 48], "axial_pos_shape": [16, 16]},
     # A stack of two or three layers has no layer left to share keys and values with.
     "gemma3n": _NO_KV_SHARING, "gemma3n_text": _NO_KV_SHARING,
+    # Multimodal rotary embeddings split each head's rotary half into (time, height, width) sections that must add up
+    # to it: 8 at head width 16, 4 where only half the head is rotated (GLM-4.5V).
+    **{t: {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+       for t in ("qwen2_5_vl", "paddleocr_vl", "hunyuan_vl", "qwen2_5_omni_thinker")},
+    # Vision towers and projectors whose widths no shared key names (a 26M-entry merger at tiny text sizes): shrunk
+    # only so that the end-to-end check stays quick; the language model inside is what is read.
+    "qwen2_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+                 "vision_config": {"embed_dim": 64, "num_heads": 4}},
+    **{t: {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+           "vision_config": {"out_hidden_size": 64}} for t in ("glm4v", "glm46v", "glmga", "glm_ocr")},
+    "janus": {"vq_config": {"num_embeddings": 64, "projection_dim": 64, "image_token_embed_dim": 64,
+                            "base_channels": 32, "latent_channels": 32, "channel_multiplier": [1, 2],
+                            "num_res_blocks": 1},
+              "vision_config": {"projection_dim": 64}},
+    "muse_glimmer": {"out_hidden_size": 64, "projector_hidden_size": 64},
+    "nemotron_h_omni": {"projector_hidden_size": 64},
+    "cohere2_vision": {"alignment_intermediate_size": 64},
+    "step3p7": {"sliding_window": 16},
+    "cosmos3_edge": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}},
+    "hy_v4_vl": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
+    # A tower's output width that must equal the (shrunk) text width, which no shared key ties to it.
+    "granite_docling": {"vision_config": {"out_hidden_size": 64}},
+    **{t: {"vision_config": {"text_hidden_size": 64}} for t in ("inkling2", "inkling2_loop")},
+    "muse_spark": {"audio_config": {"out_hidden_size": 64, "hidden_sizes": [16, 16, 16, 16]}, "out_hidden_size": 64,
+                   "projector_hidden_size": 64},
+    "molmo2": {"adapter_config": {"vision_feature_layer": [-1], "text_hidden_size": 64}},
+    "glm4v_moe": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                      "mrope_section": [1, 1, 2]}},
+    "aria": {"moe_num_experts": 4},
+    "luke": {"entity_vocab_size": 64},  # a row per Wikipedia entity (500k) in its entity embedding
     # LFM2-MoE lists no layer types by default; Zamba's shared transformer needs two hybrid layers to be shared.
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
     "zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "num_mem_blocks": 1,
@@ -94,8 +124,8 @@ def tiny_config(model_type: str, **extra: Any) -> PretrainedConfig:
     overrides = {**TINY_OVERRIDES.get(model_type, {}), **extra}
     default = CONFIG_MAPPING[model_type]()
     values = _fields_only(_shrunk(default.to_dict(), type(default)), default.to_dict(), type(default))
-    subs = {key: _shrunk(values[key], sub_class) for key, sub_class in getattr(default, "sub_configs", {}).items()
-            if isinstance(values.get(key), dict)}
+    subs = {key: _shrunk_nested(values[key], sub_class)
+            for key, sub_class in getattr(default, "sub_configs", {}).items() if isinstance(values.get(key), dict)}
     for key, value in overrides.items():  # last: a dict for a sub-config merges into it
         values[key] = {**subs.pop(key), **value} if key in subs and isinstance(value, dict) else value
         for sub in subs.values():
@@ -103,6 +133,18 @@ def tiny_config(model_type: str, **extra: Any) -> PretrainedConfig:
                 sub[key] = value
     values |= subs
     return type(default).from_dict(_without_dropped(values))
+
+
+def _shrunk_nested(values: dict[str, Any], config_class: type) -> dict[str, Any]:
+    """A sub-config shrunk, and its own sub-configs in turn (pi0's VLM holds a vision and a text config): a class
+    that is only `AutoConfig` is the one its dict's model_type names."""
+    if not hasattr(config_class, "attribute_map") and values.get("model_type") in CONFIG_MAPPING:
+        config_class = CONFIG_MAPPING[values["model_type"]]
+    out = _shrunk(values, config_class)
+    for key, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
+        if isinstance(out.get(key), dict):
+            out[key] = _shrunk_nested(out[key], sub_class)
+    return out
 
 
 def _without_dropped(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Checkpoint formats beyond a plain float safetensors folder, behind the one `Checkpoint` interface.
 
 `open_model_checkpoint` is the single door: a Hugging Face folder (float or quantized safetensors), a GGUF file,
-or a folder that holds exactly one GGUF file and no config.json (how llama.cpp builds are usually published).
+a folder that holds exactly one GGUF file and no config.json (how llama.cpp builds are usually published), or a
+PEFT LoRA adapter folder, read through its base (`scanner.formats.lora`).
 """
 
 from __future__ import annotations
@@ -10,18 +11,31 @@ import os
 from pathlib import Path
 
 from scanner.checkpoint import Checkpoint, open_checkpoint
-from scanner.errors import CheckpointError
+from scanner.errors import CheckpointError, UnsupportedAdapterError
 from scanner.formats.gguf import GGUF_SUFFIX, open_gguf
 from scanner.formats.gguf_file import is_gguf_file
+from scanner.formats.lora import is_adapter_folder, open_lora, read_adapter_config
+from scanner.formats.lora_base import BaseLocator, locate_base
 from scanner.formats.quantized import dequantizing
 
 
-def open_model_checkpoint(path: str | Path) -> Checkpoint:
-    """Lazy, validated access to a model in any format hubtrace reads; one-line CheckpointError otherwise."""
-    gguf = gguf_weights(Path(path))
+def open_model_checkpoint(path: str | Path, *, base: Path | None = None) -> Checkpoint:
+    """Lazy, validated access to a model in any format hubtrace reads; one-line CheckpointError otherwise.
+
+    base: for a LoRA adapter folder, its base model's folder (found by `locate_base`); None looks for it around the
+    adapter (`BaseLocator.around`)."""
+    folder = Path(path)
+    if is_adapter_folder(folder):
+        if base is None:
+            base = locate_base(folder, read_adapter_config(folder), BaseLocator.around(folder))
+        if is_adapter_folder(base):
+            raise UnsupportedAdapterError(f"{folder}: its base {base} is itself a LoRA adapter; hubtrace reads one "
+                                          "adapter on a full model")
+        return open_lora(folder, open_model_checkpoint(base))
+    gguf = gguf_weights(folder)
     if gguf is not None:
         return open_gguf(gguf)
-    return dequantizing(open_checkpoint(path))
+    return dequantizing(open_checkpoint(folder))
 
 
 def gguf_weights(path: Path) -> Path | None:

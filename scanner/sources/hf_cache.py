@@ -18,11 +18,14 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 from huggingface_hub.utils import CachedRepoInfo, CachedRevisionInfo
 
-from scanner.cards import read_card
+from scanner.cards import adapter_card, read_card
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS
+from scanner.formats.lora import ADAPTER_CONFIG
+from scanner.formats.lora_base import adapter_base
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
-_MODEL_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", *PICKLE_WEIGHT_PATTERNS)
+_MODEL_FILE_PATTERNS = ("config.json", ADAPTER_CONFIG, "*.safetensors", "*.safetensors.index.json",
+                        *PICKLE_WEIGHT_PATTERNS)
 _REPO_FOLDER = re.compile(r"models--([^/\\'\"\s]+?)--([^/\\'\"\s]+)")
 
 
@@ -43,12 +46,14 @@ def discover_hf_cache(cache_dir: Path | None = None) -> Iterator[ModelRecord | S
         revision = _chosen_revision(repo)
         if revision is None:
             continue
+        card = read_card(revision.snapshot_path)
+        base = adapter_base(revision.snapshot_path)
         yield record_from_card(
             repo.repo_id,
             revision.commit_hash,
             "hf_cache",
             str(revision.snapshot_path),
-            read_card(revision.snapshot_path),
+            card if base is None else adapter_card(card, base.model_id),
             last_modified=datetime.fromtimestamp(revision.last_modified, tz=UTC),
         )
 

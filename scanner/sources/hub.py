@@ -30,6 +30,7 @@ from huggingface_hub.utils import validate_repo_id
 from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES, read_json_file
 from scanner.errors import CheckpointError, UnsafeCheckpointError, one_line
+from scanner.formats.lora import ADAPTER_CONFIG, ADAPTER_PICKLE, ADAPTER_WEIGHTS, read_adapter_config
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, SourceFetchError
 from scanner.sources.retry import RetryPolicy, call_with_retries
 
@@ -128,6 +129,8 @@ def materialize(record: ModelRecord, cache_dir: Path, *, token: str | None = Non
         return Path(_fetching(where, name, retry, lambda: hf_hub_download(
             record.model_id, name, revision=record.revision, cache_dir=cache_dir, endpoint=endpoint, token=token)))
 
+    if CONFIG not in files and ADAPTER_CONFIG in files:
+        return _materialize_adapter(where, files, fetch, api, cache_dir, token, retry)
     weights = _weight_plan(where, files)
     snapshot = fetch(CONFIG).parent
     for name in sorted(files & {CARD, *TOKENIZER_FILES}):
@@ -137,6 +140,35 @@ def materialize(record: ModelRecord, cache_dir: Path, *, token: str | None = Non
     if SHARD_INDEX in weights:
         for name in _shards(where, snapshot / SHARD_INDEX, files):
             fetch(name)
+    return snapshot
+
+
+def _materialize_adapter(where: str, files: set[str], fetch: Callable[[str], Path], api: HfApi, cache_dir: Path,
+                         token: str | None, retry: RetryPolicy) -> Path:
+    """A PEFT adapter repo (adapter_config.json, adapter_model.safetensors, card, tokenizer), and its base fetched
+    into the same cache at the revision the adapter names (else the base's current one), where the fingerprint
+    looks for it (`scanner.formats.lora_base`). A pickle-only adapter is refused before anything is downloaded."""
+    if ADAPTER_WEIGHTS not in files:
+        if ADAPTER_PICKLE in files:
+            raise UnsafeCheckpointError(f"{where}: repo has only pickle adapter weights ({ADAPTER_PICKLE}); hubtrace "
+                                        "never unpickles, so nothing was downloaded")
+        raise CheckpointError(f"{where}: repo has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}")
+    snapshot = fetch(ADAPTER_CONFIG).parent
+    spec = read_adapter_config(snapshot)  # an adapter hubtrace does not read is refused before its weights move
+    for name in sorted(files & {CARD, *TOKENIZER_FILES}):
+        fetch(name)
+    fetch(ADAPTER_WEIGHTS)
+    try:
+        validate_repo_id(spec.base)
+    except HFValidationError:
+        return snapshot  # a local path of whoever trained it: nothing to fetch (and never followed)
+    base_where = f"{spec.base} (the base of {where})"
+    info = _fetching(base_where, "model info", retry, lambda: api.model_info(
+        spec.base, revision=spec.base_revision, expand=["sha"], timeout=API_TIMEOUT_S))
+    base = ModelRecord(model_id=spec.base, revision=str(info.sha), source="hub", location=f"{api.endpoint}/{spec.base}",
+                       base_models=(), base_model_relation=None, claims_from_scratch=False, license=None, tags=(),
+                       created_at=None, last_modified=None)
+    materialize(base, cache_dir, token=token, retry=retry)
     return snapshot
 
 

@@ -17,9 +17,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scanner.cards import Card, read_card
+from scanner.cards import Card, adapter_card, read_card
 from scanner.files import PathRefused, resolve_inside
 from scanner.formats.gguf import GGUF_SUFFIX
+from scanner.formats.lora_base import adapter_base
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
@@ -78,12 +79,19 @@ def _record(real_root: Path, model_id: str, model_dir: Path, follow_links: bool)
     for rel, size, mtime_ns in files:
         digest.update(f"{rel}\0{size}\0{mtime_ns}\n".encode())
     newest = max((mtime_ns for _, _, mtime_ns in files), default=None)
+    card = read_card(model_dir)
+    base = adapter_base(model_dir)
+    if base is not None:  # a LoRA adapter is the model its base and it make: a changed or added base changes it too
+        digest.update(f"base\0{base.model_id}\0{base.folder}\n".encode())
+        for rel, size, mtime_ns in _file_stats(real_root, base.folder, True) if base.folder else ():
+            digest.update(f"base/{rel}\0{size}\0{mtime_ns}\n".encode())
+        card = adapter_card(card, base.model_id)
     record = record_from_card(
         model_id,
         digest.hexdigest(),
         "local",
         str(model_dir),
-        read_card(model_dir),
+        card,
         last_modified=datetime.fromtimestamp(newest / 1e9, tz=UTC) if newest is not None else None,
     )
     return replace(record, follow_links=follow_links)

@@ -156,6 +156,16 @@ and process id of each run; DuckDB cannot change a CHECK constraint in place, so
 migration's transaction: these statements are not meant to run twice); migration 10."""
 
 
+MODEL_KIND_DDL: tuple[str, ...] = (
+    "ALTER TABLE models ADD COLUMN IF NOT EXISTS mlp_kind VARCHAR",
+    "ALTER TABLE models ADD COLUMN IF NOT EXISTS attention VARCHAR",
+    "CREATE OR REPLACE VIEW current_models AS SELECT * FROM models WHERE status <> 'superseded'",
+)
+"""The kind of units each fingerprint holds (gated or plain MLPs; a decoder's causal or an encoder's bidirectional
+reading), so a scan pairs only models of one kind; NULL in rows fingerprinted before it (read as gated, causal:
+what every model was before encoders were read); migration 11."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -187,6 +197,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: DATABASE_IDENTITY_DDL),
     Migration(10, "scan_runs: status abandoned, and each run's host and process id",
               lambda: ABANDONED_RUNS_DDL),
+    Migration(11, "models.mlp_kind and models.attention: the kind of units a fingerprint holds (pairs of one kind)",
+              lambda: MODEL_KIND_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import duckdb
 import numpy as np
@@ -53,6 +53,15 @@ PairKey = tuple[str, str, str, str]
 #: DuckDB types polars has no faithful type for (VARINT would arrive as raw bytes, INTERVAL not at all): a person's
 #: query gets them as DuckDB's own text.
 TEXT_TYPES = frozenset({"BIGNUM", "VARINT", "VARIANT", "INTERVAL", "BIT", "UNION"})
+
+
+class LastError(NamedTuple):
+    """A model revision's most recent scan error: where it failed, how, and in which run."""
+
+    stage: str
+    error_type: str | None
+    reason: str | None
+    run_id: str
 
 
 class StoreError(HubtraceError):
@@ -219,9 +228,9 @@ _CANDIDATE_SCHEMA = pa.schema([
 _MODEL_COLUMNS = ("source", "location", "architecture", "model_type", "hidden_size", "intermediate_size",
                   "n_layers", "n_experts", "vocab_size", "tokenizer_hash", "parameter_count",
                   "declared_base_models", "declared_relation", "claims_from_scratch", "license", "tags",
-                  "created_at", "last_modified")
+                  "created_at", "last_modified", "mlp_kind", "attention")
 _META_COLUMNS = ("architecture", "model_type", "hidden_size", "intermediate_size", "n_layers", "n_experts",
-                 "vocab_size", "tokenizer_hash", "parameter_count")
+                 "vocab_size", "tokenizer_hash", "parameter_count", "mlp_kind", "attention")
 
 
 FILE_HEADERS_BYTES = 3 * 4096
@@ -534,18 +543,20 @@ class Store:
         return {m: (rev, status) for m, rev, status in self._rows(
             "SELECT model_id, revision, status FROM current_models")}
 
-    def last_error_stages(self) -> dict[tuple[str, str], str]:
-        """(model_id, revision) -> the stage of its most recent scan error."""
-        return {(m, rev): stage for m, rev, stage in self._rows(
-            "SELECT model_id, revision, stage FROM scan_errors "
+    def last_errors(self) -> dict[tuple[str, str], LastError]:
+        """(model_id, revision) -> its most recent scan error."""
+        return {(m, rev): LastError(*rest) for m, rev, *rest in self._rows(
+            "SELECT model_id, revision, stage, error_type, reason, run_id FROM scan_errors "
             "QUALIFY row_number() OVER (PARTITION BY model_id, revision ORDER BY \"at\" DESC) = 1")}
 
     def fingerprinted_ok_models(self, input_set_prefix: str
-                                ) -> list[tuple[str, str, str, str, tuple[str, ...], str | None]]:
-        """(model_id, revision, input_set, path, declared bases, file sha256) of each current 'ok' model with a
-        fingerprint on an input set starting with this prefix, by model id: the candidates for pair tests."""
-        return [(m, rev, s, p, tuple(bases or ()), sha) for m, rev, s, p, bases, sha in self._rows(
-            "SELECT m.model_id, m.revision, f.input_set, f.path, m.declared_base_models, f.file_sha256 "
+                                ) -> list[tuple[str, str, str, str, tuple[str, ...], str | None, str]]:
+        """(model_id, revision, input_set, path, declared bases, file sha256, kind) of each current 'ok' model with a
+        fingerprint on an input set starting with this prefix, by model id: the candidates for pair tests. The kind
+        is "<mlp kind>, <attention>" (a row from before they were stored counts as "gated, causal")."""
+        return [(m, rev, s, p, tuple(bases or ()), sha, kind) for m, rev, s, p, bases, sha, kind in self._rows(
+            "SELECT m.model_id, m.revision, f.input_set, f.path, m.declared_base_models, f.file_sha256, "
+            "coalesce(m.mlp_kind, 'gated') || ', ' || coalesce(m.attention, 'causal') "
             "FROM current_models m JOIN fingerprints f USING (model_id, revision) "
             "WHERE m.status = 'ok' AND starts_with(f.input_set, ?) ORDER BY m.model_id", [input_set_prefix])]
 
