@@ -20,6 +20,7 @@ from huggingface_hub.utils import CachedRepoInfo, CachedRevisionInfo
 
 from scanner.cards import read_card
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS
+from scanner.merge_config import read_merge_config
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 _MODEL_FILE_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json", *PICKLE_WEIGHT_PATTERNS)
@@ -50,6 +51,7 @@ def discover_hf_cache(cache_dir: Path | None = None) -> Iterator[ModelRecord | S
             str(revision.snapshot_path),
             read_card(revision.snapshot_path),
             last_modified=datetime.fromtimestamp(revision.last_modified, tz=UTC),
+            merge=read_merge_config(revision.snapshot_path),
         )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from scanner.cards import Card, read_card
 from scanner.files import PathRefused, resolve_inside
 from scanner.formats.gguf import GGUF_SUFFIX
+from scanner.merge_config import read_merge_config
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
@@ -85,6 +86,7 @@ def _record(real_root: Path, model_id: str, model_dir: Path, follow_links: bool)
         str(model_dir),
         read_card(model_dir),
         last_modified=datetime.fromtimestamp(newest / 1e9, tz=UTC) if newest is not None else None,
+        merge=read_merge_config(model_dir),
     )
     return replace(record, follow_links=follow_links)
 

@@ -18,7 +18,7 @@ def ok_models(store: Store) -> pl.DataFrame:
     """The current models that fingerprinted cleanly, with what direction and discrepancies need to know."""
     return store.query(
         "SELECT model_id, revision, architecture, n_layers, hidden_size, intermediate_size, n_experts, "
-        "declared_base_models, declared_relation, claims_from_scratch, license, created_at "
+        "declared_base_models, declared_relation, claims_from_scratch, license, created_at, merge_config "
         "FROM current_models WHERE status = 'ok' ORDER BY model_id"
     )
 

@@ -128,6 +128,23 @@ DIRECTION_LEVEL_DDL: tuple[str, ...] = (
 with the build so a reader recomputes the same lineage); migration 8. NULL in rows built before it."""
 
 
+DECLARED_MERGE_DDL: tuple[str, ...] = (
+    "ALTER TABLE models ADD COLUMN IF NOT EXISTS merge_config JSON",
+    "CREATE OR REPLACE VIEW current_models AS SELECT * FROM models WHERE status <> 'superseded'",
+    "ALTER TABLE families ADD COLUMN IF NOT EXISTS root_decided BOOLEAN",
+    "ALTER TABLE lineage_edges ADD COLUMN IF NOT EXISTS kinship VARCHAR",
+    """CREATE TABLE IF NOT EXISTS block_maps (
+        model_a VARCHAR NOT NULL, revision_a VARCHAR NOT NULL, model_b VARCHAR NOT NULL, revision_b VARCHAR NOT NULL,
+        input_set VARCHAR NOT NULL, pairs JSON, computed_at TIMESTAMPTZ,
+        PRIMARY KEY (model_a, revision_a, model_b, revision_b, input_set))""",
+)
+"""What a model folder's mergekit_config.yml declares (models.merge_config), whether a family's root is claimed
+(families.root_decided: every link out of it decided), how two relatives stand in the family tree
+(lineage_edges.kinship: parent, ancestor, sibling, cousin, copy...), and the any-order block maps of related pairs
+whose depths differ (block_maps: every block of the deeper model against its best block of the shallower one, kept
+so that a rebuild computes each once)."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -155,6 +172,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: WEIGHT_STATISTICS_DDL),
     Migration(8, "lineage_edges.direction_decided and the min_direction_confidence of each lineage build",
               lambda: DIRECTION_LEVEL_DDL),
+    Migration(9, "models.merge_config, families.root_decided, lineage_edges.kinship and block_maps",
+              lambda: DECLARED_MERGE_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 
