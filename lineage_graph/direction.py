@@ -37,6 +37,12 @@ MERGE_BLIND = frozenset({"activation_rank"})
 has a higher activation rank than its parents and the vote would point backwards. Family trees leave them out of
 the confidence of merge links (lineage_graph.phylogeny)."""
 
+NOT_ALONE = frozenset({"activation_rank"})
+"""Signals that never decide a direction alone: a leaning that nothing else supports is left undecided, whatever its
+confidence. The activation rank is a statistic of one model's activations that training can move either way by a
+little (a short fine-tune measured 0.5% above its base); it may tip a direction other evidence leans towards, not
+make one."""
+
 RANK_MARGIN = 0.005
 """Relative differences in activation effective rank below this (0.5%) give no vote: copies differ by ~1e-6,
 fine-tunes of the zoo by 1.5-6%."""
@@ -152,7 +158,8 @@ def combine(a: str, b: str, cast: Iterable[Vote]) -> Direction:
     if abs(score) < 1e-12:
         return Direction(None, None, 0.5, reasons or ("no direction evidence",))
     parent, child = (a, b) if score > 0 else (b, a)
-    return Direction(parent, child, 1.0 / (1.0 + math.exp(-abs(score))), reasons)
+    corroborated = not {v.signal for v in cast if v.parent == parent} <= NOT_ALONE
+    return Direction(parent, child, 1.0 / (1.0 + math.exp(-abs(score))), reasons, corroborated=corroborated)
 
 
 def orient(a: ModelInfo, b: ModelInfo, ancestors: Mapping[str, set[str]]) -> Direction:

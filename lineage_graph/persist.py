@@ -14,6 +14,7 @@ import polars as pl
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.multiple_testing import Method
+from scanner.merge_config import MergeDeclaration
 from scanner.store import lineage_tables
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def _models(store: Store, ranks: Mapping[str, tuple[float, ...]]) -> list[ModelI
             n_experts=r["n_experts"], declared_base_models=tuple(r["declared_base_models"] or ()),
             declared_relation=r["declared_relation"], claims_from_scratch=bool(r["claims_from_scratch"]),
             license=r["license"], created_at=r["created_at"], activation_rank=ranks.get(r["model_id"]),
+            declared_merge=MergeDeclaration.from_json(r["merge_config"]),
         )
         for r in rows.iter_rows(named=True)
     ]
@@ -79,18 +81,20 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
          "block_map": json.dumps([{"layer_a": a, "layer_b": b} for a, b in e.block_map]),
          "family_id": family_of.get(e.test.model_a) if e.joins_family else None,
          "tree_link": links.get((e.test.model_a, e.test.model_b)) or links.get((e.test.model_b, e.test.model_a)),
-         "q": lineage.q, "method": lineage.method, "built_at": now}
+         "kinship": e.kinship, "q": lineage.q, "method": lineage.method, "built_at": now}
         for e in lineage.edges
     ], schema_overrides={"direction_reasons": pl.List(pl.String), "parent": pl.String, "child": pl.String,
-                         "family_id": pl.String, "tree_link": pl.String}, infer_schema_length=None)
+                         "family_id": pl.String, "tree_link": pl.String, "kinship": pl.String},
+        infer_schema_length=None)
     families = pl.DataFrame([
         {"family_id": f.family_id, "root": f.root, "n_members": len(f.members),
          "first_built_at": first_built.get(f.family_id, now), "built_at": now, "q": lineage.q, "method": lineage.method,
-         "min_direction_confidence": lineage.min_direction_confidence}
+         "min_direction_confidence": lineage.min_direction_confidence, "root_decided": f.root_decided}
         for f in lineage.families
     ])
     members = pl.DataFrame([
-        {"family_id": f.family_id, "model_id": m, "revision": lineage.models[m].revision, "is_root": m == f.root,
+        {"family_id": f.family_id, "model_id": m, "revision": lineage.models[m].revision,
+         "is_root": m == f.root and f.root_decided,
          "parents": [p for p, k in f.parents.get(m, ()) if k in ("tree", "copy")],
          "merge_parents": [p for p, k in f.parents.get(m, ()) if k == "merge"]}
         for f in lineage.families for m in f.members

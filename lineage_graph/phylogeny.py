@@ -27,7 +27,7 @@ them apart). Copies get no direction from shape (they are one node); only votes 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -71,6 +71,9 @@ class Phylogeny:
     ancestors: dict[str, frozenset[str]]
     """model -> its ancestors along tree links (merge and alternative links not followed)."""
     notes: dict[tuple[str, str], str] = field(default_factory=dict)
+    corroborated: dict[tuple[str, str], bool] = field(default_factory=dict)
+    """(parent, child) -> whether the link leans this way without the signals that may not decide alone (the
+    shape, the merge geometry or another vote agrees); a link that is not corroborated is never claimed."""
 
 
 def clone_groups(members: frozenset[str], closeness: Mapping[tuple[str, str], float]) -> list[frozenset[str]]:
@@ -88,6 +91,11 @@ def _lo(log_odds: Mapping[tuple[str, str], float], parent: str, child: str) -> f
     """Log-odds that parent -> child (log_odds holds one sign per unordered pair, keyed (a, b) with a < b)."""
     value = log_odds.get(_key(parent, child), 0.0)
     return value if parent < child else -value
+
+
+def _set(log_odds: dict[tuple[str, str], float], parent: str, child: str, value: float) -> None:
+    """Make ``value`` the log-odds that parent -> child."""
+    log_odds[_key(parent, child)] = value if parent < child else -value
 
 
 def _first(group: frozenset[str], log_odds: Mapping[tuple[str, str], float], confirmed: Mapping[str, set[str]]) -> str:
@@ -143,9 +151,11 @@ def placement_log_likelihood(tree: nx.Graph, log_odds: Mapping[tuple[str, str], 
 
 
 def merges(heads: list[str], distance: Mapping[tuple[str, str], float],
-           declared: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+           declared: Mapping[str, tuple[str, str]],
+           plausible: Callable[[str, str, str], bool] = lambda m, x, y: True) -> dict[str, tuple[str, str]]:
     """Merge members -> their two parents: the declared ones, then, greedily by the smallest ratio, members that lie
-    between two others (MERGE_RATIO); each found merge leaves the candidates before the next search."""
+    between two others (MERGE_RATIO) and that ``plausible(m, x, y)`` allows (the direction evidence does not put m
+    above them); each found merge leaves the candidates before the next search."""
     found = dict(declared)
     while True:
         rest = [h for h in heads if h not in found]
@@ -159,7 +169,7 @@ def merges(heads: list[str], distance: Mapping[tuple[str, str], float],
                     if d_xm is None or d_my is None or d_xy is None or d_xy <= 0:
                         continue
                     ratio = (d_xm + d_my) / d_xy
-                    if ratio <= MERGE_RATIO and (best is None or ratio < best[0]):
+                    if ratio <= MERGE_RATIO and (best is None or ratio < best[0]) and plausible(m, x, y):
                         best = (ratio, m, x, y)
         if best is None:
             return found
@@ -187,6 +197,7 @@ def family_phylogeny(
     log_odds: Mapping[tuple[str, str], float],
     confirmed: Mapping[str, set[str]],
     merge_log_odds: Mapping[tuple[str, str], float] | None = None,
+    corroborating_log_odds: Mapping[tuple[str, str], float] | None = None,
 ) -> Phylogeny | None:
     """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
 
@@ -194,7 +205,9 @@ def family_phylogeny(
     -> log-odds that a is b's ancestor (from each pair's direction votes; absent = no evidence); confirmed:
     child -> declared bases that the weights confirm: a single one is linked before any distance, several (a
     declared merge) are all kept; merge_log_odds: the votes that still mean something between a merge and its
-    parents (a statistic that averaging reverses, like the activation rank, must be left out; default log_odds).
+    parents (a statistic that averaging reverses, like the activation rank, must be left out; default log_odds);
+    corroborating_log_odds: the votes without the signals that may not decide alone (default log_odds): a link
+    whose leaning they and the shape do not share is not corroborated.
     """
     if len(members) == 1:
         only = next(iter(members))
@@ -208,11 +221,19 @@ def family_phylogeny(
         ha, hb = head[a], head[b]
         if ha != hb:
             distance[_key(ha, hb)] = min(distance.get(_key(ha, hb), math.inf), 1.0 - c)
-    head_odds, head_merge_odds = _group_odds(log_odds, head), _group_odds(merge_log_odds or log_odds, head)
+    head_odds = _group_odds(log_odds, head)
+    head_merge_odds = _group_odds(log_odds if merge_log_odds is None else merge_log_odds, head)
+    head_plain_odds = _group_odds(log_odds if corroborating_log_odds is None else corroborating_log_odds, head)
     bases = {h: sorted({head[b] for m in members if head[m] == h for b in confirmed.get(m, ()) if b in members}
                        - {h}) for h in heads}
     declared_merges = {h: (b[0], b[1]) for h, b in bases.items() if len(b) >= 2}
-    merged = merges(heads, distance, declared_merges)
+    geometry = math.log(MERGE_BONUS / (1 - MERGE_BONUS))
+
+    def merge_score(m: str, x: str, y: str) -> float:
+        """Log-odds that m is the merge of x and y: the geometry (for an undeclared one) and the votes against both."""
+        return (0.0 if m in declared_merges else geometry) + _lo(head_merge_odds, x, m) + _lo(head_merge_odds, y, m)
+
+    merged = merges(heads, distance, declared_merges, lambda m, x, y: merge_score(m, x, y) > 0)
     graph = nx.Graph()
     graph.add_nodes_from(h for h in heads if h not in merged)
     for pair, d in distance.items():
@@ -223,35 +244,72 @@ def family_phylogeny(
     if graph.number_of_nodes() == 0 or not nx.is_connected(graph):
         return None
     tree = nx.minimum_spanning_tree(graph, weight="weight", algorithm="kruskal")
+    _hang_merges(tree, merged, distance)
+    for m, (x, y) in merged.items():
+        for odds in (head_odds, head_plain_odds):  # its own votes are in merge_score, the rank left out
+            _set(odds, x, m, merge_score(m, x, y))
     scores = placement_log_likelihood(tree, head_odds)
+    plain = placement_log_likelihood(tree, head_plain_odds)
     spread = {r: sum(nx.single_source_dijkstra_path_length(tree, r, weight="distance").values()) for r in tree.nodes}
     root = max(tree.nodes, key=lambda r: (round(scores[r], 9), -spread[r], r))
     parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in _orient(tree, root).items()}
     confidence: dict[tuple[str, str], float] = {}
+    corroborated: dict[tuple[str, str], bool] = {}
     for child, [(parent, _)] in list(parents.items()):
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
-        confidence[(parent, child)] = sigmoid(keep - flip)
+        confidence[(parent, child)] = sigmoid(keep - flip)  # >= 0.5: the root, the best placement, is on this side
+        corroborated[(parent, child)] = (max(plain[r] for r in side)
+                                         - max(plain[r] for r in tree.nodes if r not in side)) > 1e-9
     for m, (x, y) in merged.items():
-        geometry = 0.0 if m in declared_merges else math.log(MERGE_BONUS / (1 - MERGE_BONUS))
-        parents[m] = [(x, "tree"), (y, "merge")]
-        for p in (x, y):
-            confidence[(p, m)] = sigmoid(geometry + _lo(head_merge_odds, x, m) + _lo(head_merge_odds, y, m))
-    notes = _alternatives(tree, root, parents, distance, confidence)
+        if parents.get(m, [(None, "")])[0][0] != x:
+            continue  # the evidence put the merge above its first parent after all: it is no merge of the two
+        parents[m].append((y, "merge"))
+        confidence[(y, m)] = sigmoid(merge_score(m, x, y))  # > 0.5: merges() took only plausible ones
+        corroborated[(y, m)] = True  # the geometry (or the declaration) and the votes
+    notes = _alternatives(tree, root, parents, distance, confidence, set(merged))
+    for g, c in notes:
+        if (g, c) not in corroborated:
+            p = next(p for p, kind in parents[c] if kind == "tree")
+            corroborated[(g, c)] = corroborated[(p, c)]
     for m in members:
         if head[m] != m:
             parents[m] = [(head[m], "copy")]
-            lo = _lo(log_odds, head[m], m)
-            confidence[(head[m], m)] = sigmoid(lo) if lo else 0.5
+            lo, plain_lo = _lo(log_odds, head[m], m), _lo(log_odds if corroborating_log_odds is None
+                                                          else corroborating_log_odds, head[m], m)
+            confidence[(head[m], m)] = sigmoid(lo) if lo > 0 else 0.5
+            corroborated[(head[m], m)] = plain_lo > 0
     ancestors = _ancestors({c: links[0][0] for c, links in parents.items()})
     return Phylogeny(root, {c: tuple(links) for c, links in parents.items()}, confidence,
-                     {m: frozenset(ancestors.get(m, ())) for m in members}, notes)
+                     {m: frozenset(ancestors.get(m, ())) for m in members}, notes, corroborated)
+
+
+def _hang_merges(tree: nx.Graph, merged: Mapping[str, tuple[str, str]], distance: Mapping[tuple[str, str], float]
+                 ) -> None:
+    """Hang each merge under its nearer parent (its second parent is linked beside the tree), then move under it
+    every member whose nearest relative it is and that is not on the path between its parents (an ancestor of its
+    parents cannot derive from it): a model derived from a merge hangs under the merge, with what derives from it."""
+    for m, (x, _) in merged.items():
+        tree.add_edge(x, m, distance=distance[_key(x, m)])
+    for m, (x, y) in merged.items():
+        between = set(nx.shortest_path(tree, x, y)) if nx.has_path(tree, x, y) else {x, y}
+        for c in sorted(tree.nodes):
+            if c == m or c in between or c in merged:
+                continue
+            near = {o: distance[_key(c, o)] for o in tree.nodes if o != c and _key(c, o) in distance}
+            if not near or min(near, key=lambda o: (near[o], o)) != m or not nx.has_path(tree, c, x):
+                continue
+            towards_x = nx.shortest_path(tree, c, x)
+            if m in towards_x:
+                continue  # already below the merge
+            tree.remove_edge(c, towards_x[1])
+            tree.add_edge(m, c, distance=near[m])
 
 
 def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, str]]],
-                  distance: Mapping[tuple[str, str], float], confidence: dict[tuple[str, str], float]
-                  ) -> dict[tuple[str, str], str]:
+                  distance: Mapping[tuple[str, str], float], confidence: dict[tuple[str, str], float],
+                  merged: set[str]) -> dict[tuple[str, str], str]:
     """Link each child that the distances cannot place between its tree parent p and p's own parent g to g as well
     (PLACEMENT_MARGIN), with the same direction confidence (the child is the later model either way); returns the
     note each such link carries. Merges keep their own geometry and are left alone."""
@@ -259,7 +317,7 @@ def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, 
     notes = {}
     for child, p in parent_of.items():
         g = parent_of.get(p)
-        if g is None:
+        if g is None or child in merged:
             continue
         d_pg, d_cp, d_cg = (distance.get(_key(*pair)) for pair in ((p, g), (child, p), (child, g)))
         if d_pg is None or d_cp is None or d_cg is None or d_pg <= 0:

@@ -22,7 +22,7 @@ from scipy.stats import false_discovery_control
 
 from lineage_graph.direction import RELIABILITY, Vote, combine, orient
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
-from lineage_graph.export import FORMATS, lineage_graph, write_graph
+from lineage_graph.export import FORMATS, lineage_graph, read_graph, write_graph
 from lineage_graph.families import assign_ids
 from lineage_graph.lineage import compute_lineage
 from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
@@ -245,9 +245,9 @@ def test_exports_parse_back_and_render(zoo_pairs: list[PairTest], zoo_models: li
     lineage = compute_lineage(zoo_models, zoo_pairs)
     graph = lineage_graph(lineage)
     paths = {fmt: write_graph(graph, fmt, tmp_path / f"lineage.{fmt}") for fmt in FORMATS}
-    for reread in (nx.read_graphml(paths["graphml"]), nx.read_gexf(paths["gexf"])):
+    for reread in (read_graph(paths["graphml"]), read_graph(paths["gexf"])):
         assert set(reread.nodes) == set(graph.nodes) and reread.number_of_edges() == graph.number_of_edges()
-    g2 = nx.read_graphml(paths["graphml"])
+    g2 = read_graph(paths["graphml"])
     u, v = next(iter(graph.edges))
     assert g2.edges[u, v]["log10_p"] == pytest.approx(graph.edges[u, v]["log10_p"])
     assert g2.nodes[u]["family"] == graph.nodes[u]["family"]
@@ -367,15 +367,20 @@ def test_copy_links_are_drawn_dashed_without_an_arrow_in_every_format(tmp_path: 
     assert (dot_edges[copy]["style"], dot_edges[copy].get("dir")) == ("dashed", "none")
     assert (dot_edges[tree]["style"], dot_edges[tree].get("dir")) == ("bold", None)
 
-    graphml = nx.read_graphml(paths["graphml"])
+    graphml = read_graph(paths["graphml"])
     assert (graphml.edges[copy]["line_style"], graphml.edges[copy]["arrow"]) == ("dashed", False)
     assert (graphml.edges[tree]["line_style"], graphml.edges[tree]["arrow"]) == ("solid", True)
-    assert nx.read_gexf(paths["gexf"]).number_of_edges() == graph.number_of_edges()
+    assert read_graph(paths["gexf"]).number_of_edges() == graph.number_of_edges()
     viz = "{http://www.gexf.net/1.2draft/viz}"
     gexf = {(e.get("source"), e.get("target")): e for e in ElementTree.parse(paths["gexf"]).iter()
             if e.tag.endswith("}edge")}
     assert gexf[copy].find(f"{viz}shape").get("value") == "dashed"
     assert gexf[tree].find(f"{viz}shape").get("value") == "solid"
+    # each edge undirected or directed on its own, in both formats' own words (what Gephi reads)
+    assert (gexf[copy].get("type"), gexf[tree].get("type")) == ("undirected", "directed")
+    raw = {(e.get("source"), e.get("target")): e.get("directed") for e in ElementTree.parse(paths["graphml"]).iter()
+           if e.tag.endswith("edge")}
+    assert (raw[copy], raw[tree]) == ("false", "true")
 
     figure = draw_tree(graph)
     axes = figure.axes[0]
@@ -436,7 +441,7 @@ def test_undecided_links_keep_their_place_and_lose_their_arrow_in_every_format(t
     paths = {fmt: write_graph(graph, fmt, tmp_path / f"lineage.{fmt}") for fmt in ("dot", "graphml", "gexf", "html")}
     assert 'dir=none' in next(line for line in paths["dot"].read_text().splitlines()
                               if line.startswith(f'  "{tree[0]}" -> "{tree[1]}"'))
-    graphml = nx.read_graphml(paths["graphml"])
+    graphml = read_graph(paths["graphml"])
     assert (graphml.edges[tree]["arrow"], graphml.edges[tree]["direction"]) == (False, "undecided")
     color = LINK_STYLES["undecided"].color
     gexf = {(e.get("source"), e.get("target")): e for e in ElementTree.parse(paths["gexf"]).iter()

@@ -18,14 +18,13 @@ import shutil
 from pathlib import Path
 
 import matplotlib.image
-import networkx as nx
 import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE
-from lineage_graph.export import FORMATS
+from lineage_graph.export import FORMATS, read_graph
 from scanner.zoo import Zoo
 from tests.scan_support import SUBSET, query, scan_subset
 
@@ -127,7 +126,7 @@ def test_graph_writes_every_format_so_that_it_parses_back(db: Path, tmp_path: Pa
         out = tmp_path / f"lineage.{fmt}"
         written = hubtrace("graph", "--db", db, "--format", fmt, "--out", out)
         assert written.stdout == f"wrote {out} (6 models, 6 edges)\n"
-    for reread in (nx.read_graphml(tmp_path / "lineage.graphml"), nx.read_gexf(tmp_path / "lineage.gexf")):
+    for reread in (read_graph(tmp_path / "lineage.graphml"), read_graph(tmp_path / "lineage.gexf")):
         assert set(reread.nodes) == set(SUBSET) and {frozenset(e) for e in reread.edges} == dependent
         assert reread.nodes[NIMBUS]["discrepancies"] == "false_from_scratch" and reread.nodes[BASE]["is_root"]
     data = json.loads((tmp_path / "lineage.json").read_text())
