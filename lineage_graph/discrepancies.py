@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from lineage_graph.direction import combine, votes
-from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, Discrepancy, Edge, ModelInfo
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockMap, Discrepancy, Edge, ModelInfo
 from lineage_graph.families import Family
 
 ACCUSATIONS = ("false_from_scratch", "undeclared_base", "declared_base_independent", "relation_contradicted",
@@ -96,7 +96,7 @@ def _copy_findings(model: ModelInfo, original: str, family: Family, edges: Mappi
 
 
 def _declared_checks(model: ModelInfo, models: Mapping[str, ModelInfo], edges: Mapping[tuple[str, str], Edge],
-                     level: float) -> list[Discrepancy]:
+                     level: float, block_maps: Mapping[tuple[str, str], BlockMap]) -> list[Discrepancy]:
     out = _stacking_check(model)
     for base in model.declared_base_models:
         edge = _edge(edges, base, model.model_id)
@@ -113,7 +113,7 @@ def _declared_checks(model: ModelInfo, models: Mapping[str, ModelInfo], edges: M
         base_info = models.get(base)
         if base_info is None:
             continue
-        out += _direction_check(model, base_info, edge, level)
+        out += _direction_check(model, base_info, edge, level, block_maps.get(edge.pair))
         relation = (model.declared_relation or "").lower()
         if relation not in FINETUNE_RELATIONS:
             continue
@@ -131,11 +131,12 @@ def _declared_checks(model: ModelInfo, models: Mapping[str, ModelInfo], edges: M
     return out
 
 
-def _direction_check(model: ModelInfo, base: ModelInfo, edge: Edge, level: float) -> list[Discrepancy]:
+def _direction_check(model: ModelInfo, base: ModelInfo, edge: Edge, level: float, block_map: BlockMap | None
+                     ) -> list[Discrepancy]:
     """The weights alone (structure, block map, activation statistics) claiming the declared base derives from the
     model: the declaration runs against a direction the weights decide by themselves."""
     alone = combine(model.model_id, base.model_id,
-                    [v for v in votes(model, base, {}) if v.signal in WEIGHT_SIGNALS])
+                    [v for v in votes(model, base, {}, block_map) if v.signal in WEIGHT_SIGNALS])
     if alone.parent != model.model_id or alone.confidence < level or not alone.corroborated:
         return []
     return [Discrepancy(
@@ -160,7 +161,7 @@ def _stacking_check(model: ModelInfo) -> list[Discrepancy]:
 
 def find_discrepancies(
     models: Mapping[str, ModelInfo], edges: Iterable[Edge], families: Iterable[Family],
-    level: float = DEFAULT_MIN_DIRECTION_CONFIDENCE,
+    level: float = DEFAULT_MIN_DIRECTION_CONFIDENCE, block_maps: Mapping[tuple[str, str], BlockMap] | None = None,
 ) -> list[Discrepancy]:
     """All card-versus-weights conflicts (and the "cannot tell" entries), sorted by model then kind; ``level``: the
     confidence a direction from the weights alone needs to contradict a declaration."""
@@ -170,5 +171,5 @@ def find_discrepancies(
     for model in models.values():
         if model.model_id in family_of:
             found += _undeclared(model, family_of[model.model_id], by_pair)
-        found += _declared_checks(model, models, by_pair, level)
+        found += _declared_checks(model, models, by_pair, level, block_maps or {})
     return sorted(found, key=lambda d: (d.model_id, KINDS.index(d.kind), d.related_model or ""))

@@ -31,6 +31,9 @@ class ModelInfo:
     created_at: datetime | None = None
     activation_rank: tuple[float, ...] | None = None
     """Per-block effective rank of the unit-normalised MLP activations (fingerprint summaries), when known."""
+    activation_scale: tuple[float, ...] | None = None
+    """Per-block median over units of the root mean square of each unit's gate (first view) activation on the canonical
+    inputs (fingerprint summaries ``gate_rms_quantiles``), when known."""
     declared_merge: MergeDeclaration | None = None
     """What the model folder's mergekit_config.yml declares (its models are in declared_base_models too)."""
 
@@ -55,6 +58,21 @@ class PairTest:
     revision_b: str = ""
     closeness: float | None = None
     """Mean cosine of matched activations (phi_MATCH; None for tests stored before it was recorded)."""
+
+
+@dataclass(frozen=True)
+class BlockLink:
+    """One block of the deeper model of a pair mapped to its best block of the shallower one (any order: several
+    deep blocks may map to one shallow block), with that block pair's log10 p and closeness."""
+
+    shallow: int
+    deep: int
+    log10_p: float
+    closeness: float | None = None
+
+
+BlockMap = tuple[BlockLink, ...]
+"""The any-order block map of a pair whose depths differ (lineage_graph.block_maps): only the mapped deep blocks."""
 
 
 @dataclass(frozen=True)

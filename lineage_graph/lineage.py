@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from lineage_graph.block_maps import map_closeness
 from lineage_graph.direction import (
     MERGE_BLIND,
     NOT_ALONE,
@@ -20,6 +21,7 @@ from lineage_graph.direction import (
 from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import (
     DEFAULT_MIN_DIRECTION_CONFIDENCE,
+    BlockMap,
     Direction,
     Discrepancy,
     Edge,
@@ -70,7 +72,8 @@ def _earliest_key(models: Mapping[str, ModelInfo]):
     return lambda members: min(members, key=key)
 
 
-def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, method: Method) -> list[Edge]:
+def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, method: Method,
+           block_maps: Mapping[tuple[str, str], BlockMap]) -> list[Edge]:
     log10_p = [t.log10_p for t in tests]
     adjusted, rejected = fdr_adjust(log10_p, method=method), fdr_reject(log10_p, q=q, method=method)
     family_wise = holm_reject(log10_p, alpha=q)
@@ -79,7 +82,9 @@ def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, met
     for test, log10_q, dependent, strong in zip(tests, adjusted, rejected, family_wise):
         block_map = tuple((int(layer["layer_a"]), int(layer["layer_b"])) for layer in test.layers
                           if layer.get("log10_p") is not None and layer["log10_p"] <= BLOCK_LOG10_P)
-        direction = orient(models[test.model_a], models[test.model_b], ancestors) if dependent else NO_DIRECTION
+        direction = (orient(models[test.model_a], models[test.model_b], ancestors,
+                            block_maps.get((test.model_a, test.model_b)), test.closeness)
+                     if dependent else NO_DIRECTION)
         edges.append(Edge(test, float(log10_q), bool(dependent), direction, block_map, bool(dependent and strong)))
     return edges
 
@@ -93,16 +98,19 @@ def compute_lineage(
     statistic: str = "match",
     previous_families: Mapping[str, Collection[str]] | None = None,
     min_direction_confidence: float = DEFAULT_MIN_DIRECTION_CONFIDENCE,
+    block_maps: Mapping[tuple[str, str], BlockMap] | None = None,
 ) -> Lineage:
     """The lineage of these models from their pair tests (tests of unknown models and without a p are ignored).
 
     previous_families (family id -> members, from the last rebuild) keeps family ids stable; a direction whose
-    confidence is below min_direction_confidence is kept but not claimed (``Direction.decided``).
+    confidence is below min_direction_confidence is kept but not claimed (``Direction.decided``); block_maps: the
+    any-order block maps of depth-changed pairs, (model_a, model_b) -> map (lineage_graph.block_maps), where made.
     """
+    block_maps = block_maps or {}
     by_id = {m.model_id: m for m in models}
     usable = sorted((t for t in tests if t.model_a in by_id and t.model_b in by_id and t.log10_p is not None
                      and math.isfinite(t.log10_p)), key=lambda t: (t.model_a, t.model_b))
-    edges = _edges(by_id, usable, q, method)
+    edges = _edges(by_id, usable, q, method, block_maps)
     dependent_pairs = {e.pair for e in edges if e.dependent}
     ancestors = declared_ancestry(by_id.values())
     depth = {m: len(a) for m, a in ancestors.items()}
@@ -113,7 +121,7 @@ def compute_lineage(
         confirmed = {m: {b for b in by_id[m].declared_base_models if (min(b, m), max(b, m)) in dependent_pairs}
                      for m in members}
         inside = [e for e in edges if e.dependent and set(e.pair) <= members]
-        tree = _closeness_tree(members, inside, confirmed, by_id)
+        tree = _closeness_tree(members, inside, confirmed, by_id, block_maps)
         if tree is None:  # pairs tested before closeness was recorded: trees from p-values and votes, as before
             root, parents = family_tree(members, evidence, confirmed, depth)
         else:
@@ -124,7 +132,8 @@ def compute_lineage(
     edges = relatives(edges, families, min_direction_confidence)
     families = [replace(f, root_decided=root_decided(f, edges)) for f in families]
     return Lineage(q, method, statistic, by_id, edges, families,
-                   find_discrepancies(by_id, edges, families, min_direction_confidence), min_direction_confidence)
+                   find_discrepancies(by_id, edges, families, min_direction_confidence, block_maps),
+                   min_direction_confidence)
 
 
 def _decide(edge: Edge, level: float) -> Edge:
@@ -145,27 +154,51 @@ def _decide(edge: Edge, level: float) -> Edge:
 
 
 def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapping[str, set[str]],
-                    models: Mapping[str, ModelInfo]) -> Phylogeny | None:
+                    models: Mapping[str, ModelInfo], block_maps: Mapping[tuple[str, str], BlockMap]
+                    ) -> Phylogeny | None:
     """The family's tree from closeness when every dependent pair inside it has one (else None)."""
     if any(e.test.closeness is None for e in inside):
         return None
-    closeness = {e.pair: whole_model_closeness(e.test, models) for e in inside}
+    mapped = {m for pair in block_maps for m in pair if m in members}
+    closeness = {e.pair: whole_model_closeness(e.test, models, block_maps.get(e.pair)) for e in inside
+                 if e.pair in block_maps or not _unmapped_depth_change(e.pair, models, mapped)}
     ancestors = declared_ancestry(models.values())
     log_odds, merge_log_odds, plain_log_odds = {}, {}, {}
+    weak: dict[str, dict[tuple[str, str], float]] = {signal: {} for signal in sorted(NOT_ALONE)}
     for e in inside:
-        cast = votes(models[e.pair[0]], models[e.pair[1]], ancestors)
+        cast = votes(models[e.pair[0]], models[e.pair[1]], ancestors, block_maps.get(e.pair), e.test.closeness)
         for odds, kept in ((log_odds, cast), (merge_log_odds, [v for v in cast if v.signal not in MERGE_BLIND]),
-                           (plain_log_odds, [v for v in cast if v.signal not in NOT_ALONE])):
+                           (plain_log_odds, [v for v in cast if v.signal not in NOT_ALONE]),
+                           *((weak[signal], [v for v in cast if v.signal == signal]) for signal in weak)):
             d = combine(*e.pair, kept)
             if d.parent is not None and 0.5 < d.confidence < 1.0:
                 value = math.log(d.confidence / (1.0 - d.confidence))
                 odds[e.pair] = value if d.parent == e.pair[0] else -value
-    return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds)
+    shapes = {m: (models[m].n_layers, models[m].hidden_size, models[m].intermediate_size, models[m].n_experts or 1)
+              for m in members}
+    ranks = {m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
+             if models[m].activation_rank}
+    return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, ranks,
+                            weak)
 
 
-def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo]) -> float:
+def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo], mapped: set[str]) -> bool:
+    """A depth-changed pair without a block map whose deeper model has maps to other relatives: comparing its blocks
+    by index pairs misaligned ones (closeness far too low beside the mapped pairs'), so the tree leaves the pair's
+    distance out rather than mix the two estimates."""
+    a, b = (models[m] for m in pair)
+    if not a.n_layers or not b.n_layers or a.n_layers == b.n_layers:
+        return False
+    deeper = pair[0] if a.n_layers > b.n_layers else pair[1]
+    return deeper in mapped
+
+
+def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo], block_map: BlockMap | None = None
+                          ) -> float:
     """The test's closeness with every block that only one model has counted as 0: a depth-pruned model is then no
-    nearer to a distant relative than its unpruned parent is merely because fewer blocks were compared.
+    nearer to a distant relative than its unpruned parent is merely because fewer blocks were compared. With the
+    pair's any-order block map (depths differ), the mean over the deeper model's blocks of each one's closeness to
+    the block it maps to: an up-scaled model's repeated blocks are near their source, not counted as missing.
 
     The factor is the shared depth over the larger depth, never the number of blocks the test compared: a sequential
     test that stopped after its screening blocks compared 4 of 30 shared blocks, and its closeness (their mean) is an
@@ -173,6 +206,8 @@ def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo]) -> fl
     depths = [models[m].n_layers for m in (test.model_a, test.model_b)]
     if not all(depths):
         return float(test.closeness)
+    if block_map is not None:
+        return map_closeness(block_map, max(depths))
     return float(test.closeness) * min(depths) / max(depths)
 
 

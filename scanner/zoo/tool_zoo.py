@@ -26,7 +26,7 @@ from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.tools import lora_finetune, mergekit_merge, model_reference, slices, weighted
 from scanner.zoo.training import train_lm
 
-DEVELOPMENT_SEEDS = (21, 22)
+FITTED_SEEDS = (21, 22)
 """Merge zoos the lineage's merge, stacking and direction rules were developed on (fitted)."""
 HELD_OUT_SEEDS = (23, 24)
 """Merge zoos looked at once the rules were set (held-out)."""
@@ -38,7 +38,7 @@ FINAL_SEEDS = (25, 26, 27)
 class MergeZooSpec:
     """Knobs of a merge zoo; the seed also draws the recipe's variations (see the module docstring)."""
 
-    seed: int = DEVELOPMENT_SEEDS[0]
+    seed: int = FITTED_SEEDS[0]
     arch: ArchSpec = field(default_factory=ArchSpec)
     batch_size: int = 8
     base_steps: int = 150

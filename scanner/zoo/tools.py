@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 from mergekit.config import MergeConfiguration
+from mergekit.io.tasks import LoaderCache
 from mergekit.merge import MergeOptions, run_merge
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaForCausalLM
@@ -56,6 +57,9 @@ def mergekit_merge(root: Path, model_id: str, config: Mapping[str, Any], seed: i
     text = yaml.safe_dump(dict(config), sort_keys=False)
     out = root / model_id
     options = MergeOptions(copy_tokenizer=False, random_seed=seed, write_model_card=True, quiet=True)
+    # mergekit keeps one loader per model reference for the life of the process: "./org/name" of an earlier hub
+    # would be read again from that hub's folder, so it is emptied before each merge.
+    LoaderCache().loaders.clear()
     with contextlib.chdir(root), single_thread():
         run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), out_path=str(out), options=options,
                   config_source=text)
