@@ -64,6 +64,19 @@ def map_closeness(links: BlockMap, deep_blocks: int) -> float:
     return sum(link.closeness or 0.0 for link in links) / max(deep_blocks, 1)
 
 
+def copied_sources(block_maps: Mapping[tuple[str, str], BlockMap], models: Mapping[str, ModelInfo],
+                   copy_closeness: float) -> dict[str, set[str]]:
+    """Deeper model -> the shallower relatives it holds at least one block of verbatim (a mapped block pair at
+    ``copy_closeness`` or more): a passthrough merge stacks its sources' blocks unchanged, so a copied block names a
+    parent, as a declaration would; two or more name a stack (a frankenmerge) of them."""
+    out: dict[str, set[str]] = {}
+    for (a, b), links in block_maps.items():
+        if any((link.closeness or 0.0) >= copy_closeness for link in links):
+            deep, shallow = (a, b) if (models[a].n_layers or 0) > (models[b].n_layers or 0) else (b, a)
+            out.setdefault(deep, set()).add(shallow)
+    return out
+
+
 def reading(links: BlockMap, shallow_blocks: int, deep_blocks: int) -> str | None:
     """What the map says about the depth change: "upscale" (every deep block maps, some shallow block twice or more:
     the shallower model is the parent), "prune" (each shallow block maps once, some deep blocks map to nothing: the

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from lineage_graph.block_maps import map_closeness
+from lineage_graph.block_maps import copied_sources, map_closeness
 from lineage_graph.direction import (
     MERGE_BLIND,
     NOT_ALONE,
@@ -178,8 +178,9 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
               for m in members}
     ranks = {m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
              if models[m].activation_rank}
+    copied = copied_sources({p: m for p, m in block_maps.items() if set(p) <= members}, models, CLONE_CLOSENESS)
     return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, ranks,
-                            weak)
+                            weak, copied)
 
 
 def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo], mapped: set[str]) -> bool:

@@ -242,6 +242,7 @@ def family_phylogeny(
     shapes: Mapping[str, object] | None = None,
     ranks: Mapping[str, float] | None = None,
     weak_log_odds: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
+    copied: Mapping[str, set[str]] | None = None,
 ) -> Phylogeny | None:
     """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
 
@@ -251,7 +252,9 @@ def family_phylogeny(
     declared merge) are all kept; merge_log_odds: the votes that still mean something between a merge and its
     parents (a statistic that averaging reverses, like the activation rank, must be left out; default log_odds);
     corroborating_log_odds: the votes without the signals that may not decide alone (default log_odds): a link
-    whose leaning they and the shape do not share is not corroborated; shapes: member -> its shape (depth and
+    whose leaning they and the shape do not share is not corroborated; copied: member -> relatives it holds blocks
+    of verbatim (lineage_graph.block_maps.copied_sources), linked like confirmed declarations (two or more: a stack,
+    linked like a declared merge); shapes: member -> its shape (depth and
     widths): only models of one shape can be averaged, so only they are tried as a merge and its parents; ranks:
     member -> its mean activation rank, which only picks the member of a group of near copies the others hang under;
     weak_log_odds: signal -> its own log-odds, for each signal that may not decide alone (what log_odds holds beyond
@@ -273,8 +276,9 @@ def family_phylogeny(
     head_odds = _group_odds(log_odds, head)
     head_merge_odds = _group_odds(log_odds if merge_log_odds is None else merge_log_odds, head)
     head_plain_odds = _group_odds(log_odds if corroborating_log_odds is None else corroborating_log_odds, head)
-    bases = {h: sorted({head[b] for m in members if head[m] == h for b in confirmed.get(m, ()) if b in members}
-                       - {h}) for h in heads}
+    bases = {h: sorted({head[b] for m in members if head[m] == h
+                        for b in (*confirmed.get(m, ()), *(copied or {}).get(m, ())) if b in members} - {h})
+             for h in heads}
     declared_merges = {h: tuple(b) for h, b in bases.items() if len(b) >= 2}
     geometry = math.log(MERGE_BONUS / (1 - MERGE_BONUS))
 
@@ -302,7 +306,7 @@ def family_phylogeny(
     for h, g in near_head.items():
         if g != h and h not in merged:
             tree.add_edge(g, h, distance=distance[_key(g, h)])
-    _hang_merges(tree, merged, distance)
+    _hang_merges(tree, merged, distance, {h for h, b in bases.items() if len(b) == 1})
     _join_parts(tree, distance, merged)
     for m, (x, *others) in merged.items():
         for odds in (head_odds, head_plain_odds):  # its own votes are in merge_score, the rank left out
@@ -436,17 +440,18 @@ def _join_parts(tree: nx.Graph, distance: Mapping[tuple[str, str], float], merge
             parts.union(*pair)
 
 
-def _hang_merges(tree: nx.Graph, merged: Mapping[str, tuple[str, ...]], distance: Mapping[tuple[str, str], float]
-                 ) -> None:
+def _hang_merges(tree: nx.Graph, merged: Mapping[str, tuple[str, ...]], distance: Mapping[tuple[str, str], float],
+                 pinned: set[str]) -> None:
     """Hang each merge under its nearer parent (its second parent is linked beside the tree), then move under it
     every member whose nearest relative it is and that is not on the path between its parents (an ancestor of its
-    parents cannot derive from it): a model derived from a merge hangs under the merge, with what derives from it."""
+    parents cannot derive from it): a model derived from a merge hangs under the merge, with what derives from it.
+    A member ``pinned`` to a parent (a confirmed declaration, blocks copied verbatim) stays where it is."""
     for m, (x, *_) in merged.items():
         tree.add_edge(x, m, distance=distance[_key(x, m)])
     for m, (x, *others) in merged.items():
         between = {x, *others, *(n for y in others if nx.has_path(tree, x, y) for n in nx.shortest_path(tree, x, y))}
         for c in sorted(tree.nodes):
-            if c == m or c in between or c in merged:
+            if c == m or c in between or c in merged or c in pinned:
                 continue
             near = {o: distance[_key(c, o)] for o in tree.nodes if o != c and _key(c, o) in distance}
             if not near or min(near, key=lambda o: (near[o], o)) != m or not nx.has_path(tree, c, x):
