@@ -176,11 +176,11 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
                 odds[e.pair] = value if d.parent == e.pair[0] else -value
     shapes = {m: (models[m].n_layers, models[m].hidden_size, models[m].intermediate_size, models[m].n_experts or 1)
               for m in members}
+    copied = copied_sources({p: m for p, m in block_maps.items() if set(p) <= members}, models, CLONE_CLOSENESS)
     ranks = {m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
              if models[m].activation_rank}
-    copied = copied_sources({p: m for p, m in block_maps.items() if set(p) <= members}, models, CLONE_CLOSENESS)
-    return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, ranks,
-                            weak, copied)
+    return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, weak,
+                            ranks, copied)
 
 
 def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo], mapped: set[str]) -> bool:

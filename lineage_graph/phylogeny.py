@@ -240,8 +240,8 @@ def family_phylogeny(
     merge_log_odds: Mapping[tuple[str, str], float] | None = None,
     corroborating_log_odds: Mapping[tuple[str, str], float] | None = None,
     shapes: Mapping[str, object] | None = None,
-    ranks: Mapping[str, float] | None = None,
     weak_log_odds: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
+    ranks: Mapping[str, float] | None = None,
     copied: Mapping[str, set[str]] | None = None,
 ) -> Phylogeny | None:
     """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
@@ -255,8 +255,7 @@ def family_phylogeny(
     whose leaning they and the shape do not share is not corroborated; copied: member -> relatives it holds blocks
     of verbatim (lineage_graph.block_maps.copied_sources), linked like confirmed declarations (two or more: a stack,
     linked like a declared merge); shapes: member -> its shape (depth and
-    widths): only models of one shape can be averaged, so only they are tried as a merge and its parents; ranks:
-    member -> its mean activation rank, which only picks the member of a group of near copies the others hang under;
+    widths): only models of one shape can be averaged, so only they are tried as a merge and its parents;
     weak_log_odds: signal -> its own log-odds, for each signal that may not decide alone (what log_odds holds beyond
     corroborating_log_odds): a link is corroborated by the other votes, or by two of these and the shape.
     """
@@ -354,10 +353,15 @@ def family_phylogeny(
         if (q, c) in corroborated:
             continue
         p = parent_of[c]
-        if parent_of.get(p) == q:  # c derives from p or from p's parent: later than q either way, maybe p's sibling
-            corroborated[(q, c)], corroborated[(p, c)] = corroborated[(p, c)], False
-        else:  # from p or from a near copy among p's children: later than p either way, maybe q's sibling
-            corroborated[(q, c)] = False
+        # c derives from p or from q: it is later than the older of the two either way, as surely as that one is the
+        # older, and perhaps a sibling of the younger one
+        older, younger = (q, p) if parent_of.get(p) == q else (p, q)
+        if 1.0 - distance[_key(p, q)] < NEAR_COPY_CLOSENESS:  # near copies are one source for what derives from them
+            confidence[(q, c)] = confidence[(p, c)] = min(confidence[(p, c)], confidence[(older, younger)])
+            corroborated[(older, c)] = corroborated[(p, c)] and corroborated[(older, younger)]
+        else:
+            corroborated[(older, c)] = corroborated[(p, c)]
+        corroborated[(younger, c)] = False
     for m in members:
         if head[m] != m:
             parents[m] = [(head[m], "copy")]
@@ -377,8 +381,9 @@ def _near_heads(heads: list[str], distance: Mapping[tuple[str, str], float],
     it has none. Which of two near copies others derive from is beyond the noise of closeness, so the tree links the
     family's other members to one of them only: the one that lies least between its relatives (a merge that stayed by
     its base, a model-stock of fine-tunes that drifted apart, lies between the base and each of them; the base does
-    not; within PULL_TOLERANCE), then the highest activation rank (a hint for the drawing, not a claimed direction: the
-    links inside the group are only decided by other evidence), then the smallest id."""
+    not; within PULL_TOLERANCE), then the highest activation rank (a few steps of training lower it; quantization
+    noise raises it, so a round trip through a quantized format may be put first), then the smallest id. A hint for
+    the drawing, not a claimed direction: the links inside the group are only decided by other evidence."""
     graph = nx.Graph()
     graph.add_nodes_from(h for h in heads if h not in merged)
     graph.add_edges_from(pair for pair, d in distance.items()
@@ -390,7 +395,7 @@ def _near_heads(heads: list[str], distance: Mapping[tuple[str, str], float],
         least = {g: _least_ratio(g, [o for o in heads if o not in group], between, shape) for g in group}
         top = max(least.values())
         first = max(sorted(g for g in group if least[g] >= top - PULL_TOLERANCE),
-                    key=lambda g: ranks.get(g, 0.0))  # then the activation rank: a fine-tune's falls below its base's
+                    key=lambda g: ranks.get(g, 0.0))
         out |= {g: first for g in group}
     return out
 
@@ -481,10 +486,10 @@ def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, 
             if q == child or q in merged or d_pq is None or d_cp is None or d_cq is None or d_pq <= 0:
                 continue
             if d_cq - d_cp < max(PLACEMENT_MARGIN * d_pq, CLOSENESS_NOISE):
-                unsure.append(((d_cq - d_cp) / d_pq, q, d_pq, d_cp, d_cq))
+                unsure.append((1.0 - d_pq >= NEAR_COPY_CLOSENESS, (d_cq - d_cp) / d_pq, q, d_pq, d_cp, d_cq))
         if not unsure:
             continue
-        margin, q, d_pq, d_cp, d_cq = min(unsure)
+        _, margin, q, d_pq, d_cp, d_cq = min(unsure)  # a candidate that is no near copy of p says more
         parents[child].append((q, "alternative"))
         confidence[(q, child)] = confidence[(p, child)]
         notes[(q, child)] = notes[(p, child)] = (
