@@ -485,6 +485,8 @@ def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, 
             d_pq, d_cp, d_cq = (distance.get(_key(*pair)) for pair in ((p, q), (child, p), (child, q)))
             if q == child or q in merged or d_pq is None or d_cp is None or d_cq is None or d_pq <= 0:
                 continue
+            if q != parent_of.get(p) and 1.0 - d_pq < NEAR_COPY_CLOSENESS:
+                continue  # a sibling of the child: only a near copy of p is a candidate parent beside p
             if d_cq - d_cp < max(PLACEMENT_MARGIN * d_pq, CLOSENESS_NOISE):
                 unsure.append((1.0 - d_pq >= NEAR_COPY_CLOSENESS, (d_cq - d_cp) / d_pq, q, d_pq, d_cp, d_cq))
         if not unsure:
