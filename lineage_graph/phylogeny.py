@@ -48,9 +48,11 @@ model stock of fine-tunes that drifted apart is nearly its base (0.95), and a DA
 own distance (1.0)."""
 PULL_TOLERANCE = 0.03
 """Near copies whose least merge ratios are within this of each other are equally (not) pulled between relatives."""
-SUSPECT_RATIO = 1.05
-"""A member between two relatives of its shape at a merge ratio up to this may be a merge of them the test missed
-(a DARE merge measured 1.02 between its two sources): the activation rank casts no vote between it and them."""
+SUSPECT_RATIO = 1.10
+"""A member between two relatives of its shape at a merge ratio up to this may be a merge of them the test missed:
+the weak signals cast no vote between it and them, and the link is decided only by strong evidence. DARE merges
+measured 0.98-1.02 between their two sources on the fitted merge zoos, and 1.07 on held-out seed 23, after which this
+was raised from 1.05 (so seed 23 is not out of sample for it; the final seeds are)."""
 MERGE_NEIGHBOURS = 10
 """A merge is among the nearest relatives of each of its parents: only a member's this many nearest (of its shape)
 are tried as its parents, so finding merges costs n * MERGE_NEIGHBOURS^2 ratios, not n^3."""

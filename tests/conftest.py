@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
+from scanner.zoo.tool_zoo import MergeZooSpec, build_merge_zoo
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -43,16 +44,19 @@ N_INDEPENDENT = 12
 
 #: The fine-tune chain base -> ft1 -> ft2 -> ft3 that family trees must draw as a path.
 CHAIN_SPEC = ChainSpec(length=3)
+#: The merge zoo of the suite (mergekit and PEFT on tiny models): seed 0, none of the benchmark's, half its training.
+MERGE_ZOO_SPEC = MergeZooSpec(seed=0, step_scale=0.5)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
 #: Fixtures that make a test slow: the trained zoos and the real model (minutes to build on a fresh machine) and
 #: Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2"})
+SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
+                           "merge_zoo"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
-ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(")
+ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(", "build_merge_zoo(")
 #: A KS test in a test makes it a calibration study: a statistic's p-values over a simulated null sample, checked
 #: against uniform (a chi-square in a test is left alone: the canonical inputs' uniformity check is one cheap draw).
 CALIBRATION_CALLS = ("kstest(",)
@@ -105,7 +109,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
 #: zoo 142, chain 44.
-_BUILD_ORDER = ("zoo", "independent", "smollm2", "seed1", "seed2", "seed3", "chain")
+_BUILD_ORDER = ("zoo", "independent", "smollm2", "seed1", "seed2", "seed3", "merges", "chain")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -123,6 +127,8 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
         found[f"seed{seed}"] = partial(_seed_zoo, seed)
     if "chain_zoo" in names:
         found["chain"] = partial(build_chain, CACHE / "chain", spec=CHAIN_SPEC)
+    if "merge_zoo" in names:
+        found["merges"] = partial(build_merge_zoo, CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
     return {name: found[name] for name in _BUILD_ORDER if name in found}
 
 
@@ -132,7 +138,7 @@ def _built(name: str) -> bool:
         from scanner.testing.real_model import smollm2_fingerprints_built
 
         return smollm2_fingerprints_built(CACHE)
-    folder = {"independent": "independent", "chain": "chain"}.get(name) or (
+    folder = {"independent": "independent", "chain": "chain", "merges": "merge-zoo-test"}.get(name) or (
         f"zoo-small-seed{name[4:]}" if name.startswith("seed") else name)
     return (CACHE / folder / "ground_truth.json").is_file()
 
@@ -190,6 +196,12 @@ def independent_zoo() -> Zoo:
 @pytest.fixture(scope="session")
 def chain_zoo() -> Zoo:
     return build_chain(CACHE / "chain", spec=CHAIN_SPEC)
+
+
+@pytest.fixture(scope="session")
+def merge_zoo() -> Zoo:
+    """Merges made with mergekit and a LoRA made with PEFT (scanner.zoo.tool_zoo), small: MERGE_ZOO_SPEC."""
+    return build_merge_zoo(CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
 
 
 @pytest.fixture(scope="session", params=OTHER_SEEDS)

@@ -458,3 +458,27 @@ def test_undecided_links_keep_their_place_and_lose_their_arrow_in_every_format(t
     drawn = _drawn_lines(headless_dom(paths["html"], tmp_path / "profile"))
     assert sorted(a["class"] for a in drawn) == ["edge copy", "edge undecided"]
     assert all(not a.get("marker-end") for a in drawn)
+
+
+def test_the_layout_orders_only_what_is_claimed_and_claims_a_root_only_when_decided() -> None:
+    """An undecided link or a copy puts the model beside its parent (same row, its own slot), a decided one below it;
+    the top of an undecided family is drawn, not claimed as its root (no node is_root)."""
+    from lineage_graph.export import tree_layout
+
+    undecided = _copy_and_tree(declared=False)
+    pos = tree_layout(undecided)
+    for kind in ("tree", "copy"):
+        parent, child = _link(undecided, kind)
+        assert pos[parent][1] == pos[child][1] and pos[parent][0] != pos[child][0], kind
+    assert not any(a.get("is_root") for _, a in undecided.nodes(data=True))
+    decided = _copy_and_tree(declared=True)
+    pos = tree_layout(decided)
+    parent, child = _link(decided, "tree")
+    assert pos[child][1] == pos[parent][1] - 1
+    # the base has a copy, which may be the original: still no root claimed; without the copy the base is the root
+    assert not any(a.get("is_root") for _, a in decided.nodes(data=True))
+    models = [ModelInfo(m, "r0", "LlamaForCausalLM", 4, 64, 256,
+                        declared_base_models=("org/base",) if m == "org/tuned" else ()) for m in ("org/base", "org/tuned")]
+    alone = lineage_graph(compute_lineage(models, [PairTest("org/base", "org/tuned", "match", -200.0, 4,
+                                                            closeness=0.95)]))
+    assert [n for n, a in alone.nodes(data=True) if a.get("is_root")] == ["org/base"]

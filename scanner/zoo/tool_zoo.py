@@ -45,11 +45,19 @@ class MergeZooSpec:
     base_lr: float = 5e-3
     heal_steps: int = 40
     lora_rank: int = 8
+    step_scale: float = 1.0
+    """Every training run's step count (drawn or fixed) times this: the test suite's cached merge zoo trains half as
+    long as the benchmark's."""
     version: int = 2
     """The recipe's version: part of the cache key, so a changed recipe is rebuilt."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as its cache key hashes it (step_scale only when not 1: zoos built before it existed keep their
+        key)."""
+        out = asdict(self)
+        if self.step_scale == 1.0:
+            del out["step_scale"]
+        return out
 
 
 def build_merge_zoo(root: Path, *, spec: MergeZooSpec | None = None, force: bool = False) -> Zoo:
@@ -59,7 +67,7 @@ def build_merge_zoo(root: Path, *, spec: MergeZooSpec | None = None, force: bool
 
 
 def _merge_recipe(b: ZooBuilder, spec: MergeZooSpec) -> None:
-    draw = random.Random(derived_seed(spec.seed, "recipe"))
+    draw = _Scaled(derived_seed(spec.seed, "recipe"), spec.step_scale)
     lang = [MarkovLanguage(derived_seed(spec.seed, f"language/{k}"), vocab_size=spec.arch.vocab_size)
             for k in range(13)]
     arch, layers = spec.arch, spec.arch.num_layers
@@ -67,7 +75,7 @@ def _merge_recipe(b: ZooBuilder, spec: MergeZooSpec) -> None:
 
     base, ft_a, ft_b, ft_c, ft_d, ft_e = "ash/base", "ash/ft-a", "ash/ft-b", "ash/ft-c", "ash/ft-d", "ash/ft-e"
     near, ft_a2, lora = "ash/ft-near", "ash/ft-a-2", "birch/lora"
-    b.base(base, lang[0], arch, spec.base_steps, spec.base_lr)
+    b.base(base, lang[0], arch, draw.steps(spec.base_steps), spec.base_lr)
     b.finetune(ft_a, base, lang[1], draw.choice((60, 100)), draw.choice((1e-3, 2e-3)), "adam", **honest)
     b.finetune(ft_b, base, lang[2], draw.choice((60, 100, 150)), 1e-3, "adam", **honest)
     b.finetune(ft_c, base, lang[3], draw.choice((200, 300)), 2e-3, "adam", **honest)
@@ -109,7 +117,8 @@ def _merge_recipe(b: ZooBuilder, spec: MergeZooSpec) -> None:
     for model_id, parents, config in merges:
         _merge(b, model_id, parents, {**config, "dtype": "float32"}, spec.seed)
 
-    cut = draw.choice((2, 3))  # ft-a's first `cut` blocks, then ft-b's from its second on: a deeper model
+    cut = random.Random.choice(draw, (2, 3))  # a block count, not scaled: ft-a's first `cut` blocks, then ft-b's
+    # from its second on: a deeper model
     _merge(b, "dogwood/franken", (ft_a, ft_b),
            {"merge_method": "passthrough", "slices": slices((ft_a, 0, cut), (ft_b, 1, layers)),
             "dtype": "float32"}, spec.seed, relation="frankenmerge")
@@ -117,18 +126,34 @@ def _merge_recipe(b: ZooBuilder, spec: MergeZooSpec) -> None:
     _merge(b, upscale, (ft_c,), {"merge_method": "passthrough",
                                  "slices": slices((ft_c, 0, layers - 1), (ft_c, 1, layers)), "dtype": "float32"},
            spec.seed, relation="upscale_depth")
-    heal = train_lm(b.models[upscale], b.languages[ft_c], b.train_spec(upscale, spec.heal_steps, 1e-3))
+    heal = train_lm(b.models[upscale], b.languages[ft_c], b.train_spec(upscale, draw.steps(spec.heal_steps), 1e-3))
     save_model(b.models[upscale], b.root / upscale)  # healed in place; mergekit's card and config stay
     b.records[upscale].details["healing"] = heal.to_json()
     b.finetune("elm/ties-ft", "cedar/ties", lang[7], draw.choice((40, 60)), 1e-3, "adam", **honest)
 
     other, fa, fb = "fir/base", "fir/ft-a", "fir/ft-b"
-    b.base(other, lang[8], arch, spec.base_steps, spec.base_lr)
+    b.base(other, lang[8], arch, draw.steps(spec.base_steps), spec.base_lr)
     b.finetune(fa, other, lang[9], draw.choice((60, 100)), 1e-3, "adam", **honest)
     b.finetune(fb, other, lang[10], draw.choice((60, 100)), 1e-3, "adam", **honest)
     _merge(b, "fir/slerp", (fa, fb), {**_slerp(fa, fb, draw.choice((0.3, 0.5, 0.7)), layers), "dtype": "float32"},
            spec.seed)
-    b.base("gorse/twin-base", lang[0], arch, spec.base_steps, spec.base_lr, twin_of=base)
+    b.base("gorse/twin-base", lang[0], arch, draw.steps(spec.base_steps), spec.base_lr, twin_of=base)
+
+
+class _Scaled(random.Random):
+    """The recipe's draws, with every step count scaled (at least one step): ``choice`` of a tuple of ints is a step
+    count in this recipe; learning rates and weights are floats and come back as drawn."""
+
+    def __init__(self, seed: int, scale: float) -> None:
+        super().__init__(seed)
+        self.scale = scale
+
+    def steps(self, n: int) -> int:
+        return max(1, round(n * self.scale))
+
+    def choice(self, seq):  # type: ignore[override]
+        picked = super().choice(seq)
+        return self.steps(picked) if isinstance(picked, int) else picked
 
 
 def _slerp(first: str, second: str, t: float, layers: int) -> dict[str, Any]:
