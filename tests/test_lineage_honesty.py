@@ -193,7 +193,7 @@ def test_a_stack_of_copied_blocks_names_its_source_as_the_parent() -> None:
 
 def test_siblings_and_cousins_are_named_as_such_and_ancestors_carry_their_path() -> None:
     closeness = _tree_closeness({"ft1": ("base", 0.3), "ft2": ("base", 0.35), "ft1-1": ("ft1", 0.3),
-                                 "ft2-1": ("ft2", 0.3)}, shared=0.2)
+                                 "ft2-1": ("ft2", 0.3)}, shared=0.3)
     members = sorted({m for pair in closeness for m in pair})
     ranks = {"base": 40.0, "ft1": 36.0, "ft2": 35.0, "ft1-1": 32.0, "ft2-1": 31.0}
     models = [ModelInfo(m, **SHAPE, activation_rank=(ranks[m],) * 4, activation_scale=(50.0 / ranks[m],) * 4)
