@@ -291,6 +291,7 @@ def family_phylogeny(
     shape = (lambda m: None) if shapes is None else (lambda m: shapes.get(m))
     merged = merges(heads, between, declared_merges, lambda m, x, y: merge_score(m, x, y) > 0, shape)
     near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
+    pinned = {h for h, b in bases.items() if len(b) == 1}
     aside = set(merged) | {h for h, g in near_head.items() if g != h}
     graph = nx.Graph()
     graph.add_nodes_from(h for h in heads if h not in aside)
@@ -307,7 +308,7 @@ def family_phylogeny(
     for h, g in near_head.items():
         if g != h and h not in merged:
             tree.add_edge(g, h, distance=distance[_key(g, h)])
-    _hang_merges(tree, merged, distance, {h for h, b in bases.items() if len(b) == 1})
+    _hang_merges(tree, merged, distance, pinned)
     _join_parts(tree, distance, merged)
     for m, (x, *others) in merged.items():
         for odds in (head_odds, head_plain_odds):  # its own votes are in merge_score, the rank left out
@@ -413,11 +414,12 @@ def _least_ratio(g: str, others: list[str], between: Mapping[tuple[str, str], fl
 
 def _merge_suspects(tree: nx.Graph, distance: Mapping[tuple[str, str], float], shape: Callable[[str], object],
                     merged: Mapping[str, tuple[str, ...]]) -> set[tuple[str, str]]:
-    """Tree links (keys) from a member m to a neighbour x in the tree where m also lies between x and a relative y of
+    """Tree links (keys) from a member m to a leaf x hanging under it where m also lies between x and a relative y of
     their shape that is not m's neighbour (merge ratio at most SUSPECT_RATIO), none of the three a found merge: m may
     be an undetected merge of x and y (a DARE merge's random drops put it at a ratio near 1 from its two sources, and
-    a far source then hangs under it as a leaf). A chain's middle or a base between two of its children lies between
-    its own neighbours, which the tree explains; only a y elsewhere in the tree makes m a suspect."""
+    its far source then hangs under it as a leaf). A chain's middle or a base between two of its children lies between
+    its own neighbours, which the tree explains; a link to a model with relatives of its own below it is left alone
+    (a chain's links would otherwise all be suspects)."""
     out = set()
     for m in tree.nodes:
         if m in merged:
@@ -427,8 +429,8 @@ def _merge_suspects(tree: nx.Graph, distance: Mapping[tuple[str, str], float], s
                          and _key(m, o) in distance and shape(o) == shape(m)),
                         key=lambda o: (distance[_key(m, o)], o))[:MERGE_NEIGHBOURS]
         for x in around - set(merged):
-            if shape(x) == shape(m) and any((r := merge_ratio(distance, x, m, y)) is not None and r <= SUSPECT_RATIO
-                                            for y in others):
+            if tree.degree(x) == 1 and shape(x) == shape(m) and any(
+                    (r := merge_ratio(distance, x, m, y)) is not None and r <= SUSPECT_RATIO for y in others):
                 out.add(_key(m, x))
     return out
 
