@@ -478,7 +478,8 @@ def test_the_layout_orders_only_what_is_claimed_and_claims_a_root_only_when_deci
     # the base has a copy, which may be the original: still no root claimed; without the copy the base is the root
     assert not any(a.get("is_root") for _, a in decided.nodes(data=True))
     models = [ModelInfo(m, "r0", "LlamaForCausalLM", 4, 64, 256,
-                        declared_base_models=("org/base",) if m == "org/tuned" else ()) for m in ("org/base", "org/tuned")]
+                        declared_base_models=("org/base",) if m == "org/tuned" else ())
+              for m in ("org/base", "org/tuned")]
     alone = lineage_graph(compute_lineage(models, [PairTest("org/base", "org/tuned", "match", -200.0, 4,
                                                             closeness=0.95)]))
     assert [n for n, a in alone.nodes(data=True) if a.get("is_root")] == ["org/base"]
