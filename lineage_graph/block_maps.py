@@ -35,7 +35,7 @@ def wanted(models: Mapping[str, ModelInfo], tests: Iterable[PairTest]) -> list[t
     by_deep: dict[str, list[tuple[float, tuple[str, str]]]] = {}
     for t in tests:
         a, b = models.get(t.model_a), models.get(t.model_b)
-        if a is None or b is None or t.log10_p > MAP_LOG10_P or not _one_width(a, b):
+        if a is None or b is None or t.log10_p > MAP_LOG10_P or not one_width(a, b):
             continue
         if a.n_layers is None or b.n_layers is None or a.n_layers == b.n_layers:
             continue
@@ -44,7 +44,8 @@ def wanted(models: Mapping[str, ModelInfo], tests: Iterable[PairTest]) -> list[t
     return sorted(pair for found in by_deep.values() for _, pair in sorted(found)[:MAPS_PER_MODEL])
 
 
-def _one_width(a: ModelInfo, b: ModelInfo) -> bool:
+def one_width(a: ModelInfo, b: ModelInfo) -> bool:
+    """Same hidden size, MLP units and experts: what a block map (and an average) needs."""
     return (a.hidden_size, a.intermediate_size, a.n_experts or 1) == (b.hidden_size, b.intermediate_size,
                                                                       b.n_experts or 1)
 

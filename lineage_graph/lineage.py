@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from lineage_graph.block_maps import copied_sources, map_closeness
+from lineage_graph.block_maps import copied_sources, map_closeness, one_width
 from lineage_graph.direction import (
     MERGE_BLIND,
     NOT_ALONE,
@@ -184,12 +184,12 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
 
 
 def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo], mapped: set[str]) -> bool:
-    """A depth-changed pair without a block map whose deeper model has maps to other relatives: comparing its blocks
-    by index pairs misaligned ones (closeness far too low beside the mapped pairs'), so the tree leaves the pair's
-    distance out rather than mix the two estimates."""
+    """A depth-changed pair of one width without a block map whose deeper model has maps to other relatives: comparing
+    its blocks by index pairs misaligned ones (closeness far too low beside the mapped pairs'), so the tree leaves the
+    pair's distance out rather than mix the two estimates."""
     a, b = (models[m] for m in pair)
-    if not a.n_layers or not b.n_layers or a.n_layers == b.n_layers:
-        return False
+    if not a.n_layers or not b.n_layers or a.n_layers == b.n_layers or not one_width(a, b):
+        return False  # no map could be made for it: the by-index estimate is all there is
     deeper = pair[0] if a.n_layers > b.n_layers else pair[1]
     return deeper in mapped
 

@@ -389,8 +389,9 @@ def _near_heads(heads: list[str], distance: Mapping[tuple[str, str], float],
     the drawing, not a claimed direction: the links inside the group are only decided by other evidence."""
     graph = nx.Graph()
     graph.add_nodes_from(h for h in heads if h not in merged)
-    graph.add_edges_from(pair for pair, d in distance.items()
-                         if 1.0 - d >= NEAR_COPY_CLOSENESS and not set(pair) & merged)
+    graph.add_edges_from(pair for pair, d in distance.items()  # one shape: a pruned model is no near copy
+                         if 1.0 - d >= NEAR_COPY_CLOSENESS and not set(pair) & merged
+                         and shape(pair[0]) == shape(pair[1]))
     out = {h: h for h in heads}
     for group in nx.connected_components(graph):
         if len(group) < 2:
