@@ -292,7 +292,15 @@ def family_phylogeny(
     merged = merges(heads, between, declared_merges, lambda m, x, y: merge_score(m, x, y) > 0, shape)
     near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
     pinned = {h for h, b in bases.items() if len(b) == 1}
-    aside = set(merged) | {h for h, g in near_head.items() if g != h}
+    # A model nearest to a merge that the votes put below it (a fine-tune of the merge) is placed after the merges,
+    # under it: left in the first tree it would stand between the merge's parents. (The base of the merge's sources
+    # is as near it, and older.)
+    sources = {p for parents in merged.values() for p in parents}
+    nearest = {h: min((o for o in heads if o != h and _key(h, o) in distance),
+                      key=lambda o: (distance[_key(h, o)], o), default=None) for h in heads}
+    later = {h for h in heads if h not in merged and h not in pinned and h not in sources
+             and nearest[h] in merged and _lo(head_odds, nearest[h], h) > 0}
+    aside = set(merged) | later | {h for h, g in near_head.items() if g != h}
     graph = nx.Graph()
     graph.add_nodes_from(h for h in heads if h not in aside)
     for pair, d in distance.items():
@@ -308,6 +316,7 @@ def family_phylogeny(
     for h, g in near_head.items():
         if g != h and h not in merged:
             tree.add_edge(g, h, distance=distance[_key(g, h)])
+    tree.add_nodes_from(later)
     _hang_merges(tree, merged, distance, pinned)
     _join_parts(tree, distance, merged)
     for m, (x, *others) in merged.items():
