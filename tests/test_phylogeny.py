@@ -227,7 +227,9 @@ def other_seed(seed_zoo: Zoo) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
 
 def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     """With cards: every tree link is a true parent link and the merge has both parents. Cards and dates withheld:
-    the same, with copies linked as copies (bench_family_trees.py measures what each evidence source adds)."""
+    the same, with copies linked as copies, except that a child as near (within closeness noise) to a merge of its
+    parent as to the parent itself is linked to both, "cannot tell" (bench_family_trees.py measures what each
+    evidence source adds)."""
     zoo, tests, models = other_seed
     truth = true_parent_links(zoo)
     lineage = compute_lineage(models, tests)
@@ -241,7 +243,12 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     # outweighed by the family's shape whether it is cast or not: docs/lineage.md, "Margins".)
     withheld = compute_lineage(withhold_cards(models), tests)
     kinds = {(p, c): kind for f in withheld.families for p, c, kind in f.tree_edges()}
-    assert set(kinds) == truth
+    closeness = {frozenset((t.model_a, t.model_b)): t.closeness for t in tests}
+    assert truth <= set(kinds)
+    for p, c in set(kinds) - truth:  # only a second candidate for a child the distances cannot place
+        (true_parent,) = [q for q, child in truth if child == c]
+        assert "alternative" in (kinds[(p, c)], kinds[(true_parent, c)]) and zoo[p].relation == "merge"
+        assert abs(closeness[frozenset((p, c))] - closeness[frozenset((true_parent, c))]) < phylogeny.CLOSENESS_NOISE
     for p, c in truth:
         d = withheld.edge(p, c).direction
         if withheld.edge(p, c).test.closeness >= CLONE_CLOSENESS:
