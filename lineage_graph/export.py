@@ -66,7 +66,7 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
                        direction=_direction_word(d, link),
                        confidence=(d.confidence if (u, v) == (d.parent, d.child) or d.parent is None
                                    else 1 - d.confidence),
-                       reasons="; ".join(d.reasons), tree_link=link, kinship=e.kinship,
+                       reasons="; ".join(d.reasons), tree_link=link, kinship=e.kinship or "",
                        blocks_matched=len(e.block_map),
                        block_map=" ".join(f"{a}:{b}" for a, b in e.block_map))
     if family is not None:

@@ -122,7 +122,9 @@ def test_cli_json_shape_and_plots(zoo: Zoo, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert len(data["pairs"]) == 12
-    assert all(set(p) == {"layer_a", "layer_b", "log10_p"} for p in data["pairs"])
+    assert all(set(p) == {"layer_a", "layer_b", "log10_p", "closeness"} for p in data["pairs"])
+    mapped = {(p["layer_a"], p["layer_b"]): p["closeness"] for p in data["pairs"]}
+    assert all(0.0 < mapped[(m["layer_a"], m["layer_b"])] <= 1.0 for m in data["map"])  # the pruned model's blocks
     assert [(m["layer_a"], m["layer_b"]) for m in data["map"]] == [(0, 0), (1, 1), (3, 2)]
     assert all(set(m) == {"layer_a", "layer_b"} for m in data["map"])
     assert sorted(Path(p).name for p in data["plots"]) == [
