@@ -226,7 +226,7 @@ def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], z
     # A silent copy of a family's root is reported as "cannot tell" (which of the two is the original is beyond the
     # weights, and no card is accused on an undecided direction); every other planted derivative is accused.
     cannot_tell = {(d.model_id, d.related_model) for d in lineage.discrepancies if d.kind == "cannot_tell"}
-    copies_of_roots = {m["id"] for m in planted if truth[m]["relation"] == "camouflage"
+    copies_of_roots = {m for m in planted if truth[m]["relation"] == "camouflage"
                        and (m, truth[m]["parents"][0]) in cannot_tell}
     assert copies_of_roots <= {"pylon/pylon-base"}  # the zoo's one copy of a root (cobalt-base)
     assert planted - copies_of_roots <= {model for model, _ in accused}
