@@ -1,25 +1,29 @@
-"""Family trees with cards and dates withheld, on the zoos the rules were fitted on and on held-out zoos no rule was
-fitted on: placement (who is linked to whom), directions drawn right, wrong and left undecided, and a reliability
-table of the direction confidence per bin.
+"""Family trees with cards, merge configs and dates withheld, on the zoos the rules were fitted on, on held-out zoos
+and on final zoos no rule was fitted on: placement (who is linked to whom), directions drawn right, wrong and left
+undecided, per zoo, per group and per recipe (the kind of derivation: fine-tune, each merge method, prune, ...), and
+a reliability table of the direction confidence per bin.
 
-    PYTHONPATH=. python bench/bench_family_trees.py               # every zoo and SmolLM2 (about 2 CPU-minutes a zoo)
+    PYTHONPATH=. python bench/bench_family_trees.py               # every zoo and SmolLM2 (minutes a zoo to build)
     PYTHONPATH=. python bench/bench_family_trees.py --no-real     # without the SmolLM2 family
     PYTHONPATH=. python bench/bench_family_trees.py --ablations   # also each evidence source removed, per set
+    PYTHONPATH=. python bench/bench_family_trees.py --groups final   # one group only
 
-Three groups. **Fitted**: the zoos the direction rules, their reliabilities and the placement and merge margins were
-set on (the default zoo, seed 0; the small zoos of seeds 1-3; the fine-tune chain of seed 0). **Held-out**: zoos no
-rule was fitted on, where the default level of lineage.min_direction_confidence was chosen: the held-out recipe
-(scanner.zoo.held_out: chains of 3-5 fine-tunes, siblings, a retrained MLP of a fine-tune, prunes of fine-tunes,
-depth up-scaling, merges of siblings and of a parent with its child, a distilled student) at seeds 11-13, lone
-fine-tune chains of lengths 3-5 at seeds 11-13, the default recipe's small zoos at seeds 4-5. **Final**: the same
-recipes at seeds 14-16 and 6-7, built after every rule and the level were frozen and only measured.
+Three groups. **Fitted**: the zoos the direction rules, their reliabilities, the placement and merge margins and the
+default level were set on (the default zoo, seed 0; the small zoos of seeds 1-5; the fine-tune chains of seed 0 and
+11-13; the held-out recipe, scanner.zoo.held_out, at seeds 11-13) and the merge zoos of scanner.zoo.tool_zoo
+(mergekit and PEFT) that the merge, stacking and direction rules of issue 36 were developed on (seeds 21-22).
+**Held-out**: the same recipes at seeds no rule was fitted on, looked at once the rules were set (held-out recipe
+and chains 14-16, small zoos 6-7, merge zoos 23-24). **Final**: the same recipes at seeds built after every rule was
+frozen and only measured (17-19, small zoos 8-9, merge zoos 25-27).
 
 A true parent link measured at closeness >= CLONE_CLOSENESS is a *copy*: the same function, whose direction the
 weights cannot give, counted apart. Copies are one node at the weights' resolution, so a model is *placed right* when
 its tree links join it (in either orientation) to its true parents or to copies of them; a model the data cannot
-place ("cannot tell": linked to two candidate parents) is placed right when one of the two is. Every other true link's
-direction is *drawn right* when the lineage claims it the true way (confidence at least the level set), *drawn
-wrong* when it claims the other way, and *undecided* otherwise.
+place ("cannot tell": linked to two candidate parents) is placed right when one of the two is. A merge's true
+parents are every model whose weights enter it (the base of a task-vector method too); a merge linked to two of three
+is placed right. Every other true link's direction is *drawn right* when the lineage claims it the true way
+(confidence at least the level set, and corroborated), *drawn wrong* when it claims the other way, and *undecided*
+otherwise. Each zoo's any-order block maps are made as a scan makes them (lineage_graph.block_maps).
 """
 
 from __future__ import annotations
@@ -35,22 +39,36 @@ from pathlib import Path
 import networkx as nx
 
 from lineage_graph import direction, phylogeny
-from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockMap, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
-from scanner.fingerprint import read_fingerprint
+from lineage_graph.persist import activation_scale
+from scanner.fingerprint import fingerprint_model, read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.stats.sequential import SequentialDesign
-from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo
-from scanner.zoo.held_out import FINAL_SEEDS, HELD_OUT_SEEDS, HeldOutSpec, build_held_out_zoo
-from tests.lineage_support import seed_zoo, true_parent_links, withhold_cards, zoo_lineage_inputs
+from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, tool_zoo
+from tests.lineage_support import seed_zoo, true_parent_links, withhold_cards, zoo_block_maps, zoo_lineage_inputs
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
-SIGNALS = ("structure", "depth", "activation_rank")
+SIGNALS = ("structure", "depth", "block_map", "activation_rank", "activation_scale")
 """The vote signals that can speak with cards and dates withheld."""
 BINS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 """Edges of the reliability table's confidence bins (the last bin includes 1.0)."""
 
-Inputs = tuple[list[PairTest], list[ModelInfo], set[tuple[str, str]]]
+INPUTS_FILE = "lineage-inputs-v3.pkl"
+"""Each zoo's pair tests, models and block maps, cached beside it (fingerprints and tests take longer than a
+lineage; v3: models carry merge configs and activation scales, block maps made)."""
+
+
+@dataclass
+class Inputs:
+    """What the lineage is computed from, and the truth it is scored against."""
+
+    tests: list[PairTest]
+    models: list[ModelInfo]
+    truth: set[tuple[str, str]]
+    block_maps: dict[tuple[str, str], BlockMap] = field(default_factory=dict)
+    recipes: dict[str, str] = field(default_factory=dict)
+    """model -> the recipe it was made by (its relation; a merge's method, a tool)."""
 
 
 @dataclass
@@ -75,17 +93,29 @@ class Tally:
 
 
 def _zoo_inputs(build: Callable[[], Zoo]) -> Callable[[], Inputs]:
-    """The zoo's pair tests and models (cached beside the zoo: fingerprints and tests take longer than a lineage)."""
+    """The zoo's pair tests, models and block maps, computed once and cached beside the zoo."""
     def inputs() -> Inputs:
         zoo = build()
-        cache = Path(zoo.root) / "lineage-inputs.pkl"
+        cache = Path(zoo.root) / INPUTS_FILE
         if cache.is_file():
-            tests, models = pickle.loads(cache.read_bytes())  # noqa: S301 - written by this script, beside the zoo
+            tests, models, maps = pickle.loads(cache.read_bytes())  # noqa: S301 - written by this script
         else:
-            tests, models = zoo_lineage_inputs(zoo)
-            cache.write_bytes(pickle.dumps((tests, models)))
-        return tests, models, true_parent_links(zoo)
+            prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
+            tests, models = zoo_lineage_inputs(zoo, prints)
+            maps = zoo_block_maps(zoo, tests, models, prints)
+            cache.write_bytes(pickle.dumps((tests, models, maps)))
+        return Inputs(tests, models, true_parent_links(zoo), maps, {m.id: recipe(m) for m in zoo.models.values()})
     return inputs
+
+
+def recipe(model: ZooModel) -> str:
+    """The recipe a zoo model was made by, as the per-recipe table names it."""
+    tool = model.details.get("tool")
+    if model.relation == "merge":
+        parents = f", {len(model.parents)} parents" if len(model.parents) > 2 else ""
+        return f"merge: {model.details.get('method', 'average')}{parents}" + (" (mergekit)" if tool else "")
+    suffix = {"peft": " (LoRA, PEFT)", "mergekit": " (mergekit)"}.get(tool, "")
+    return model.relation + suffix
 
 
 def smollm2_inputs() -> Inputs:
@@ -101,27 +131,35 @@ def smollm2_inputs() -> Inputs:
         r = compare_fingerprints(prints[a], prints[b], "match", design=SequentialDesign())
         tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, (), r.inputs or "", closeness=r.closeness))
     models = [ModelInfo(n, "r0", m.architecture, m.n_layers, m.hidden_size, m.intermediate_size, m.n_experts,
-                        activation_rank=tuple(m.summaries["activation_effective_rank"]))
+                        activation_rank=tuple(m.summaries["activation_effective_rank"]),
+                        activation_scale=activation_scale(m.summaries))
               for n, m in ((n, prints[n].meta) for n in names)]
-    return tests, models, {(parent, child) for child, parent in PARENTS.items()}
+    return Inputs(tests, models, {(parent, child) for child, parent in PARENTS.items()},
+                  recipes={child: f"SmolLM2 {child}" for child in PARENTS})
 
 
-def fitted_sets() -> list[tuple[str, Callable[[], Inputs]]]:
-    return [("zoo (seed 0)", _zoo_inputs(lambda: build_zoo(CACHE / "zoo"))),
-            *((f"small zoo seed {s}", _zoo_inputs(lambda s=s: seed_zoo(CACHE, s))) for s in (1, 2, 3)),
-            ("chain of 3, seed 0", _zoo_inputs(lambda: build_chain(CACHE / "chain", spec=ChainSpec(length=3))))]
-
-
-def held_out_sets(seeds: tuple[int, ...], chain_seeds: tuple[int, ...], small_seeds: tuple[int, ...]
-                  ) -> list[tuple[str, Callable[[], Inputs]]]:
-    recipe = [(f"held-out recipe seed {s}",
-               _zoo_inputs(lambda s=s: build_held_out_zoo(CACHE / f"held-out-seed{s}", spec=HeldOutSpec(seed=s))))
-              for s in seeds]
+def recipe_sets(recipe_seeds: tuple[int, ...], small_seeds: tuple[int, ...], merge_seeds: tuple[int, ...]
+                ) -> list[tuple[str, Callable[[], Inputs]]]:
+    """The held-out recipe and lone chains of 3, 4 and 5 fine-tunes at recipe_seeds, the default recipe's small zoos
+    at small_seeds and the merge zoos at merge_seeds."""
+    recipe = [(f"held-out recipe seed {s}", _zoo_inputs(lambda s=s: held_out.build_held_out_zoo(
+        CACHE / f"held-out-seed{s}", spec=held_out.HeldOutSpec(seed=s)))) for s in recipe_seeds]
     chains = [(f"chain of {n}, seed {s}",
                _zoo_inputs(lambda s=s, n=n: build_chain(CACHE / f"chain-seed{s}", spec=ChainSpec(seed=s, length=n))))
-              for s, n in zip(chain_seeds, (3, 4, 5))]
+              for s, n in zip(recipe_seeds, (3, 4, 5))]
     small = [(f"small zoo seed {s}", _zoo_inputs(lambda s=s: seed_zoo(CACHE, s))) for s in small_seeds]
-    return [*recipe, *chains, *small]
+    merges = [(f"merge zoo seed {s}", _zoo_inputs(lambda s=s: tool_zoo.build_merge_zoo(
+        CACHE / f"merge-zoo-seed{s}", spec=tool_zoo.MergeZooSpec(seed=s)))) for s in merge_seeds]
+    return [*recipe, *chains, *small, *merges]
+
+
+def groups() -> dict[str, list[tuple[str, Callable[[], Inputs]]]]:
+    fitted = [("zoo (seed 0)", _zoo_inputs(lambda: build_zoo(CACHE / "zoo"))),
+              *((f"small zoo seed {s}", _zoo_inputs(lambda s=s: seed_zoo(CACHE, s))) for s in (1, 2, 3)),
+              ("chain of 3, seed 0", _zoo_inputs(lambda: build_chain(CACHE / "chain", spec=ChainSpec(length=3))))]
+    return {"fitted": fitted + recipe_sets(held_out.FITTED_SEEDS, (4, 5), tool_zoo.FITTED_SEEDS),
+            "held-out": recipe_sets(held_out.HELD_OUT_SEEDS, (6, 7), tool_zoo.HELD_OUT_SEEDS),
+            "final": recipe_sets(held_out.FINAL_SEEDS, (8, 9), tool_zoo.FINAL_SEEDS)}
 
 
 @contextmanager
@@ -143,10 +181,11 @@ def _bin(confidence: float) -> int:
     return next(k for k in range(len(BINS) - 1) if confidence < BINS[k + 1] or k == len(BINS) - 2)
 
 
-def score(lineage: Lineage, tests: list[PairTest], truth: set[tuple[str, str]]) -> Tally:
-    """Placement over the drawn tree links, directions over the true links, and every true link's leaning (the way
-    its confidence points, decided or not) in its confidence bin."""
-    closeness = {(t.model_a, t.model_b): t.closeness or 0.0 for t in tests}
+def score(lineage: Lineage, inputs: Inputs) -> dict[str, Tally]:
+    """Per recipe (of the child): placement over the drawn tree links, directions over the true links, and every true
+    link's leaning (the way its confidence points, decided or not) in its confidence bin."""
+    closeness = {(t.model_a, t.model_b): t.closeness or 0.0 for t in inputs.tests}
+    truth = inputs.truth
     is_copy = {(p, c): closeness.get((min(p, c), max(p, c)), 0.0) >= phylogeny.CLONE_CLOSENESS for p, c in truth}
     groups = nx.Graph([link for link, copy in is_copy.items() if copy])
     group = {m: min(g) for g in nx.connected_components(groups) for m in g}
@@ -156,13 +195,20 @@ def score(lineage: Lineage, tests: list[PairTest], truth: set[tuple[str, str]]) 
     for f in lineage.families:
         for p, c, kind in f.tree_edges():
             linked.setdefault(c, []).append((p, kind))
-    tally = Tally(links=len(linked))
+    tallies: dict[str, Tally] = {}
+
+    def of(model: str) -> Tally:
+        return tallies.setdefault(inputs.recipes.get(model, "other"), Tally())
+
     for c, parents in linked.items():
         right = {kind: g(p) == g(c) if kind == "copy" else frozenset((g(p), g(c))) in true_pairs
                  for p, kind in parents}
+        tally = of(c)
+        tally.links += 1
         tally.cannot_tell += "alternative" in right
         tally.placed += (right["tree"] or right["alternative"]) if "alternative" in right else all(right.values())
     for p, c in truth:
+        tally = of(c)
         edge = lineage.edge(p, c)
         d = edge.direction if edge is not None else None
         if is_copy[(p, c)]:
@@ -182,7 +228,11 @@ def score(lineage: Lineage, tests: list[PairTest], truth: set[tuple[str, str]]) 
         else:
             tally.wrong += 1
             tally.wrong_confident += d.confidence >= 0.9
-    return tally
+    return tallies
+
+
+def total(tallies: dict[str, Tally]) -> Tally:
+    return sum(tallies.values(), Tally())
 
 
 def _pct(x: int, total: int) -> str:
@@ -211,13 +261,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-real", action="store_true", help="leave out the SmolLM2 family")
     parser.add_argument("--ablations", action="store_true", help="also remove each evidence source in turn")
+    parser.add_argument("--groups", nargs="+", choices=("fitted", "held-out", "final"),
+                        default=["fitted", "held-out", "final"], help="which groups of zoos (default: all)")
     parser.add_argument("--level", type=float, default=DEFAULT_MIN_DIRECTION_CONFIDENCE,
                         help="lineage.min_direction_confidence (default: hubtrace's)")
     args = parser.parse_args()
-    groups = {"fitted": fitted_sets(), "held-out": held_out_sets(HELD_OUT_SEEDS, HELD_OUT_SEEDS, (4, 5)),
-              "final": held_out_sets(FINAL_SEEDS, FINAL_SEEDS, (6, 7))}
+    chosen = {name: sets for name, sets in groups().items() if name in args.groups}
     if not args.no_real:
-        groups["real"] = [("SmolLM2-135M family", smollm2_inputs)]
+        chosen["real"] = [("SmolLM2-135M family", smollm2_inputs)]
     runs = [("withheld", None)] + ([(f"withheld, without {s}", s) for s in (*SIGNALS, "shape")] if args.ablations
                                    else [])
     print(f"min_direction_confidence = {args.level}\n")
@@ -225,20 +276,33 @@ def main() -> None:
           "wrong at >= 0.9 | undecided | copies |")
     print("|---|---|---|---|---|---|---|---|---|")
     totals: dict[tuple[str, str], Tally] = {}
-    for group, sets in groups.items():
+    by_recipe: dict[str, dict[str, Tally]] = {}
+    for group, sets in chosen.items():
         for label, source in sets:
-            tests, models, truth = source()
+            inputs = source()
             for name, dropped in runs:
                 with without(dropped):
-                    lineage = compute_lineage(withhold_cards(models), tests,
-                                              min_direction_confidence=args.level)
-                t = score(lineage, tests, truth)
+                    lineage = compute_lineage(withhold_cards(inputs.models), inputs.tests,
+                                              min_direction_confidence=args.level, block_maps=inputs.block_maps)
+                tallies = score(lineage, inputs)
+                t = total(tallies)
                 totals[(group, name)] = totals.get((group, name), Tally()) + t
+                if dropped is None:
+                    for recipe_name, tally in tallies.items():
+                        mine = by_recipe.setdefault(group, {})
+                        mine[recipe_name] = mine.get(recipe_name, Tally()) + tally
                 print(row(label, name, t), flush=True)
     for (group, name), t in totals.items():
         print(row(f"**all {group}**", name, t))
     print()
-    print("\n".join(reliability_table({group: totals[(group, "withheld")] for group in groups})))
+    print("\n".join(reliability_table({group: totals[(group, "withheld")] for group in chosen})))
+    for group, tallies in by_recipe.items():
+        print(f"\nPer recipe, {group}:\n")
+        print("| recipe | placed right | cannot tell | directions drawn right | drawn wrong | wrong at >= 0.9 | "
+              "undecided | copies |")
+        print("|---|---|---|---|---|---|---|---|")
+        for recipe_name in sorted(tallies):
+            print(row(recipe_name, "", tallies[recipe_name]).replace(" |  | ", " | ", 1))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from scanner.merge_config import MergeDeclaration
+
 DEFAULT_MIN_DIRECTION_CONFIDENCE = 0.8
 """Directions below this confidence are drawn without an arrow and read "direction undecided" (the investigator's
 ``lineage.min_direction_confidence``). Here, not in lineage_graph.direction, so the command line and the config
@@ -29,6 +31,11 @@ class ModelInfo:
     created_at: datetime | None = None
     activation_rank: tuple[float, ...] | None = None
     """Per-block effective rank of the unit-normalised MLP activations (fingerprint summaries), when known."""
+    activation_scale: tuple[float, ...] | None = None
+    """Per-block median over units of the root mean square of each unit's gate (first view) activation on the canonical
+    inputs (fingerprint summaries ``gate_rms_quantiles``), when known."""
+    declared_merge: MergeDeclaration | None = None
+    """What the model folder's mergekit_config.yml declares (its models are in declared_base_models too)."""
 
     @property
     def declares_base(self) -> bool:
@@ -54,6 +61,21 @@ class PairTest:
 
 
 @dataclass(frozen=True)
+class BlockLink:
+    """One block of the deeper model of a pair mapped to its best block of the shallower one (any order: several
+    deep blocks may map to one shallow block), with that block pair's log10 p and closeness."""
+
+    shallow: int
+    deep: int
+    log10_p: float
+    closeness: float | None = None
+
+
+BlockMap = tuple[BlockLink, ...]
+"""The any-order block map of a pair whose depths differ (lineage_graph.block_maps): only the mapped deep blocks."""
+
+
+@dataclass(frozen=True)
 class Direction:
     """Who derives from whom for one dependent pair; parent/child are None when the evidence is silent or cancels.
 
@@ -65,8 +87,12 @@ class Direction:
     confidence: float
     reasons: tuple[str, ...] = ()
     decided: bool = True
-    """False when the confidence is below the level the investigator set (``lineage.min_direction_confidence``):
-    the pair keeps its place in the tree, but is drawn without an arrow and reads "direction undecided"."""
+    """False when the confidence is below the level the investigator set (``lineage.min_direction_confidence``), or
+    when nothing but a signal that may not decide alone (``direction.NOT_ALONE``) leans this way: the pair keeps its
+    place in the tree, but is drawn without an arrow and reads "direction undecided"."""
+    corroborated: bool = True
+    """False when every piece of evidence for this leaning is a signal that may not decide alone (the activation
+    rank): such a direction is never claimed, whatever its confidence."""
 
     @property
     def claimed(self) -> bool:
@@ -86,6 +112,9 @@ class Edge:
     """Block pairs (layer_a, layer_b) whose own test is significant at the graph's level."""
     joins_family: bool = False
     """Dependent and significant under family-wise (Holm) control too: only such edges join models into families."""
+    kinship: str | None = None
+    """How the two stand in their family's tree (``lineage.KINSHIPS``: parent, merge_parent, alternative_parent, copy,
+    ancestor, sibling, cousin, relative); None for a pair outside any one family tree."""
 
     @property
     def pair(self) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 import networkx as nx
 
+from lineage_graph.discrepancies import ACCUSATIONS
 from lineage_graph.evidence import Direction
 from lineage_graph.lineage import Lineage
 from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn, link_kind
@@ -34,13 +35,15 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
     graph = nx.DiGraph(q=lineage.q, method=lineage.method, statistic=lineage.statistic)
     flagged: dict[str, list[str]] = {}
     for d in lineage.discrepancies:
-        flagged.setdefault(d.model_id, []).append(d.kind)
+        if d.kind in ACCUSATIONS:  # a "cannot tell" entry accuses no one: no red box
+            flagged.setdefault(d.model_id, []).append(d.kind)
     links = {}
     for f in lineage.families:
         for m in f.members:
             info = lineage.models[m]
             attrs = {
-                "label": m, "family": f.family_id, "is_root": m == f.root, "revision": info.revision,
+                "label": m, "family": f.family_id, "is_root": m == f.root and f.root_decided,
+                "revision": info.revision,
                 "architecture": info.architecture, "n_layers": info.n_layers, "hidden_size": info.hidden_size,
                 "intermediate_size": info.intermediate_size,
                 "declared_base_models": ", ".join(info.declared_base_models),
@@ -63,7 +66,8 @@ def lineage_graph(lineage: Lineage, *, family: str | None = None, model: str | N
                        direction=_direction_word(d, link),
                        confidence=(d.confidence if (u, v) == (d.parent, d.child) or d.parent is None
                                    else 1 - d.confidence),
-                       reasons="; ".join(d.reasons), tree_link=link, blocks_matched=len(e.block_map),
+                       reasons="; ".join(d.reasons), tree_link=link, kinship=e.kinship or "",
+                       blocks_matched=len(e.block_map),
                        block_map=" ".join(f"{a}:{b}" for a, b in e.block_map))
     if family is not None:
         graph = graph.subgraph([n for n, a in graph.nodes(data=True) if a["family"] == family]).copy()
@@ -87,7 +91,9 @@ so a hub of many small families comes out as a block a page or a screen can show
 
 
 def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
-    """Each family drawn top-down along its tree links (x in leaf slots, y = -depth), families packed into rows."""
+    """Each family drawn top-down along its tree links (x in leaf slots, y = -depth), families packed into rows. Only
+    a claimed direction puts a model below another: a model joined to its tree parent by an undecided or a copy link
+    sits beside it on the same row (to its right), so the drawing never shows an order the evidence leaves open."""
     tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") in ("tree", "copy"))
     tree.add_nodes_from(graph.nodes)
     roots = sorted((n for n in tree.nodes if tree.in_degree(n) == 0),
@@ -95,13 +101,17 @@ def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
 
     def place(node: str, depth: int, local: dict[str, tuple[float, float]], slot: list[float]) -> float:
         children = sorted(tree.successors(node))
-        if not children:
+        below = [c for c in children if arrow_drawn(graph.edges[node, c])]
+        beside = [c for c in children if c not in below]
+        if not below:
             x = slot[0]
             slot[0] += 1.0
         else:
-            xs = [place(c, depth + 1, local, slot) for c in children]
+            xs = [place(c, depth + 1, local, slot) for c in below]
             x = sum(xs) / len(xs)
         local[node] = (x, float(depth))
+        for c in beside:
+            place(c, depth, local, slot)
         return x
 
     trees = []
@@ -247,14 +257,54 @@ def xml_safe(graph: nx.DiGraph) -> nx.DiGraph:
     return safe
 
 
+def _gexf_edge_types(graph: nx.DiGraph) -> nx.DiGraph:
+    """Each edge with GEXF's own ``type``: undirected where no direction is claimed (an undecided or unknown
+    direction, a copy), directed where one is, so Gephi draws an arrow only on a claimed direction."""
+    for *_, a in graph.edges(data=True):
+        a["type"] = "directed" if a.get("directed") and a.get("direction") == "decided" else "undirected"
+    return graph
+
+
+def _undirected_edges_graphml(graph: nx.DiGraph, path: Path) -> None:
+    """GraphML with every edge's own ``directed`` attribute (GraphML allows it per edge; networkx writes only the
+    graph's default): false where no direction is claimed, so a reader draws no arrow on an undecided link."""
+    from xml.etree import ElementTree
+
+    writer = nx.readwrite.graphml.GraphMLWriter(graph, encoding="utf-8", prettyprint=True)
+    directed = {(str(u), str(v)): bool(a.get("directed")) and a.get("direction") == "decided"
+                for u, v, a in graph.edges(data=True)}
+    for element in writer.xml.iter("edge"):
+        element.set("directed", "true" if directed[(element.get("source"), element.get("target"))] else "false")
+    ElementTree.ElementTree(writer.xml).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def read_graph(path: str | Path) -> nx.DiGraph:
+    """A GraphML or GEXF file this module wrote, read back into networkx. Their edges are directed or undirected one
+    by one (as both formats allow, and Gephi and yEd read), a mix networkx's own readers refuse; read here, every edge
+    is a directed networkx edge whose attributes ``directed`` and ``direction`` say whether a direction is claimed."""
+    from xml.etree import ElementTree
+
+    tree = ElementTree.parse(path)
+    for element in tree.iter():
+        if element.tag.rsplit("}", 1)[-1] == "edge":
+            element.attrib.pop("directed", None)
+            element.attrib.pop("type", None)
+    text = ElementTree.tostring(tree.getroot(), encoding="unicode")
+    if Path(path).suffix == ".gexf":
+        import io
+
+        return nx.read_gexf(io.BytesIO(text.encode("utf-8")))
+    return nx.parse_graphml(text)
+
+
 def write_graph(graph: nx.DiGraph, fmt: str, path: str | Path) -> Path:
     """Write graph in one of FORMATS to path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "graphml":
-        nx.write_graphml(xml_safe(styled(graph)), path)
+        _undirected_edges_graphml(xml_safe(styled(graph)), path)
     elif fmt == "gexf":
-        nx.write_gexf(_gexf_viz(xml_safe(styled(graph))), path)
+        nx.write_gexf(_gexf_viz(_gexf_edge_types(xml_safe(styled(graph)))), path)
     elif fmt == "json":
         path.write_text(json_document(nx.node_link_data(graph, edges="links"), indent=1), encoding="utf-8")
     elif fmt == "dot":

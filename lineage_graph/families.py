@@ -34,7 +34,10 @@ class Family:
     members: tuple[str, ...]
     root: str
     parents: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    """child -> ((parent, "tree" | "merge"), ...); the root has none."""
+    """child -> ((parent, "tree" | "merge" | "copy" | "alternative"), ...); the root has none."""
+    root_decided: bool = True
+    """Whether the root is claimed: every link out of it is decided. When not, ``root`` is only where the drawing
+    starts (the evidence leans that way), not "the original"."""
 
     def tree_edges(self) -> list[tuple[str, str, str]]:
         return [(p, c, kind) for c, links in sorted(self.parents.items()) for p, kind in links]

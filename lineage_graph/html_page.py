@@ -42,7 +42,8 @@ function draw() {
     const a = G.pos[e.source], b = G.pos[e.target];
     const w = 1 + 4 * Math.log1p(e.strength) / Math.log1p(G.maxStrength);
     const x1 = a[0]*SX, y1 = -a[1]*SY, x2 = b[0]*SX, y2 = -b[1]*SY, len = Math.hypot(x2 - x1, y2 - y1) || 1;
-    const cut = Math.min(0.45, 20 / len * Math.max(1, Math.abs(x2 - x1) / Math.max(1, Math.abs(y2 - y1)) * 0.4));
+    const dx = Math.abs(x2 - x1), dy = Math.abs(y2 - y1);  // leave each box where the line crosses its edge
+    const cut = Math.min(0.45, Math.min(dx ? BOX_W / 2 / dx : 1, dy ? BOX_H / 2 / dy : 1) + 4 / len);
     const line = el('line', {x1: x1 + (x2 - x1) * cut, y1: y1 + (y2 - y1) * cut, x2: x2 - (x2 - x1) * cut,
       y2: y2 - (y2 - y1) * cut, 'stroke-width': w,
       class: 'edge ' + e.style, 'marker-end': e.arrow ? 'url(#arrow)' : ''}, root);

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import polars as pl
 
-from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
+from lineage_graph.block_maps import any_order_map, wanted
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockLink, BlockMap, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.multiple_testing import Method
+from scanner.merge_config import MergeDeclaration
 from scanner.store import lineage_tables
 
 if TYPE_CHECKING:
@@ -21,9 +24,12 @@ if TYPE_CHECKING:
 
 RANK_SUMMARY = "activation_effective_rank"
 """Key of the per-block activation effective rank in FingerprintMeta.summaries (direction evidence)."""
+SCALE_SUMMARY = "gate_rms_quantiles"
+"""Key of the per-block quantiles of the units' gate activation RMS (the activation scale's source)."""
 
 
-def _models(store: Store, ranks: Mapping[str, tuple[float, ...]]) -> list[ModelInfo]:
+def _models(store: Store, activations: Mapping[str, tuple[tuple[float, ...], tuple[float, ...] | None]]
+            ) -> list[ModelInfo]:
     rows = lineage_tables.ok_models(store)
     return [
         ModelInfo(
@@ -31,28 +37,41 @@ def _models(store: Store, ranks: Mapping[str, tuple[float, ...]]) -> list[ModelI
             n_layers=r["n_layers"], hidden_size=r["hidden_size"], intermediate_size=r["intermediate_size"],
             n_experts=r["n_experts"], declared_base_models=tuple(r["declared_base_models"] or ()),
             declared_relation=r["declared_relation"], claims_from_scratch=bool(r["claims_from_scratch"]),
-            license=r["license"], created_at=r["created_at"], activation_rank=ranks.get(r["model_id"]),
+            license=r["license"], created_at=r["created_at"],
+            activation_rank=activations.get(r["model_id"], (None, None))[0],
+            activation_scale=activations.get(r["model_id"], (None, None))[1],
+            declared_merge=MergeDeclaration.from_json(r["merge_config"]),
         )
         for r in rows.iter_rows(named=True)
     ]
 
 
-def _activation_ranks(store: Store) -> dict[str, tuple[float, ...]]:
-    """Per-block activation effective rank from the current models' fingerprint headers (fingerprints written
-    before it was recorded, missing or damaged ones are skipped: that model's pairs get no such vote)."""
+def _activation_summaries(store: Store) -> dict[str, tuple[tuple[float, ...], tuple[float, ...] | None]]:
+    """Per-block activation effective rank and activation scale from the current models' fingerprint headers
+    (fingerprints written before one was recorded, missing or damaged ones are skipped: that model's pairs get no
+    such vote)."""
     try:
         from scanner.fingerprint_store import read_fingerprint_meta_at
     except ImportError:
         return {}
-    out: dict[str, tuple[float, ...]] = {}
+    out: dict[str, tuple[tuple[float, ...], tuple[float, ...] | None]] = {}
     for model_id, path in lineage_tables.current_fingerprint_files(store):
         try:
-            values = read_fingerprint_meta_at(path).summaries.get(RANK_SUMMARY)
-        except Exception:  # a missing or damaged fingerprint only costs this weak signal
+            summaries = read_fingerprint_meta_at(path).summaries
+        except Exception:  # a missing or damaged fingerprint only costs these weak signals
             continue
-        if values:
-            out[model_id] = tuple(float(v) for v in values)
+        if summaries.get(RANK_SUMMARY):
+            out[model_id] = (tuple(float(v) for v in summaries[RANK_SUMMARY]), activation_scale(summaries))
     return out
+
+
+def activation_scale(summaries: Mapping) -> tuple[float, ...] | None:
+    """Per block, the median over units of each unit's gate activation RMS (``gate_rms_quantiles``), when recorded."""
+    quantiles, per_block = summaries.get("activation_rms_quantiles"), summaries.get(SCALE_SUMMARY)
+    if not quantiles or not per_block or 0.5 not in quantiles:
+        return None
+    median = list(quantiles).index(0.5)
+    return tuple(float(block[median]) for block in per_block)
 
 
 def _tests(store: Store, statistic: str) -> list[PairTest]:
@@ -79,18 +98,20 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
          "block_map": json.dumps([{"layer_a": a, "layer_b": b} for a, b in e.block_map]),
          "family_id": family_of.get(e.test.model_a) if e.joins_family else None,
          "tree_link": links.get((e.test.model_a, e.test.model_b)) or links.get((e.test.model_b, e.test.model_a)),
-         "q": lineage.q, "method": lineage.method, "built_at": now}
+         "kinship": e.kinship, "q": lineage.q, "method": lineage.method, "built_at": now}
         for e in lineage.edges
     ], schema_overrides={"direction_reasons": pl.List(pl.String), "parent": pl.String, "child": pl.String,
-                         "family_id": pl.String, "tree_link": pl.String}, infer_schema_length=None)
+                         "family_id": pl.String, "tree_link": pl.String, "kinship": pl.String},
+        infer_schema_length=None)
     families = pl.DataFrame([
         {"family_id": f.family_id, "root": f.root, "n_members": len(f.members),
          "first_built_at": first_built.get(f.family_id, now), "built_at": now, "q": lineage.q, "method": lineage.method,
-         "min_direction_confidence": lineage.min_direction_confidence}
+         "min_direction_confidence": lineage.min_direction_confidence, "root_decided": f.root_decided}
         for f in lineage.families
     ])
     members = pl.DataFrame([
-        {"family_id": f.family_id, "model_id": m, "revision": lineage.models[m].revision, "is_root": m == f.root,
+        {"family_id": f.family_id, "model_id": m, "revision": lineage.models[m].revision,
+         "is_root": m == f.root and f.root_decided,
          "parents": [p for p, k in f.parents.get(m, ()) if k in ("tree", "copy")],
          "merge_parents": [p for p, k in f.parents.get(m, ()) if k == "merge"]}
         for f in lineage.families for m in f.members
@@ -107,10 +128,44 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
 def _compute(store: Store, q: float, method: Method, statistic: str, min_direction_confidence: float
              ) -> tuple[Lineage, dict[str, datetime]]:
     previous, first_built = lineage_tables.stored_families(store)
-    lineage = compute_lineage(_models(store, _activation_ranks(store)), _tests(store, statistic), q=q, method=method,
-                              statistic=statistic, previous_families=previous,
-                              min_direction_confidence=min_direction_confidence)
+    models = _models(store, _activation_summaries(store))
+    tests = _tests(store, statistic)
+    lineage = compute_lineage(models, tests, q=q, method=method, statistic=statistic, previous_families=previous,
+                              min_direction_confidence=min_direction_confidence,
+                              block_maps=_block_maps(store, models, tests))
     return lineage, first_built
+
+
+def _block_maps(store: Store, models: list[ModelInfo], tests: list[PairTest]) -> dict[tuple[str, str], BlockMap]:
+    """The any-order block maps of the depth-changed related pairs (lineage_graph.block_maps.wanted): those kept in
+    the store, the others made from the two stored fingerprints and kept (unless the store is read-only). A pair
+    whose fingerprints are gone or damaged gets none, and is read as before (its depth vote alone)."""
+    from scanner.fingerprint_store import read_fingerprint_at
+
+    kept = lineage_tables.stored_block_maps(store)
+    paths = lineage_tables.current_fingerprint_paths(store)
+    test_of = {(t.model_a, t.model_b): t for t in tests}
+    out: dict[tuple[str, str], BlockMap] = {}
+    made: list[tuple[str, str, str, str, str, str]] = []
+    for a, b in wanted({m.model_id: m for m in models}, tests):
+        t = test_of[(a, b)]
+        key = (a, t.revision_a, b, t.revision_b, t.input_set)
+        if key in kept:
+            out[(a, b)] = _decoded(kept[key])
+            continue
+        try:
+            out[(a, b)] = any_order_map(read_fingerprint_at(paths[(a, t.input_set)]),
+                                        read_fingerprint_at(paths[(b, t.input_set)]))
+        except Exception:  # a missing or damaged fingerprint: the pair keeps its depth vote alone
+            continue
+        made.append((*key, json.dumps([asdict(link) for link in out[(a, b)]])))
+    if made and not store.read_only:
+        lineage_tables.put_block_maps(store, made)
+    return out
+
+
+def _decoded(text: str) -> BlockMap:
+    return tuple(BlockLink(**link) for link in json.loads(text))
 
 
 def read_lineage(store: Store, *, statistic: str = "match") -> Lineage:

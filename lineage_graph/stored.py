@@ -1,7 +1,7 @@
 """The lineage as the last rebuild stored it (lineage_edges, families, family_members, discrepancies), turned back
-into lineage_graph's own objects for one pair or one family: what `hubtrace report` and `hubtrace serve`'s pair
-page write their evidence report from, and serve's family view draws, without recomputing the whole hub's lineage
-(`lineage_graph.persist.read_lineage` takes minutes at 10^4 models)."""
+into lineage_graph's own objects for one pair, one family or the whole hub: what `hubtrace report`, `graph` and
+`discrepancies` and `hubtrace serve`'s pair page write from, and serve's family view draws, without recomputing the
+whole hub's lineage (`lineage_graph.persist.read_lineage` takes minutes at 10^4 models)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import polars as pl
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, Direction, Discrepancy, Edge, ModelInfo, PairTest
 from lineage_graph.families import Family
 from lineage_graph.lineage import Lineage
+from scanner.merge_config import MergeDeclaration
 from scanner.store import Store, lineage_tables, queries
 
 TREE_KINDS = ("tree", "copy")
@@ -42,11 +43,42 @@ def family_lineage(store: Store, family_id: str) -> Lineage | None:
     members = queries.family_members(store, family_id)
     ids = members["model_id"].to_list()
     rows = queries.lineage_edges_among(store, ids).rows(named=True)
-    tree = Family(family_id, tuple(sorted(ids)), family["root"], _parents(members, rows))
+    tree = Family(family_id, tuple(sorted(ids)), family["root"], _parents(members, rows), family["root_decided"])
     edges = [_edge(r) for r in rows]
     statistic = edges[0].test.statistic if edges else "match"
     return Lineage(family["q"], family["method"], statistic, _models(store, ids), edges, [tree],
                    _discrepancies(store, ids), _direction_level(store))
+
+
+def hub_lineage(store: Store) -> Lineage | None:
+    """The whole lineage as stored: every family with its tree, every dependent pair, every current model and every
+    discrepancy; None when no lineage was built yet (nothing stored to read)."""
+    setting = lineage_tables.last_fdr_setting(store)
+    if setting is None:
+        return None
+    rows = queries.dependent_edges(store).rows(named=True)
+    members = queries.all_family_members(store)
+    by_family: dict[str, pl.DataFrame] = dict(members.group_by("family_id")) if members.height else {}
+    edges_of: dict[str, list[dict]] = {}
+    family_of = dict(zip(members["model_id"], members["family_id"])) if members.height else {}
+    for r in rows:
+        fid = family_of.get(r["model_a"])
+        if fid is not None and family_of.get(r["model_b"]) == fid:
+            edges_of.setdefault(fid, []).append(r)
+    families = []
+    for f in queries.all_families(store).iter_rows(named=True):
+        group = by_family.get((f["family_id"],))
+        if group is None:
+            continue
+        families.append(Family(f["family_id"], tuple(sorted(group["model_id"])), f["root"],
+                               _parents(group, edges_of.get(f["family_id"], [])), f["root_decided"]))
+    ids = sorted(family_of)  # every model the rebuild read is in a family (a lone one in its own)
+    discrepancies = [Discrepancy(r["model_id"], r["kind"], r["related_model"], r["confidence"], r["detail"],
+                                 json.loads(r["evidence"] or "{}"))
+                     for r in queries.all_discrepancies(store).iter_rows(named=True)]
+    statistic = rows[0]["statistic"] if rows else "match"
+    return Lineage(setting[0], setting[1], statistic, _models(store, ids), [_edge(r) for r in rows], families,
+                   discrepancies, _direction_level(store))
 
 
 def _direction_level(store: Store) -> float:
@@ -81,7 +113,8 @@ def _models(store: Store, ids: list[str]) -> dict[str, ModelInfo]:
         hidden_size=r.get("hidden_size"), intermediate_size=r.get("intermediate_size"),
         n_experts=r.get("n_experts"), declared_base_models=tuple(r.get("declared_base_models") or ()),
         declared_relation=r.get("declared_relation"), claims_from_scratch=bool(r.get("claims_from_scratch")),
-        license=r.get("license"), created_at=r.get("created_at"))
+        license=r.get("license"), created_at=r.get("created_at"),
+        declared_merge=MergeDeclaration.from_json(r.get("merge_config")))
         for m, r in ((m, rows.get(m, {})) for m in ids)}
 
 
@@ -97,7 +130,8 @@ def _edge(row: dict) -> Edge:
                           tuple(row["direction_reasons"] or ()),
                           bool(row["direction_decided"]) or row["parent"] is None)  # stored as claimed
     block_map = tuple((int(b["layer_a"]), int(b["layer_b"])) for b in json.loads(row["block_map"] or "[]"))
-    return Edge(test, float(row["log10_q"]), bool(row["dependent"]), direction, block_map, bool(row["joins_family"]))
+    return Edge(test, float(row["log10_q"]), bool(row["dependent"]), direction, block_map, bool(row["joins_family"]),
+                row.get("kinship"))
 
 
 def _discrepancies(store: Store, ids: list[str]) -> list[Discrepancy]:

@@ -2,8 +2,10 @@
 
 A scan compares what a card declares with what the weights say, so this reads only the declaration: the
 ``base_model`` (one id or a list), ``base_model_relation``, ``license`` and ``tags`` (``from-scratch`` among
-them). Cards are written by strangers: a missing README, a card without front matter, YAML that does not parse
-or fields of the wrong type give an empty claim and a note saying why, never an exception.
+them; ``base_model:<id>`` and ``base_model:<relation>:<id>``, the tags PEFT, mergekit and the Hub write, name bases
+and a relation too, read the same from a local card as from the Hub). Cards are written by strangers: a missing
+README, a card without front matter, YAML that does not parse or fields of the wrong type give an empty claim and a
+note saying why, never an exception.
 """
 
 from __future__ import annotations
@@ -81,11 +83,13 @@ def card_from_metadata(meta: Any) -> Card:
     if relation is not None and relation not in HUB_RELATION_VALUES:
         notes.append(f"base_model_relation {str(relation)[:80]!r} is not one of {sorted(HUB_RELATION_VALUES)}; ignored")
         relation = None
+    tags = _strings(meta.get("tags"), "tags", notes)
+    tag_bases, tag_relation = declared_by_tags(tags)
     return Card(
         license=license_id,
-        base_model=_strings(meta.get("base_model"), "base_model", notes),
-        base_model_relation=relation,
-        tags=_strings(meta.get("tags"), "tags", notes),
+        base_model=_strings(meta.get("base_model"), "base_model", notes) or tag_bases,
+        base_model_relation=relation or tag_relation,
+        tags=tags,
         notes=tuple(notes),
     )
 
@@ -95,6 +99,25 @@ def adapter_card(card: Card, base: str) -> Card:
     declared (unless the card names bases itself) and the relation is `adapter` (unless the card says otherwise)."""
     return replace(card, base_model=card.base_model or (base,),
                    base_model_relation=card.base_model_relation or "adapter")
+
+
+def declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
+    """Bases and relation from ``base_model:<id>`` and ``base_model:<relation>:<id>`` tags (the first relation
+    named wins; ids in the order the tags give them)."""
+    bases: list[str] = []
+    relation = None
+    for tag in tags:
+        if not tag.startswith("base_model:"):
+            continue
+        rest = tag.removeprefix("base_model:")
+        kind, _, model = rest.partition(":")
+        if model and kind in HUB_RELATION_VALUES:
+            relation = relation or kind
+        else:
+            model = rest
+        if model and model not in bases:
+            bases.append(model)
+    return tuple(bases), relation
 
 
 def _strings(value: Any, field: str, notes: list[str]) -> tuple[str, ...]:

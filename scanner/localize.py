@@ -44,11 +44,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class BlockPair:
-    """phi_MATCH between block layer_a of A and block layer_b of B (FISHER over experts for MoE blocks)."""
+    """phi_MATCH between block layer_a of A and block layer_b of B (FISHER over experts for MoE blocks), and the
+    mean cosine of the matched units' activations (closeness: 1 for a copied block; None where nothing was
+    matched; for a pair that ended after its screen, the screen's units')."""
 
     layer_a: int
     layer_b: int
     log10_p: float
+    closeness: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,8 @@ class LocalizeResult:
             "threshold_log10": self.threshold_log10,
             "correction": f"bonferroni x{len(self.pairs)}",
             "order": "monotone" if self.monotone else "any",
-            "pairs": [{"layer_a": p.layer_a, "layer_b": p.layer_b, "log10_p": p.log10_p} for p in self.pairs],
+            "pairs": [{"layer_a": p.layer_a, "layer_b": p.layer_b, "log10_p": p.log10_p, "closeness": p.closeness}
+                      for p in self.pairs],
             "map": [{"layer_a": a, "layer_b": b} for a, b in self.map],
             "notes": list(self.notes),
         }
@@ -169,6 +173,7 @@ class _PairTester:
     def __init__(self, n_pairs: int, routed: tuple[list[int], list[int]], up_sign_free: bool, threshold_log10: float,
                  screen_units: int | None, screen_stop_log10_p: float) -> None:
         self.log10_p: dict[tuple[int, int], float] = {}
+        self.closeness: dict[tuple[int, int], float | None] = {}
         self.unit_maps: dict[tuple[int, int], np.ndarray] = {}
         self.n_pairs, self.routed, self.threshold = n_pairs, routed, threshold_log10
         self.up_sign_free = up_sign_free
@@ -181,11 +186,11 @@ class _PairTester:
         paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
         rows = _screen_rows(block_a, block_b, self.screen_units)
         if rows is not None:
-            self.log10_p[(i, j)] = _block_log10_p(paired, pairing, self.up_sign_free, rows)
+            self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free, rows)
             if self.log10_p[(i, j)] > self.screen_stop:
                 self.screened += 1
                 return
-        self.log10_p[(i, j)] = _block_log10_p(paired, pairing, self.up_sign_free)
+        self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free)
         if self.log10_p[(i, j)] + math.log10(max(1, self.n_pairs)) <= self.threshold:
             (x, y) = pairing.pairs[0]
             self.unit_maps[(i, j)] = _unit_map(block_a[x], block_b[y], self.up_sign_free)
@@ -205,7 +210,8 @@ class _PairTester:
                          f"of A (their p-value is the screen's, above {self.screen_stop:g}; still valid)")
         chosen = block_map(p, self.threshold, monotone=monotone) if p.size else []
         return LocalizeResult(
-            pairs=[BlockPair(i, j, float(p[i, j])) for i in range(p.shape[0]) for j in range(p.shape[1])],
+            pairs=[BlockPair(i, j, float(p[i, j]), self.closeness.get((i, j))) for i in range(p.shape[0])
+                   for j in range(p.shape[1])],
             map=chosen,
             unit_maps={pair: self.unit_maps[pair] for pair in chosen},
             model_a=model_a,
@@ -229,14 +235,17 @@ def _screen_rows(block_a: list[Units], block_b: list[Units], units: int | None) 
     return np.unique(np.linspace(0, width_a - 1, units).round().astype(np.int64))
 
 
-def _block_log10_p(paired: list[tuple[Units, Units]], pairing: ExpertPairing, up_sign_free: bool,
-                   rows: Any = None) -> float:
+def _block_test(paired: list[tuple[Units, Units]], pairing: ExpertPairing, up_sign_free: bool,
+                rows: Any = None) -> tuple[float, float | None]:
     """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given
-    (indices among A's informative units); an expert pair with too few informative units counts as p = 1."""
+    (indices among A's informative units): log10 p and the mean closeness of the paired experts (an expert pair with
+    too few informative units counts as p = 1 and adds no closeness)."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
-    log10_ps = [phi_match_similarity(pick(a.gate) @ b.gate.T, _up_similarity(pick(a.up), b.up, up_sign_free)).log10_p
-                if min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS else 0.0 for a, b in paired]
-    return pairing.combine(log10_ps)
+    tests = [phi_match_similarity(pick(a.gate) @ b.gate.T, _up_similarity(pick(a.up), b.up, up_sign_free))
+             if min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS else None for a, b in paired]
+    near = [t.closeness for t in tests if t is not None and t.closeness is not None]
+    return (pairing.combine([0.0 if t is None else t.log10_p for t in tests]),
+            float(np.mean(near)) if near else None)
 
 
 def _up_similarity(up_a: Any, up_b: Any, sign_free: bool) -> Any:

@@ -33,6 +33,7 @@ import pytest
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
 from scanner.zoo.encoders import GROUND_TRUTH as ENCODER_GROUND_TRUTH
 from scanner.zoo.encoders import EncoderZoo, build_encoder_zoo
+from scanner.zoo.tool_zoo import MergeZooSpec, build_merge_zoo
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -45,18 +46,20 @@ N_INDEPENDENT = 12
 
 #: The fine-tune chain base -> ft1 -> ft2 -> ft3 that family trees must draw as a path.
 CHAIN_SPEC = ChainSpec(length=3)
+#: The merge zoo of the suite (mergekit and PEFT on tiny models): seed 0, none of the benchmark's, half its training.
+MERGE_ZOO_SPEC = MergeZooSpec(seed=0, step_scale=0.5)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
-#: Fixtures that make a test slow: the trained zoos (the encoder zoo too) and the real model (minutes to build on a
+#: Fixtures that make a test slow: the trained zoos (the encoder and merge zoos too) and the real model (minutes to build on a
 #: fresh machine), the adversary suite's briefly trained models of every kind (test_adversary.py), and Ray clusters (a
 #: local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds", "encoder_zoo"})
+                           "trained_kinds", "encoder_zoo", "merge_zoo"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
-ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(")
+ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(", "build_merge_zoo(")
 #: A KS test in a test makes it a calibration study: a statistic's p-values over a simulated null sample, checked
 #: against uniform (a chi-square in a test is left alone: the canonical inputs' uniformity check is one cheap draw).
 CALIBRATION_CALLS = ("kstest(",)
@@ -109,7 +112,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
 #: zoo 142, chain 44.
-_BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "seed1", "seed2", "seed3", "chain")
+_BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "seed1", "seed2", "seed3", "merges", "chain")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -129,6 +132,8 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
         found["chain"] = partial(build_chain, CACHE / "chain", spec=CHAIN_SPEC)
     if "encoder_zoo" in names:
         found["encoders"] = partial(build_encoder_zoo, CACHE / "encoders")
+    if "merge_zoo" in names:
+        found["merges"] = partial(build_merge_zoo, CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
     return {name: found[name] for name in _BUILD_ORDER if name in found}
 
 
@@ -140,7 +145,7 @@ def _built(name: str) -> bool:
         return smollm2_fingerprints_built(CACHE)
     if name == "encoders":
         return (CACHE / "encoders" / ENCODER_GROUND_TRUTH).is_file()
-    folder = {"independent": "independent", "chain": "chain"}.get(name) or (
+    folder = {"independent": "independent", "chain": "chain", "merges": "merge-zoo-test"}.get(name) or (
         f"zoo-small-seed{name[4:]}" if name.startswith("seed") else name)
     return (CACHE / folder / "ground_truth.json").is_file()
 
@@ -205,6 +210,12 @@ def encoder_zoo() -> EncoderZoo:
     """Tiny BERT-style encoders trained alike from 8 seeds, and a fine-tune, a sentence-embedding fine-tune and a
     pruned copy of the first (scanner.zoo.encoders)."""
     return build_encoder_zoo(CACHE / "encoders")
+
+
+@pytest.fixture(scope="session")
+def merge_zoo() -> Zoo:
+    """Merges made with mergekit and a LoRA made with PEFT (scanner.zoo.tool_zoo), small: MERGE_ZOO_SPEC."""
+    return build_merge_zoo(CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
 
 
 @pytest.fixture(scope="session", params=OTHER_SEEDS)

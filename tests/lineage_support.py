@@ -11,15 +11,20 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from lineage_graph.evidence import ModelInfo, PairTest
+from lineage_graph.block_maps import any_order_map, wanted
+from lineage_graph.evidence import BlockMap, ModelInfo, PairTest
+from lineage_graph.persist import activation_scale
 from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
+from scanner.merge_config import read_merge_config
+from scanner.sources.records import record_from_card
 from scanner.zoo import Zoo, read_card
 
 
 def zoo_lineage_inputs(zoo: Zoo, prints: Mapping[str, Fingerprint] | None = None
                        ) -> tuple[list[PairTest], list[ModelInfo]]:
-    """phi_MATCH of all pairs (sorted ids, as scans order them) and the models with their cards, no dates; prints:
+    """phi_MATCH of all pairs (sorted ids, as scans order them) and the models with what their cards and merge configs
+    declare (as a local scan reads them), no dates; prints:
     the models' fingerprints on the default inputs when the caller has them (taken here otherwise)."""
     prints = prints if prints is not None else {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     tests = []
@@ -30,18 +35,32 @@ def zoo_lineage_inputs(zoo: Zoo, prints: Mapping[str, Fingerprint] | None = None
         tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, layers, r.inputs or "", closeness=r.closeness))
     models = []
     for model_id in zoo.ids:
-        meta, card = prints[model_id].meta, read_card(Path(zoo[model_id].path))
+        path = Path(zoo[model_id].path)
+        meta = prints[model_id].meta
+        record = record_from_card(model_id, "r0", "local", str(path), read_card(path), merge=read_merge_config(path))
         models.append(ModelInfo(model_id, "r0", meta.architecture, meta.n_layers, meta.hidden_size,
-                                meta.intermediate_size, meta.n_experts, card.base_model, card.base_model_relation,
-                                card.claims_from_scratch, card.license, None,
-                                tuple(meta.summaries["activation_effective_rank"])))
+                                meta.intermediate_size, meta.n_experts, record.base_models, record.base_model_relation,
+                                record.claims_from_scratch, record.license, None,
+                                tuple(meta.summaries["activation_effective_rank"]), activation_scale(meta.summaries),
+                                record.merge))
     return tests, models
 
 
+def zoo_block_maps(zoo: Zoo, tests: list[PairTest], models: list[ModelInfo],
+                   prints: Mapping[str, Fingerprint] | None = None) -> dict[tuple[str, str], BlockMap]:
+    """The any-order block maps a scan would make for the zoo's depth-changed related pairs (lineage_graph.block_maps:
+    the same selection), from the models' fingerprints (taken here for the models that need one, unless given)."""
+    pairs = wanted({m.model_id: m for m in models}, tests)
+    needed = {m for pair in pairs for m in pair}
+    prints = {m: (prints or {}).get(m) or fingerprint_model(zoo[m].path) for m in needed}
+    return {(a, b): any_order_map(prints[a], prints[b]) for a, b in pairs}
+
+
 def withhold_cards(models: list[ModelInfo]) -> list[ModelInfo]:
-    """The models as a folder of downloads shows them: no declared bases or relations, no claims, no dates."""
-    return [replace(m, declared_base_models=(), declared_relation=None, claims_from_scratch=False, created_at=None)
-            for m in models]
+    """The models as a folder of downloads shows them: no declared bases or relations, no merge configs, no claims,
+    no dates."""
+    return [replace(m, declared_base_models=(), declared_relation=None, claims_from_scratch=False, created_at=None,
+                    declared_merge=None) for m in models]
 
 
 def true_parent_links(zoo: Zoo) -> set[tuple[str, str]]:

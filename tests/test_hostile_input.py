@@ -20,7 +20,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape as xml_escape
 
 import matplotlib.image
-import networkx as nx
 import pydot
 import pytest
 import ray
@@ -32,6 +31,7 @@ from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
 from jobs.scan_job import run_scan
+from lineage_graph.export import read_graph
 from scanner.store import StoreLockedError
 from scanner.testing.broken import build_broken_corpus
 from scanner.testing.hostile import (
@@ -230,7 +230,7 @@ def test_every_graph_format_parses_with_every_model(scanned, hub) -> None:
     data = json.loads(_exported(scanned, "json").read_text())
     nodes = {n["id"] for n in data["nodes"]}
     assert set(ids) <= nodes  # exact ids: JSON holds any text
-    for fmt, read in (("graphml", nx.read_graphml), ("gexf", nx.read_gexf)):
+    for fmt, read in (("graphml", read_graph), ("gexf", read_graph)):
         ET.parse(_exported(scanned, fmt))  # well-formed XML 1.0 (control characters would make it fail)
         assert set(read(_exported(scanned, fmt)).nodes) == {xml_text(n) for n in nodes}, fmt
     dot = pydot.graph_from_dot_file(str(_exported(scanned, "dot")))

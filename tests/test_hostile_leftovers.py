@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from lineage_graph.export import write_graph
+from lineage_graph.export import read_graph, write_graph
 from scanner.cards import read_card
 from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, FingerprintError
@@ -76,7 +76,7 @@ def _graph() -> nx.DiGraph:
 def test_xml_exports_keep_an_id_and_its_spelled_out_escape_apart(fmt: str, tmp_path: Path) -> None:
     path = write_graph(_graph(), fmt, tmp_path / f"g.{fmt}")
     ET.parse(path)  # XML 1.0 holds both
-    read = nx.read_graphml(path) if fmt == "graphml" else nx.read_gexf(path)
+    read = read_graph(path)
     assert read.number_of_nodes() == 2
     assert set(read.nodes) == {xml_text(n) for n in TWINS}
 

@@ -18,14 +18,13 @@ import shutil
 from pathlib import Path
 
 import matplotlib.image
-import networkx as nx
 import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE
-from lineage_graph.export import FORMATS
+from lineage_graph.export import FORMATS, read_graph
 from scanner.zoo import Zoo
 from tests.scan_support import SUBSET, query, scan_subset
 
@@ -104,14 +103,17 @@ def test_lineage_rebuilds_with_the_asked_fdr_and_keeps_family_ids(db: Path, tmp_
 
 def test_discrepancies_name_the_planted_cards_and_no_honest_model(db: Path) -> None:
     found = json.loads(hubtrace("discrepancies", "--db", db, "--json").stdout)
+    # nimbus is a camouflaged copy of chat (which of the two is the original, the weights cannot say), and chat
+    # derives from the base by a decided link: the copy's from-scratch claim is contradicted through the base
     assert {(d["model_id"], d["kind"], d["related_model"]) for d in found} == {
-        (NIMBUS, "false_from_scratch", CHAT), (LITE, "undeclared_base", BASE),
+        (NIMBUS, "false_from_scratch", BASE), (LITE, "undeclared_base", BASE),
         (EMBER, "declared_base_independent", BASE)}
+    assert f"copy of {CHAT}" in next(d["detail"] for d in found if d["model_id"] == NIMBUS)
     assert not {d["model_id"] for d in found} & {BASE, CHAT, TUNDRA}
     assert [d["confidence"] for d in found] == sorted((d["confidence"] for d in found), reverse=True)
-    stored = query(db, "SELECT log10_p FROM pair_tests WHERE model_a = ? AND model_b = ?", [CHAT, NIMBUS])
+    stored = query(db, "SELECT log10_p FROM pair_tests WHERE model_a = ? AND model_b = ?", [BASE, CHAT])
     nimbus = next(d for d in found if d["model_id"] == NIMBUS)
-    assert nimbus["evidence"]["log10_p"] == stored["log10_p"][0] < -400
+    assert nimbus["evidence"]["log10_p"] == stored["log10_p"][0] < -200
     assert all(d["model_id"] in d["detail"] and d["related_model"] in d["detail"] for d in found)
 
     text = hubtrace("discrepancies", "--db", db).stdout
@@ -121,13 +123,29 @@ def test_discrepancies_name_the_planted_cards_and_no_honest_model(db: Path) -> N
     assert all(f"conf {d['confidence']:.2f}" in line for d, line in zip(found, lines))
 
 
+def test_graph_and_discrepancies_read_what_the_rebuild_stored(db: Path, tmp_path: Path) -> None:
+    """Neither command recomputes the lineage: what they print is what the last rebuild stored, here edited by hand
+    in a copy of the database (a recomputation would restore it)."""
+    from scanner.store import Store
+
+    copy = tmp_path / "copy.duckdb"
+    shutil.copy(db, copy)
+    with Store(copy) as store:
+        store.connection.execute("UPDATE discrepancies SET detail = 'as stored' WHERE model_id = ?", [LITE])
+        store.connection.execute("UPDATE lineage_edges SET direction_reasons = ['stored reason'] WHERE dependent")
+    assert "as stored" in hubtrace("discrepancies", "--db", copy).stdout
+    links = graph_json(copy, tmp_path / "g.json")["links"]
+    assert links and all(link["reasons"] == "stored reason" for link in links)
+    assert nodes(graph_json(copy, tmp_path / "f.json", "--family", BASE)) == AURORA
+
+
 def test_graph_writes_every_format_so_that_it_parses_back(db: Path, tmp_path: Path) -> None:
     dependent = {frozenset((a, b)) for a in AURORA for b in AURORA if a < b}
     for fmt in FORMATS:
         out = tmp_path / f"lineage.{fmt}"
         written = hubtrace("graph", "--db", db, "--format", fmt, "--out", out)
         assert written.stdout == f"wrote {out} (6 models, 6 edges)\n"
-    for reread in (nx.read_graphml(tmp_path / "lineage.graphml"), nx.read_gexf(tmp_path / "lineage.gexf")):
+    for reread in (read_graph(tmp_path / "lineage.graphml"), read_graph(tmp_path / "lineage.gexf")):
         assert set(reread.nodes) == set(SUBSET) and {frozenset(e) for e in reread.edges} == dependent
         assert reread.nodes[NIMBUS]["discrepancies"] == "false_from_scratch" and reread.nodes[BASE]["is_root"]
     data = json.loads((tmp_path / "lineage.json").read_text())

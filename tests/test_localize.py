@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from jobs.cli import EXIT_REFUSED, app
 from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
 from scanner.inputs import InputSpec
-from scanner.localize import _block_log10_p, _screen_rows, _unit_blocks, localize, plot_unit_map
+from scanner.localize import _block_test, _screen_rows, _unit_blocks, localize, plot_unit_map
 from scanner.stats.block_map import block_map, bonferroni_log10
 from scanner.stats.experts import pair_experts
 from scanner.testing.synthetic import synthetic_pair
@@ -122,7 +122,9 @@ def test_cli_json_shape_and_plots(zoo: Zoo, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert len(data["pairs"]) == 12
-    assert all(set(p) == {"layer_a", "layer_b", "log10_p"} for p in data["pairs"])
+    assert all(set(p) == {"layer_a", "layer_b", "log10_p", "closeness"} for p in data["pairs"])
+    mapped = {(p["layer_a"], p["layer_b"]): p["closeness"] for p in data["pairs"]}
+    assert all(0.0 < mapped[(m["layer_a"], m["layer_b"])] <= 1.0 for m in data["map"])  # the pruned model's blocks
     assert [(m["layer_a"], m["layer_b"]) for m in data["map"]] == [(0, 0), (1, 1), (3, 2)]
     assert all(set(m) == {"layer_a", "layer_b"} for m in data["map"])
     assert sorted(Path(p).name for p in data["plots"]) == [
@@ -171,7 +173,7 @@ def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprin
     rows = _screen_rows(blocks_a[0], blocks_b[0], 100)
     assert rows is not None and rows.size == 100
     single = pair_experts([(np.zeros((1, 1)),) * 2], [(np.zeros((1, 1)),) * 2])
-    p = [10 ** _block_log10_p(list(zip(x, y)), single, rows) for x, y in zip(blocks_a, blocks_b)]
+    p = [10 ** _block_test(list(zip(x, y)), single, rows)[0] for x, y in zip(blocks_a, blocks_b)]
     assert kstest(p, "uniform").pvalue > 0.001
 
 

@@ -29,14 +29,15 @@ from tests.lineage_support import true_parent_links, withhold_cards, zoo_lineage
 
 
 def _additive(links: dict[str, tuple[str, float]]) -> dict[tuple[str, str], float]:
-    """Closeness of every pair of a tree given as child -> (parent, branch length): 1 - path length."""
+    """Closeness of every pair of a tree given as child -> (parent, branch length): exp(-path length), the geometry
+    the merge test reads (-log closeness adds along lineages; 1 - closeness for short paths)."""
     import networkx as nx
 
     tree = nx.Graph()
     for child, (parent, length) in links.items():
         tree.add_edge(parent, child, weight=length)
     lengths = dict(nx.all_pairs_dijkstra_path_length(tree))
-    return {(a, b): 1.0 - lengths[a][b] for a, b in itertools.combinations(sorted(tree.nodes), 2)}
+    return {(a, b): math.exp(-lengths[a][b]) for a, b in itertools.combinations(sorted(tree.nodes), 2)}
 
 
 def _growth_orders(tree, root: str) -> int:
@@ -226,7 +227,9 @@ def other_seed(seed_zoo: Zoo) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
 
 def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     """With cards: every tree link is a true parent link and the merge has both parents. Cards and dates withheld:
-    the same, with copies linked as copies (bench_family_trees.py measures what each evidence source adds)."""
+    the same, with copies linked as copies, except that a child as near (within closeness noise) to a merge of its
+    parent as to the parent itself is linked to both, "cannot tell" (bench_family_trees.py measures what each
+    evidence source adds)."""
     zoo, tests, models = other_seed
     truth = true_parent_links(zoo)
     lineage = compute_lineage(models, tests)
@@ -240,7 +243,12 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     # outweighed by the family's shape whether it is cast or not: docs/lineage.md, "Margins".)
     withheld = compute_lineage(withhold_cards(models), tests)
     kinds = {(p, c): kind for f in withheld.families for p, c, kind in f.tree_edges()}
-    assert set(kinds) == truth
+    closeness = {frozenset((t.model_a, t.model_b)): t.closeness for t in tests}
+    assert truth <= set(kinds)
+    for p, c in set(kinds) - truth:  # only a second candidate for a child the distances cannot place
+        (true_parent,) = [q for q, child in truth if child == c]
+        assert "alternative" in (kinds[(p, c)], kinds[(true_parent, c)]) and zoo[p].relation == "merge"
+        assert abs(closeness[frozenset((p, c))] - closeness[frozenset((true_parent, c))]) < phylogeny.CLOSENESS_NOISE
     for p, c in truth:
         d = withheld.edge(p, c).direction
         if withheld.edge(p, c).test.closeness >= CLONE_CLOSENESS:
@@ -253,9 +261,10 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
 
 
 def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(tmp_path: Path) -> None:
-    """Through a real store: a base, three fine-tunes and a copy of one of them, no cards, no fingerprints (no rank
-    votes). Every row with a tree_link names its parent and child with a confidence; the copy is a 'copy' link at
-    0.5 (no direction claimed); the base's links are directed by the family's shape alone."""
+    """Through a real store: a base, three fine-tunes and a copy of one of them, no cards, no fingerprints (no rank or
+    scale votes). Every row with a tree_link names its parent and child with a confidence of at least 0.5; the copy
+    is a 'copy' link at 0.5 (no direction claimed); the base's links lean the way the family's shape says, and the
+    shape alone claims nothing (it needs a second source), so no link is decided whatever its confidence."""
     from dataclasses import replace
 
     from lineage_graph.persist import read_lineage, rebuild_lineage
@@ -281,7 +290,7 @@ def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(
     assert len(rows) == len(models) - 1
     for r in rows:
         assert {r["parent"], r["child"]} == {r["model_a"], r["model_b"]} and 0.5 <= r["direction_confidence"] <= 1.0
-        assert r["direction_decided"] == (r["direction_confidence"] >= 0.7) and r["min_direction_confidence"] == 0.7
+        assert not r["direction_decided"] and r["min_direction_confidence"] == 0.7
     by_pair = {frozenset((r["model_a"], r["model_b"])): r for r in rows}
     copy = by_pair[frozenset(("o/ft1", "x/copy"))]
     assert copy["tree_link"] == "copy" and copy["direction_confidence"] == 0.5 and not copy["direction_decided"]

@@ -315,3 +315,23 @@ def test_pages_read_well_at_desktop_and_phone_size(scanned: Server, window: tupl
         assert g["labels_outside"] == [], name
         for table in g["tables"]:  # wider than the window only inside a box that scrolls
             assert (table["box"] if table["box"] is not None else table["right"]) <= width + 0.5, (name, table)
+
+
+def test_a_relative_is_named_by_its_kinship_not_said_to_derive() -> None:
+    """The model page's words for a relative come from its kinship in the family tree: a sibling or a cousin is
+    said to be one (neither derives from the other), an undecided order says so, an ancestor is an ancestor."""
+    from jobs.web.views.model import relation
+
+    def row(kinship, parent=None, child=None, decided=False, tree_link=None):
+        return {"model_id": "o/other", "kinship": kinship, "parent": parent, "child": child,
+                "direction_decided": decided, "tree_link": tree_link}
+
+    assert "sibling" in relation(row("sibling")) and "neither derives" in relation(row("sibling"))
+    assert "cousin" in relation(row("cousin"))
+    assert "undecided" in relation(row("relative", "o/other", "o/this"))
+    assert relation(row("ancestor", "o/other", "o/this", True)).startswith("an ancestor")
+    assert relation(row("ancestor", "o/this", "o/other", True)).startswith("a descendant")
+    assert relation(row("parent", "o/other", "o/this", True, "tree")) == "its parent"
+    assert "undecided" in relation(row("parent", "o/other", "o/this", False, "tree"))
+    assert relation(row(None, "o/other", "o/this", True, "tree")) == "its parent"  # a rebuild from before kinships
+    assert "derives" not in relation(row("sibling")).replace("neither derives", "")

@@ -264,7 +264,17 @@ def test_who_depends_on_and_derives_from(db: Path) -> None:
         tree = queries.derives_from(store, "org/base")
         assert tree.select("model_id", "parent", "depth").rows() == [("org/ft", "org/base", 1),
                                                                       ("copy/ft", "org/ft", 2)]
+        assert tree["direction_decided"].to_list() == [True, True]
         assert queries.derives_from(store, "copy/ft").height == 0
+        # a link whose direction is undecided: the model below it is listed after the others, and says so
+        store.connection.execute(
+            "INSERT INTO lineage_edges (model_a, model_b, dependent, parent, child, tree_link, log10_p, "
+            "direction_decided) VALUES ('org/ft', 'x/maybe', true, 'org/ft', 'x/maybe', 'tree', -40, false)")
+        tree = queries.derives_from(store, "org/base")
+        assert tree["model_id"].to_list() == ["org/ft", "copy/ft", "x/maybe"]
+        maybe = tree.row(2, named=True)
+        assert not maybe["direction_decided"] and "undecided" in maybe["relation"] and maybe["depth"] == 2
+        assert tree["relation"].to_list()[:2] == ["derives from it", "derives from it"]
 
 
 def test_claims_no_parent_but_depends(db: Path) -> None:

@@ -14,6 +14,7 @@ from scanner.errors import HubtraceError
 from scanner.text_safety import json_visible, terminal
 
 if TYPE_CHECKING:
+    from lineage_graph.lineage import Lineage
     from scanner.store import Store
 
 Db = Annotated[Path, typer.Option("--db", help="The scan's DuckDB file.")]
@@ -67,14 +68,13 @@ def graph_command(
 ) -> None:
     """Export the lineage graph (families, directions, evidence) for Gephi, Graphviz, a browser or a slide."""
     from lineage_graph.export import FORMATS, lineage_graph, write_graph
-    from lineage_graph.persist import read_lineage
 
     if fmt not in FORMATS:
         raise CommandError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if family is not None and model is not None:
         raise CommandError("--family and --model are alternatives; give one of them")
     with _open(db, read_only=True) as store:
-        lineage = read_lineage(store)
+        lineage = _stored(store, family)
     try:
         graph = lineage_graph(lineage, family=family, model=model)
     except KeyError as exc:  # an unknown family or model id
@@ -86,23 +86,43 @@ def graph_command(
     typer.echo(f"wrote {written} ({graph.number_of_nodes()} models, {graph.number_of_edges()} edges)")
 
 
+def _stored(store: Store, family: str | None) -> Lineage:
+    """The lineage the last rebuild stored (one family of it when asked), read back, not recomputed; recomputed in
+    memory only for a database whose lineage was never built."""
+    from lineage_graph.persist import read_lineage
+    from lineage_graph.stored import family_lineage, hub_lineage
+
+    if family is not None and (one := family_lineage(store, family)) is not None:
+        return one
+    return hub_lineage(store) or read_lineage(store)
+
+
 def discrepancies_command(
     db: Db, as_json: Annotated[bool, typer.Option("--json", help="One JSON array instead of text.")] = False
 ) -> None:
-    """Models whose card disagrees with their weights, most confident first."""
-    from lineage_graph.persist import read_lineage
+    """Models whose card disagrees with their weights, most confident first; then the relations whose order is
+    undecided, where no card is accused ("cannot tell")."""
+    from lineage_graph.discrepancies import CANNOT_TELL
 
     with _open(db, read_only=True) as store:
-        found = sorted(read_lineage(store).discrepancies, key=lambda d: (-d.confidence, d.model_id))
+        found = sorted(_stored(store, None).discrepancies,
+                       key=lambda d: (d.kind == CANNOT_TELL, -d.confidence, d.model_id))
     if as_json:
         typer.echo(json_visible(json.dumps([{"model_id": d.model_id, "kind": d.kind, "related_model": d.related_model,
                                 "confidence": d.confidence, "detail": d.detail, "evidence": d.evidence}
                                for d in found], indent=2, default=str)))
         return
-    for d in found:
-        typer.echo(terminal(f"{d.model_id:40s} {d.kind:26s} conf {d.confidence:.2f}  {d.detail}"))
-    if not found:
+    accused = [d for d in found if d.kind != CANNOT_TELL]
+    for d in accused:
+        typer.echo(terminal(f"{d.model_id:40s} {d.kind:31s} conf {d.confidence:.2f}  {d.detail}"))
+    if not accused:
         typer.echo("no discrepancies")
+    undecided = [d for d in found if d.kind == CANNOT_TELL]
+    if undecided:
+        typer.echo(f"\ncannot tell ({len(undecided)}): related, neither card declares the other, and which came "
+                   "first is undecided, so no card is accused:")
+        for d in undecided:
+            typer.echo(terminal(f"{d.model_id:40s} {d.related_model or '':40s}  {d.detail}"))
 
 
 def report_command(

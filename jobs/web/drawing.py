@@ -75,8 +75,14 @@ def family_drawing(graph: nx.DiGraph) -> Drawing:
             continue  # only the tree's links: every dependence is on the model pages
         style = LINK_STYLES[kind]
         (x1, y1), (x2, y2) = centre[u], centre[v]
-        down = 1 if y2 >= y1 else -1
-        links.append(Link(x1, y1 + down * BOX_H / 2, x2, y2 - down * BOX_H / 2, kind, style.color,
+        if y1 == y2:  # side by side (an undecided or copy link): from one box's side to the other's
+            side = 1 if x2 >= x1 else -1
+            x1, x2 = x1 + side * BOX_W / 2, x2 - side * BOX_W / 2
+            y_from = y_to = y1
+        else:
+            down = 1 if y2 > y1 else -1
+            y_from, y_to = y1 + down * BOX_H / 2, y2 - down * BOX_H / 2
+        links.append(Link(x1, y_from, x2, y_to, kind, style.color,
                           style.dashed, arrow_drawn(a), f"{style.legend}: {u} → {v}, "
                           f"p = {format_p(a['log10_p'])}, direction confidence {a['confidence']:.0%}"))
     width = max((x for x, _ in centre.values()), default=0.0) + BOX_W / 2 + MARGIN

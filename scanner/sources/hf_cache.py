@@ -22,6 +22,7 @@ from scanner.cards import adapter_card, read_card
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS
 from scanner.formats.lora import ADAPTER_CONFIG
 from scanner.formats.lora_base import adapter_base
+from scanner.merge_config import read_merge_config
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 _MODEL_FILE_PATTERNS = ("config.json", ADAPTER_CONFIG, "*.safetensors", "*.safetensors.index.json",
@@ -55,6 +56,7 @@ def discover_hf_cache(cache_dir: Path | None = None) -> Iterator[ModelRecord | S
             str(revision.snapshot_path),
             card if base is None else adapter_card(card, base.model_id),
             last_modified=datetime.fromtimestamp(revision.last_modified, tz=UTC),
+            merge=read_merge_config(revision.snapshot_path),
         )
 
 

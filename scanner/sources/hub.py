@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.repocard_data import CardData
 from huggingface_hub.utils import validate_repo_id
 
-from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata
+from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata, declared_by_tags
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES, read_json_file
 from scanner.errors import CheckpointError, UnsafeCheckpointError, one_line
 from scanner.formats.lora import ADAPTER_CONFIG, ADAPTER_PICKLE, ADAPTER_WEIGHTS, read_adapter_config
@@ -81,7 +81,7 @@ def hub_record(info: ModelInfo, endpoint: str) -> ModelRecord | SourceFailure:
     card_data = info.card_data.to_dict() if isinstance(info.card_data, CardData) else info.card_data
     card = card_from_metadata(card_data)
     hub_tags = tuple(t for t in info.tags or () if isinstance(t, str))
-    tag_bases, tag_relation = _declared_by_tags(hub_tags)
+    tag_bases, tag_relation = declared_by_tags(hub_tags)
     listed_bases, listed_relation = _declared_by_base_models(getattr(info, "base_models", None))
     tags = hub_tags + tuple(t for t in card.tags if t not in hub_tags)
     license_tags = [t.removeprefix("license:") for t in hub_tags if t.startswith("license:")]
@@ -217,24 +217,6 @@ def _fetching(where: str, what: str, retry: RetryPolicy, fn: Callable[[], T]) ->
         status = getattr(getattr(e, "response", None), "status_code", None)
         detail = f"HTTP {status}" if status else type(e).__name__
         raise SourceFetchError(f"{where}: fetching {what} failed ({detail}): {one_line(e, 300)}") from e
-
-
-def _declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
-    """Parents and relation from the Hub's ``base_model:<id>`` and ``base_model:<relation>:<id>`` tags."""
-    bases: list[str] = []
-    relation = None
-    for tag in tags:
-        if not tag.startswith("base_model:"):
-            continue
-        rest = tag.removeprefix("base_model:")
-        kind, _, model = rest.partition(":")
-        if model and kind in HUB_RELATION_VALUES:
-            relation = relation or kind
-        else:
-            model = rest
-        if model and model not in bases:
-            bases.append(model)
-    return tuple(bases), relation
 
 
 def _declared_by_base_models(value: object) -> tuple[tuple[str, ...], str | None]:

@@ -21,6 +21,7 @@ from scanner.cards import Card, adapter_card, read_card
 from scanner.files import PathRefused, resolve_inside
 from scanner.formats.gguf import GGUF_SUFFIX
 from scanner.formats.lora_base import adapter_base
+from scanner.merge_config import read_merge_config
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.
@@ -93,6 +94,7 @@ def _record(real_root: Path, model_id: str, model_dir: Path, follow_links: bool)
         str(model_dir),
         card,
         last_modified=datetime.fromtimestamp(newest / 1e9, tz=UTC) if newest is not None else None,
+        merge=read_merge_config(model_dir),
     )
     return replace(record, follow_links=follow_links)
 

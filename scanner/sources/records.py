@@ -9,6 +9,7 @@ from typing import Literal, get_args
 
 from scanner.cards import Card
 from scanner.errors import HubtraceError
+from scanner.merge_config import MergeDeclaration
 
 SourceKind = Literal["local", "hf_cache", "hub"]
 SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)
@@ -25,7 +26,7 @@ class ModelRecord:
     revision: str                 # hub commit sha; local: sha256 over (relative path, size, mtime_ns) of its files
     source: SourceKind
     location: str                 # local folder, or "<endpoint>/<model_id>" before download
-    base_models: tuple[str, ...]  # declared: card base_model, or the Hub's baseModels / base_model: tags
+    base_models: tuple[str, ...]  # declared: card base_model, the Hub's baseModels / base_model: tags, merge config
     base_model_relation: str | None
     claims_from_scratch: bool
     license: str | None
@@ -34,6 +35,7 @@ class ModelRecord:
     last_modified: datetime | None
     notes: tuple[str, ...] = ()   # what could not be read (e.g. a card without front matter)
     follow_links: bool = False    # links out of the model folder are followed (a local source that opted in)
+    merge: MergeDeclaration | None = None  # what the folder's mergekit_config.yml declares (method, sources, blocks)
 
 
 @dataclass(frozen=True)
@@ -50,19 +52,23 @@ class SourceFetchError(HubtraceError):
 
 
 def record_from_card(model_id: str, revision: str, source: str, location: str, card: Card, *,
-                     created_at: datetime | None = None, last_modified: datetime | None = None) -> ModelRecord:
-    """A record whose lineage claim is exactly what ``card`` declares (local folders, cached snapshots)."""
+                     created_at: datetime | None = None, last_modified: datetime | None = None,
+                     merge: MergeDeclaration | None = None) -> ModelRecord:
+    """A record whose lineage claim is what ``card`` declares (local folders, cached snapshots), with the models a
+    merge config names added to the card's bases (relation "merge" when the card names none)."""
+    merged_from = tuple(p for p in (merge.parents if merge else ()) if p not in card.base_model and p != model_id)
     return ModelRecord(
         model_id=model_id,
         revision=revision,
         source=source,
         location=location,
-        base_models=card.base_model,
-        base_model_relation=card.base_model_relation,
+        base_models=card.base_model + merged_from,
+        base_model_relation=card.base_model_relation or ("merge" if merge and merge.parents else None),
         claims_from_scratch=card.claims_from_scratch,
         license=card.license,
         tags=card.tags,
         created_at=created_at,
         last_modified=last_modified,
-        notes=card.notes,
+        notes=card.notes + (merge.notes if merge else ()),
+        merge=merge,
     )

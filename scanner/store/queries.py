@@ -36,20 +36,30 @@ ORDER BY t.log10_p, model_id
 """Models whose weights depend on $model by a current pair test at log10 p <= $threshold (either direction)."""
 
 DESCENDANTS_SQL = """
-WITH RECURSIVE tree(model_id, parent, depth, link, log10_p, direction_confidence, path) AS (
-    SELECT child, parent, 1, tree_link, log10_p, direction_confidence, [parent, child]
+WITH RECURSIVE tree(model_id, parent, depth, link, log10_p, direction_confidence, decided, path) AS (
+    SELECT child, parent, 1, tree_link, log10_p, direction_confidence, coalesce(direction_decided, true),
+           [parent, child]
     FROM lineage_edges WHERE dependent AND tree_link IS NOT NULL AND parent = $model
   UNION ALL
-    SELECT e.child, e.parent, t.depth + 1, e.tree_link, e.log10_p, e.direction_confidence, list_append(t.path, e.child)
+    SELECT e.child, e.parent, t.depth + 1, e.tree_link, e.log10_p, e.direction_confidence,
+           t.decided AND coalesce(e.direction_decided, true), list_append(t.path, e.child)
     FROM lineage_edges e JOIN tree t ON e.parent = t.model_id
     WHERE e.dependent AND e.tree_link IS NOT NULL AND NOT list_contains(t.path, e.child)
 )
-SELECT model_id, arg_min(parent, depth) AS parent, min(depth) AS depth, arg_min(link, depth) AS link,
-       arg_min(log10_p, depth) AS log10_p, arg_min(direction_confidence, depth) AS direction_confidence
-FROM tree GROUP BY model_id ORDER BY depth, model_id
+SELECT model_id, arg_max(parent, (decided, -depth)) AS parent, min(depth) AS depth,
+       arg_max(link, (decided, -depth)) AS link, arg_max(log10_p, (decided, -depth)) AS log10_p,
+       arg_max(direction_confidence, (decided, -depth)) AS direction_confidence,
+       bool_or(decided) AS direction_decided,
+       CASE WHEN bool_or(decided AND link NOT IN ('alternative', 'copy')) THEN 'derives from it'
+            WHEN bool_or(decided AND link = 'copy') THEN 'copy: the same function'
+            WHEN bool_or(decided) THEN 'perhaps derives from it (the tree cannot tell between two parents)'
+            ELSE 'related; a link between them is undecided, so it may not derive from it' END AS relation
+FROM tree GROUP BY model_id ORDER BY NOT bool_or(decided), depth, model_id
 """
 """Every model below $model in its family tree (children, grandchildren, ...; merges included), from the lineage
-tables: depth 1 are its children, ``parent`` is the model each hangs from."""
+tables: depth 1 are its children, ``parent`` is the model each hangs from. A model reached only through a link whose
+direction is undecided (``direction_decided`` false) or a copy or "cannot tell" link is listed after the others,
+and ``relation`` says so: the tree leans that way, it does not claim it."""
 
 CLAIMS_NO_PARENT_SQL = """
 SELECT m.model_id, m.revision, m.claims_from_scratch,
@@ -265,7 +275,7 @@ SELECT (SELECT count(*) FROM current_models) AS models,
        (SELECT count(*) FROM lineage_edges WHERE dependent) AS dependent_pairs,
        (SELECT count(*) FROM families) AS families,
        (SELECT count(*) FROM families WHERE n_members > 1) AS families_with_relatives,
-       (SELECT count(*) FROM discrepancies) AS discrepancies,
+       (SELECT count(*) FROM discrepancies WHERE kind <> 'cannot_tell') AS discrepancies,
        (SELECT max(built_at) FROM families) AS lineage_built_at,
        (SELECT arg_max(q, built_at) FROM families) AS q,
        (SELECT arg_max(method, built_at) FROM families) AS method,
@@ -276,7 +286,8 @@ SELECT (SELECT count(*) FROM current_models) AS models,
 
 FAMILIES_PAGE_SQL = """
 WITH flagged AS (SELECT m.family_id, count(*) AS discrepancies
-                 FROM discrepancies d JOIN family_members m USING (model_id) GROUP BY m.family_id)
+                 FROM discrepancies d JOIN family_members m USING (model_id)
+                 WHERE d.kind <> 'cannot_tell' GROUP BY m.family_id)
 SELECT f.family_id, f.root, f.n_members, coalesce(x.discrepancies, 0) AS discrepancies, f.built_at
 FROM families f LEFT JOIN flagged x USING (family_id)
 ORDER BY f.n_members DESC, f.family_id
@@ -286,11 +297,12 @@ LIMIT $limit OFFSET $offset
 
 DISCREPANCIES_PAGE_SQL = """
 SELECT model_id, kind, related_model, confidence, detail, count(*) OVER () AS total
-FROM discrepancies ORDER BY confidence DESC, model_id, kind
+FROM discrepancies WHERE kind <> 'cannot_tell' ORDER BY confidence DESC, model_id, kind
 LIMIT $limit OFFSET $offset
 """
 """One page of the discrepancies (a card that disagrees with the weights), most confident first; ``total`` on each
-row counts them all."""
+row counts them all. "cannot_tell" rows (a relation whose order is undecided, no card accused) are no discrepancy:
+the model pages show them."""
 
 SEARCH_MODELS_SQL = """
 SELECT m.model_id, m.status, m.architecture, m.license, f.family_id, count(*) OVER () AS total
@@ -323,15 +335,16 @@ WITH tests AS (
     QUALIFY row_number() OVER (PARTITION BY model_a, model_b, statistic, input_set ORDER BY tested_at DESC) = 1)
 SELECT CASE WHEN e.model_a = $model THEN e.model_b ELSE e.model_a END AS model_id,
        e.dependent, e.log10_p, e.log10_q, e.statistic, e.parent, e.child, e.direction_confidence,
-       coalesce(e.direction_decided, true) AS direction_decided, e.direction_reasons, e.tree_link, e.blocks_matched,
-       t.closeness
+       coalesce(e.direction_decided, true) AS direction_decided, e.direction_reasons, e.tree_link, e.kinship,
+       e.blocks_matched, t.closeness
 FROM lineage_edges e LEFT JOIN tests t USING (model_a, model_b, statistic, input_set)
 WHERE $model IN (e.model_a, e.model_b)
 ORDER BY NOT e.dependent, e.log10_p, model_id
 """
 """Every pair of the last lineage rebuild that holds $model: the other model, its p-value and FDR-adjusted one,
 whether it counts as dependent, the direction (parent, child, confidence, whether it reaches the level set to be
-claimed, reasons), the tree link it is, and the pair test's closeness; dependent pairs first, strongest first."""
+claimed, reasons), the tree link it is, how the two stand in the family tree (kinship: parent, ancestor, sibling,
+cousin...; NULL before it was stored) and the pair test's closeness; dependent pairs first, strongest first."""
 
 MODEL_PAIR_TESTS_SQL = """
 SELECT CASE WHEN model_a = $model THEN model_b ELSE model_a END AS model_id,
@@ -355,7 +368,8 @@ WHERE model_id = $model ORDER BY "at" DESC
 """Every scan error recorded for $model, newest first."""
 
 FAMILY_SQL = """
-SELECT family_id, root, n_members, first_built_at, built_at, q, method, min_direction_confidence
+SELECT family_id, root, n_members, first_built_at, built_at, q, method, min_direction_confidence,
+       coalesce(root_decided, true) AS root_decided
 FROM families WHERE family_id = $family
 """
 """One family's row, as the last lineage rebuild wrote it."""
@@ -366,7 +380,7 @@ FAMILY_MEMBER_IDS_SQL = "SELECT model_id FROM family_members WHERE family_id = $
 FAMILY_MEMBERS_SQL = """
 WITH members AS (SELECT * FROM family_members WHERE family_id = $family),
 flagged AS (SELECT model_id, count(*) AS discrepancies FROM discrepancies
-            WHERE model_id IN (SELECT model_id FROM members) GROUP BY model_id)
+            WHERE model_id IN (SELECT model_id FROM members) AND kind <> 'cannot_tell' GROUP BY model_id)
 SELECT m.model_id, m.is_root, m.parents, m.merge_parents, e.log10_p, e.direction_confidence,
        coalesce(e.direction_decided, true) AS direction_decided, e.tree_link,
        coalesce(x.discrepancies, 0) AS discrepancies, c.license, c.architecture, c.created_at
@@ -384,7 +398,7 @@ fields."""
 LINEAGE_EDGES_AMONG_SQL = """
 SELECT model_a, model_b, statistic, input_set, log10_p, log10_q, dependent, joins_family, parent, child,
        direction_confidence, coalesce(direction_decided, true) AS direction_decided, direction_reasons, block_map,
-       tree_link
+       tree_link, kinship
 FROM lineage_edges
 WHERE dependent AND model_a IN (SELECT unnest($models)) AND model_b IN (SELECT unnest($models))
 ORDER BY model_a, model_b
@@ -398,8 +412,8 @@ WITH test AS (
     QUALIFY row_number() OVER (PARTITION BY statistic, input_set ORDER BY tested_at DESC) = 1)
 SELECT e.model_a, e.model_b, e.statistic, e.input_set, e.log10_p, e.log10_q, e.dependent, e.joins_family,
        e.parent, e.child, e.direction_confidence, coalesce(e.direction_decided, true) AS direction_decided,
-       e.direction_reasons, e.block_map, e.tree_link, t.revision_a, t.revision_b, t.n_layers, t.layers, t.reason,
-       t.closeness
+       e.direction_reasons, e.block_map, e.tree_link, e.kinship, t.revision_a, t.revision_b, t.n_layers, t.layers,
+       t.reason, t.closeness
 FROM lineage_edges e LEFT JOIN test t USING (statistic, input_set)
 WHERE e.model_a = $a AND e.model_b = $b
 """
@@ -410,6 +424,29 @@ SELECT model_id, kind, related_model, confidence, detail, evidence FROM discrepa
 WHERE model_id IN (SELECT unnest($models)) ORDER BY model_id, kind
 """
 """The discrepancies of the cards of $models (a list)."""
+
+ALL_FAMILIES_SQL = """
+SELECT family_id, root, n_members, q, method, min_direction_confidence, coalesce(root_decided, true) AS root_decided
+FROM families ORDER BY family_id
+"""
+"""Every family of the last lineage rebuild (``root_decided`` true for a build from before it was stored)."""
+
+ALL_FAMILY_MEMBERS_SQL = "SELECT family_id, model_id, parents, merge_parents FROM family_members ORDER BY model_id"
+"""Every family member with its tree and merge parents."""
+
+DEPENDENT_EDGES_SQL = """
+SELECT model_a, model_b, statistic, input_set, log10_p, log10_q, dependent, joins_family, parent, child,
+       direction_confidence, coalesce(direction_decided, true) AS direction_decided, direction_reasons, block_map,
+       tree_link, kinship
+FROM lineage_edges WHERE dependent ORDER BY model_a, model_b
+"""
+"""Every dependent pair of the last lineage rebuild (what the lineage graph draws)."""
+
+ALL_DISCREPANCIES_SQL = """
+SELECT model_id, kind, related_model, confidence, detail, evidence FROM discrepancies
+ORDER BY kind = 'cannot_tell', confidence DESC, model_id, kind
+"""
+"""Every discrepancy of the last lineage rebuild, most confident first, the "cannot tell" entries last."""
 
 TABLES_SQL = """
 SELECT table_name AS name, 'table' AS kind, column_count AS columns FROM duckdb_tables()
@@ -488,6 +525,22 @@ def pair_evidence(store: Store, model_a: str, model_b: str) -> dict | None:
     a, b = sorted((model_a, model_b))
     frame = store.query(PAIR_EVIDENCE_SQL, {"a": a, "b": b})
     return frame.row(0, named=True) if frame.height else None
+
+
+def all_families(store: Store) -> pl.DataFrame:
+    return store.query(ALL_FAMILIES_SQL)
+
+
+def all_family_members(store: Store) -> pl.DataFrame:
+    return store.query(ALL_FAMILY_MEMBERS_SQL)
+
+
+def dependent_edges(store: Store) -> pl.DataFrame:
+    return store.query(DEPENDENT_EDGES_SQL)
+
+
+def all_discrepancies(store: Store) -> pl.DataFrame:
+    return store.query(ALL_DISCREPANCIES_SQL)
 
 
 def discrepancies_of(store: Store, model_ids: list[str]) -> pl.DataFrame:

@@ -166,6 +166,23 @@ reading), so a scan pairs only models of one kind; NULL in rows fingerprinted be
 what every model was before encoders were read); migration 11."""
 
 
+DECLARED_MERGE_DDL: tuple[str, ...] = (
+    "ALTER TABLE models ADD COLUMN IF NOT EXISTS merge_config JSON",
+    "CREATE OR REPLACE VIEW current_models AS SELECT * FROM models WHERE status <> 'superseded'",
+    "ALTER TABLE families ADD COLUMN IF NOT EXISTS root_decided BOOLEAN",
+    "ALTER TABLE lineage_edges ADD COLUMN IF NOT EXISTS kinship VARCHAR",
+    """CREATE TABLE IF NOT EXISTS block_maps (
+        model_a VARCHAR NOT NULL, revision_a VARCHAR NOT NULL, model_b VARCHAR NOT NULL, revision_b VARCHAR NOT NULL,
+        input_set VARCHAR NOT NULL, pairs JSON, computed_at TIMESTAMPTZ,
+        PRIMARY KEY (model_a, revision_a, model_b, revision_b, input_set))""",
+)
+"""What a model folder's mergekit_config.yml declares (models.merge_config), whether a family's root is claimed
+(families.root_decided: every link out of it decided), how two relatives stand in the family tree
+(lineage_edges.kinship: parent, ancestor, sibling, cousin, copy...), and the any-order block maps of related pairs
+whose depths differ (block_maps: every block of the deeper model against its best block of the shallower one, kept
+so that a rebuild computes each once); migration 12."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -199,6 +216,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: ABANDONED_RUNS_DDL),
     Migration(11, "models.mlp_kind and models.attention: the kind of units a fingerprint holds (pairs of one kind)",
               lambda: MODEL_KIND_DDL),
+    Migration(12, "models.merge_config, families.root_decided, lineage_edges.kinship and block_maps",
+              lambda: DECLARED_MERGE_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -228,7 +228,7 @@ _CANDIDATE_SCHEMA = pa.schema([
 _MODEL_COLUMNS = ("source", "location", "architecture", "model_type", "hidden_size", "intermediate_size",
                   "n_layers", "n_experts", "vocab_size", "tokenizer_hash", "parameter_count",
                   "declared_base_models", "declared_relation", "claims_from_scratch", "license", "tags",
-                  "created_at", "last_modified", "mlp_kind", "attention")
+                  "created_at", "last_modified", "mlp_kind", "attention", "merge_config")
 _META_COLUMNS = ("architecture", "model_type", "hidden_size", "intermediate_size", "n_layers", "n_experts",
                  "vocab_size", "tokenizer_hash", "parameter_count", "mlp_kind", "attention")
 
@@ -474,6 +474,7 @@ class Store:
             "declared_base_models": list(record.base_models), "declared_relation": record.base_model_relation,
             "claims_from_scratch": bool(record.claims_from_scratch), "license": record.license,
             "tags": list(record.tags), "created_at": record.created_at, "last_modified": record.last_modified,
+            "merge_config": record.merge.to_json() if record.merge is not None else None,
         }
         for column in _META_COLUMNS:
             values[column] = getattr(meta, column, None) if meta is not None else None

@@ -26,6 +26,7 @@ import torch
 import transformers
 from transformers import LlamaForCausalLM
 
+from scanner.cards import Card, read_card
 from scanner.zoo.arch import ArchSpec, arch_of, new_model, save_model
 from scanner.zoo.camouflage import camouflage
 from scanner.zoo.cards import CardClass, classify_card, make_card, write_card
@@ -45,7 +46,7 @@ from scanner.zoo.training import Optimizer, TrainSpec, eval_loss, train_lm
 ZOO_VERSION = 1
 GROUND_TRUTH = "ground_truth.json"
 RELATIONS = ("base", "finetune", "merge", "prune_depth", "prune_width", "retrained_mlp", "camouflage", "upscale_depth",
-             "distilled")
+             "distilled", "frankenmerge")
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,6 @@ class ZooBuilder:
         details: dict[str, Any],
         false_base: str | None = None,
     ) -> None:
-        families = {self.records[p].family for p in parents}
-        if len(families) > 1:
-            raise ValueError(f"{model_id}: parents from different families {families}")
         card = make_card(policy, parents, relation, license_id, false_base)
         if classify_card(card, parents) != policy:
             raise ValueError(f"{model_id}: card does not realise policy {policy!r}")
@@ -248,17 +246,30 @@ class ZooBuilder:
             shutil.rmtree(path)
         save_model(model, path)
         write_card(path, model_id, card)
+        self._keep(model_id, model, parents, relation, card, language, details)
+
+    def keep_written(self, model_id: str, model: LlamaForCausalLM, *, parents: Sequence[str], relation: str,
+                     language: MarkovLanguage, details: dict[str, Any]) -> None:
+        """Record a model that a tool wrote under the root itself, with the tool's own card (mergekit's): ground
+        truth gets the card's class as the tool left it."""
+        self._keep(model_id, model, parents, relation, read_card(self.root / model_id), language, details)
+
+    def _keep(self, model_id: str, model: LlamaForCausalLM, parents: Sequence[str], relation: str, card: Card,
+              language: MarkovLanguage, details: dict[str, Any]) -> None:
+        families = {self.records[p].family for p in parents}
+        if len(families) > 1:
+            raise ValueError(f"{model_id}: parents from different families {families}")
         self.models[model_id], self.languages[model_id] = model, language
         self.records[model_id] = ZooModel(
             id=model_id,
-            path=path,
+            path=self.root / model_id,
             family=families.pop() if families else model_id,
             parents=tuple(parents),
             relation=relation,
-            card=policy,
+            card=classify_card(card, parents),
             declared_base_model=card.base_model,
             declared_relation=card.base_model_relation,
-            license=license_id,
+            license=card.license or "",
             arch=arch_of(model),
             details=details,
         )

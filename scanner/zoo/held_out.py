@@ -21,9 +21,12 @@ from scanner.zoo.arch import ArchSpec
 from scanner.zoo.build import Zoo, ZooBuilder, ZooSpec, build_recipe, derived_seed
 from scanner.zoo.languages import MarkovLanguage
 
-HELD_OUT_SEEDS = (11, 12, 13)
-"""Seeds no lineage rule is fitted on; the default direction level is chosen on them (bench/bench_family_trees.py)."""
-FINAL_SEEDS = (14, 15, 16)
+FITTED_SEEDS = (11, 12, 13)
+"""Seeds the default direction level was chosen on, and the merge, stacking and direction rules of issue 36 were
+developed on: fitted now (bench/bench_family_trees.py)."""
+HELD_OUT_SEEDS = (14, 15, 16)
+"""Seeds no lineage rule was fitted on (the final seeds before issue 36), looked at once those rules were set."""
+FINAL_SEEDS = (17, 18, 19)
 """Seeds built after every rule and level was frozen, only measured."""
 
 
@@ -31,7 +34,7 @@ FINAL_SEEDS = (14, 15, 16)
 class HeldOutSpec:
     """Knobs of a held-out zoo; the seed also draws the recipe's variations (see the module docstring)."""
 
-    seed: int = HELD_OUT_SEEDS[0]
+    seed: int = FITTED_SEEDS[0]
     arch: ArchSpec = field(default_factory=ArchSpec)
     batch_size: int = 8
     base_steps: int = 150

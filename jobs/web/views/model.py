@@ -7,6 +7,7 @@ from flask import Blueprint, abort, render_template, request
 
 from jobs.web.database import store
 from jobs.web.paging import Page, asked_page
+from lineage_graph.kinship import LINK_KINSHIP, describe
 from scanner.store import queries
 
 blueprint = Blueprint("model", __name__)
@@ -39,25 +40,9 @@ def page() -> str:
         revisions=queries.revision_history(reader, [model_id]).rows(named=True))
 
 
-PARENT_WORDS = {"tree": "its parent", "merge": "its second parent (merge)",
-                "alternative": "perhaps its parent: the weights cannot tell it from the parent the tree shows"}
-CHILD_WORDS = {"tree": "its child: derived from this model", "merge": "a merge of this model and another",
-               "alternative": "perhaps its child: the weights cannot tell this model from the parent the tree shows"}
-"""The other model of a dependent pair in words, by the kind of tree link the pair is (lineage_edges.tree_link)."""
-
-
 def relation(row: dict) -> str:
-    """How the other model of a dependent pair stands to this one, in words: the tree link where the pair is one,
-    else the direction evidence."""
-    other, link = row["model_id"], row["tree_link"]
-    if link == "copy":
-        return "copy: the same function (which is the original, the weights cannot say)"
-    if row["parent"] is not None and not row["direction_decided"]:
-        older = "it" if row["parent"] == other else "this model"
-        return (f"related; which came first is undecided (the evidence leans towards {older} being the older, "
-                "not enough to claim it)")
-    if row["parent"] == other:
-        return PARENT_WORDS.get(link, "a relative this model likely derives from (not its direct parent in the tree)")
-    if row["child"] == other:
-        return CHILD_WORDS.get(link, "a relative likely derived from this model (not its direct child in the tree)")
-    return "related; which came first is undetermined"
+    """How the other model of a dependent pair stands to this one, in words (lineage_graph.kinship): its kinship in
+    the family tree and the direction stored for it; a lineage built before kinships were stored reads as the
+    tree link the pair is, else the direction evidence."""
+    kinship = row.get("kinship") or LINK_KINSHIP.get(row["tree_link"] or "")
+    return describe(kinship, row["model_id"], row["parent"], row["child"], bool(row["direction_decided"]))

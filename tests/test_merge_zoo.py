@@ -1,0 +1,90 @@
+"""A hub of merges made with mergekit and a LoRA made with PEFT (scanner.zoo.tool_zoo; the suite's small one, seed 0,
+half the benchmark's training): the tools did what their configs say, the lineage places the merges of every method
+with cards withheld, and reads what mergekit's configs declare when they are there.
+
+Deterministic given the zoo (fixed seeds, fixed canonical inputs); a zoo trained on another machine differs in the
+last bits, so every geometric decision asserted here is first checked to sit well inside its threshold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lineage_graph.discrepancies import ACCUSATIONS
+from lineage_graph.lineage import compute_lineage, whole_model_closeness
+from lineage_graph.phylogeny import MERGE_RATIO, merge_distance, merge_ratio
+from scanner.cards import read_card
+from scanner.fingerprint import fingerprint_model
+from scanner.merge_config import read_merge_config
+from scanner.zoo import Zoo
+from tests.lineage_support import true_parent_links, withhold_cards, zoo_block_maps, zoo_lineage_inputs
+
+AVERAGES = ("cedar/linear", "cedar/slerp", "cedar/task-arithmetic", "cedar/linear-3", "cedar/parent-child",
+            "fir/slerp")
+"""Merges of the zoo that average their sources without random drops or trimming: the merge test must find them."""
+
+
+@pytest.fixture(scope="module")
+def inputs(merge_zoo: Zoo):
+    prints = {m: fingerprint_model(merge_zoo[m].path) for m in merge_zoo.ids}
+    tests, models = zoo_lineage_inputs(merge_zoo, prints)
+    return tests, models, zoo_block_maps(merge_zoo, tests, models, prints)
+
+
+def test_the_tools_made_what_their_configs_say(merge_zoo: Zoo, inputs) -> None:
+    tests, _, _ = inputs
+    log10_p = {(t.model_a, t.model_b): t.log10_p for t in tests}
+    p = lambda a, b: log10_p[(min(a, b), max(a, b))]  # noqa: E731
+    for model in merge_zoo.models.values():
+        if model.details.get("tool") != "mergekit":
+            continue
+        declared = read_merge_config(Path(model.path))
+        assert declared is not None and set(declared.parents) == set(model.parents), model.id
+        assert "mergekit" in read_card(Path(model.path)).tags and not read_card(Path(model.path)).base_model
+        for parent in model.parents:  # every model whose weights entered the merge, read back from the weights
+            if parent != declared.base_model or declared.method in ("slerp", "linear", "passthrough"):
+                assert p(model.id, parent) < -50, (model.id, parent)
+    assert merge_zoo["birch/lora"].details["tool"] == "peft" and p("ash/base", "birch/lora") < -20
+    assert p("ash/base", "gorse/twin-base") > -3  # the twin trained on the base's data shares no weights
+
+
+def test_merges_of_every_averaging_method_get_their_parents_with_cards_withheld(merge_zoo: Zoo, inputs) -> None:
+    tests, models, maps = inputs
+    by_id = {m.model_id: m for m in models}
+    distance = {(t.model_a, t.model_b): merge_distance(whole_model_closeness(t, by_id, maps.get((t.model_a,
+                                                                                                 t.model_b))))
+                for t in tests if t.log10_p < -10}
+    for merge in AVERAGES:
+        parents = merge_zoo[merge].parents
+        best = min(merge_ratio(distance, x, merge, y) for i, x in enumerate(parents) for y in parents[i + 1:])
+        print(f"{merge}: merge ratio {best:.2f} (threshold {MERGE_RATIO})")
+        assert best < MERGE_RATIO - 0.05  # far inside the threshold
+    lineage = compute_lineage(withhold_cards(models), tests, block_maps=maps)
+    links = {c: ls for f in lineage.families for c, ls in f.parents.items()}
+    truth = true_parent_links(merge_zoo)
+    for merge in AVERAGES:
+        kinds = dict((p, k) for p, k in links[merge])
+        assert "merge" in kinds.values() and all((p, merge) in truth for p in kinds), (merge, links[merge])
+    assert {p for p, k in links["cedar/linear-3"]} == set(merge_zoo["cedar/linear-3"].parents)  # three parents
+    assert links["dogwood/franken"][0] == ("ash/ft-a", "tree")  # its first blocks are ft-a's, verbatim
+    upscale = lineage.edge("ash/ft-c", "dogwood/upscale").direction
+    assert (upscale.parent, upscale.claimed) == ("ash/ft-c", True)
+    assert any(r.startswith("block_map:") for r in upscale.reasons)
+    for parent, child in truth:  # no true link drawn the wrong way with confidence
+        d = lineage.edge(parent, child).direction
+        assert not (d.claimed and d.parent == child and d.confidence >= 0.9), (parent, child, d)
+
+
+def test_what_mergekit_configs_and_cards_declare_is_confirmed_and_accuses_no_one(merge_zoo: Zoo, inputs) -> None:
+    tests, models, maps = inputs
+    declared = {m.model_id: m for m in models}
+    assert set(declared["cedar/ties"].declared_base_models) == {"ash/ft-a", "ash/ft-c", "ash/base"}
+    assert declared["cedar/ties"].declared_relation == "merge"
+    assert declared["dogwood/franken"].declared_merge.stacked_blocks == declared["dogwood/franken"].n_layers
+    lineage = compute_lineage(models, tests, block_maps=maps)
+    assert not [d for d in lineage.discrepancies if d.kind in ACCUSATIONS]
+    links = {c: {p for p, _ in ls} for f in lineage.families for c, ls in f.parents.items()}
+    for merge in ("cedar/ties", "cedar/model-stock", "cedar/dare-ties"):  # declared merges keep every parent
+        assert links[merge] == set(merge_zoo[merge].parents), merge
+    assert len(lineage.families) == 3  # ash's, fir's and the twin on its own
