@@ -56,7 +56,8 @@ BINS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 INPUTS_FILE = "lineage-inputs-v4.pkl"
 """Each zoo's pair tests, models and block maps, cached beside it (fingerprints and tests take longer than a
-lineage; v3: models carry merge configs and activation scales, block maps made; v4: fingerprint format 2, the unit screen of issue 33)."""
+lineage; v3: models carry merge configs and activation scales, block maps made; v4: fingerprint format 2 and the
+unit screen of issue 33)."""
 
 
 @dataclass
