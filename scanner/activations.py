@@ -120,29 +120,102 @@ def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights]) -> list[
     ]
 
 
-def site_activations(mlp_input: torch.Tensor, weights: SiteWeights) -> MLPActivations:
-    """The two views of every hidden unit of one MLP on its input (tokens, d), shaped (units, tokens).
+def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights],
+                     stream: torch.Tensor | None = None) -> list[MLPActivations]:
+    """The two views of every hidden unit of one MLP site (one entry per routed expert) on its input (tokens, d),
+    shaped (units, tokens).
 
-    Gated: the gate's pre-activation and the up output, as the paper's phi_MATCH reads them. Plain (fc -> act ->
-    proj, no gate): the fc pre-activation x W_fc^T + b, and the unit's output column read back on the same input,
-    x W_proj, with its projection on the first view removed unit by unit. Both views move with the unit under any
-    permutation (the fc row and the proj column travel together to keep the output), and at initialisation they are
-    independent (W_fc and W_proj are drawn apart), as gate and up are: the same argument gives phi_MATCH's null. The
-    per-unit residual keeps a trained unit whose output column echoes its input row from matching twice for one
-    reason. Both views are unchanged by a rotation of the residual stream (x -> xQ, W_fc -> W_fc Q, W_proj -> Q^T
-    W_proj) where the architecture's norm admits one.
+    Gated: the gate's pre-activation and the up output, as the paper's phi_MATCH reads them. Plain (fc -> act -> proj,
+    no gate): `plain_views`, which also reads ``stream``, the residual stream the block writes into (tokens, d).
     """
-    if weights.gate is not None:
+    if experts[0].gate is None:
+        if stream is None:
+            raise ValueError("a plain MLP's second view reads the residual stream; none was given")
+        return plain_views(mlp_input, stream, experts)
+    views = []
+    for weights in experts:
         gate, up = mlp_input @ weights.gate.T, mlp_input @ weights.up.T
         gate = gate if weights.gate_bias is None else gate + weights.gate_bias
         up = up if weights.up_bias is None else up + weights.up_bias
-        return MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up))
+        views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up)))
+    return views
+
+
+#: Singular values of the first views below this fraction of the largest span no direction of their own (float32
+#: activations resolve about 1e-7 of a value): the write read-back is not projected on them.
+RANK_TOLERANCE = 1e-5
+
+
+def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[SiteWeights]) -> list[MLPActivations]:
+    """A plain MLP's two views per unit: the fc pre-activation ``x W_fc^T + b`` on the MLP input, and the unit's
+    write direction (its proj column) read on the residual stream, each token's row scaled to unit length, with
+    what the site's first views linearly predict of it removed.
+
+    Why the removal: training couples a unit's write direction to its read direction by a map that every unit of a
+    block shares, and that map is learned alike by models trained alike (with tied embeddings a unit that reads a
+    set of tokens writes toward their successors, which it reads back on the same embeddings). Read back raw, the
+    second view repeats the first through that shared map, so the two matchings agree for independent models too
+    (docs/statistics.md measures it). Each token column of the read-backs (one value per unit) is regressed, over the
+    site's units, on the token columns of the first views, and the residual is kept: no linear function of a unit's
+    first view, shared by the site's units, predicts its second one. The regression reads one model's own units,
+    whatever their order, so it keeps phi_MATCH's null argument; it is the same for a copy, so copies still match.
+
+    Unchanged by every output-preserving change of the units and the stream: a unit permutation moves both views
+    with the unit; a positive rescale of a unit (fc row and bias times c, proj column over c, where the activation
+    allows it) and any scale of the stream change neither view's direction (each row is used at unit length); a
+    rotation of the residual stream with the norms' gains and biases folded into the maps that read them leaves the
+    pre-activation as it is and the stream's inner products with the write columns too. Units that write nothing
+    (all-zero proj column) get an all-zero second view and are left out of the regression, so appended dead units
+    change no other unit's view; the screen (scanner.stats.degenerate) sets them aside. Routed experts of one site
+    are regressed together (an expert may have fewer units than tokens).
+    """
+    first = [_plain_pre_activation(mlp_input, w) for w in experts]
+    rows = stream.reshape(-1, stream.shape[-1]).double()
+    rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    rows = rows.to(device=experts[0].down.device, dtype=experts[0].down.dtype)
+    read_back = torch.cat([(rows @ w.down).T for w in experts]).double().cpu()  # (units, tokens)
+    predictors = torch.cat(first).double().cpu()
+    second = _unpredicted(_unit_rows(read_back), _unit_rows(predictors))
+    views, start = [], 0
+    for pre in first:
+        stop = start + pre.shape[0]
+        views.append(MLPActivations(gate=pre.float().numpy(), up=second[start:stop].float().numpy()))
+        start = stop
+    return views
+
+
+def _plain_pre_activation(mlp_input: torch.Tensor, weights: SiteWeights) -> torch.Tensor:
+    """(units, tokens) fc pre-activation on the CPU, float32."""
     pre = mlp_input @ weights.up.T
     pre = pre if weights.up_bias is None else pre + weights.up_bias
-    back = mlp_input @ weights.down
-    pre64, back64 = pre.double(), back.double()
-    scale = (pre64 * back64).sum(0) / (pre64 * pre64).sum(0).clamp_min(1e-300)
-    return MLPActivations(gate=units_by_tokens(pre), up=units_by_tokens(back64 - pre64 * scale))
+    return pre.T.float().contiguous().cpu()
+
+
+def _unit_rows(values: torch.Tensor) -> torch.Tensor:
+    """float64 rows scaled to unit length (all-zero rows stay zero): no unit's scale reaches the regression."""
+    peak = values.abs().amax(dim=1, keepdim=True)
+    scaled = values / torch.where(peak > 0, peak, 1.0)  # no square of a 1e30-scaled unit overflows
+    norms = torch.linalg.vector_norm(scaled, dim=1, keepdim=True)
+    return scaled / torch.where(norms > 0, norms, 1.0)
+
+
+def _unpredicted(targets: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
+    """targets (units, tokens) less their least-squares fit, over the units that have a non-zero row in both, by a
+    linear map of the predictors' rows (one map for all units); rows of the other units become zero.
+
+    Through the predictors' (tokens, tokens) Gram matrix and its pseudo-inverse (directions below RANK_TOLERANCE of
+    the largest are left out): memory and time linear in the units, however many experts a site pools."""
+    fitted = (targets.abs().amax(dim=1) > 0) & (predictors.abs().amax(dim=1) > 0)
+    out = torch.zeros_like(targets)
+    if not bool(fitted.any()):
+        return out
+    x, y = predictors[fitted], targets[fitted]
+    energy, directions = torch.linalg.eigh(x.T @ x)
+    keep = energy > RANK_TOLERANCE**2 * energy[-1]
+    directions = directions[:, keep]
+    coefficients = directions @ ((directions.T @ (x.T @ y)) / energy[keep, None])
+    out[fitted] = y - x @ coefficients
+    return out
 
 
 def units_by_tokens(outputs: torch.Tensor) -> np.ndarray:

@@ -44,7 +44,9 @@ from scanner.shared_vocab import pair_input_sets
 from scanner.streaming import stream_blocks
 from scanner.validate import ValuesAsRead, validate_checkpoint
 
-FINGERPRINT_FORMAT = 1
+#: 2: a plain MLP's second view is its write direction read on the residual stream, less what its first view
+#: predicts (scanner.activations.plain_views); format-1 plain fingerprints held the raw read-back on the MLP input.
+FINGERPRINT_FORMAT = 2
 STORAGE_DTYPES = ("float16", "float32")
 #: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -78,7 +80,7 @@ class FingerprintMeta:
     hubtrace_version: str
     format_version: int
     dtype: str
-    mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, whose two views are (fc pre-activation, proj read-back)
+    mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, views (fc pre-activation, write direction's residual)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
 
 

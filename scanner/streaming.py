@@ -204,16 +204,17 @@ def _forward_layer_by_layer(
             handles = [module.get_submodule(path).register_forward_pre_hook(_first_input(captured, path),
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
+            stream = _layer_input(args, kwargs) if any(site.kind == "plain" for site in sites) else None
             try:
                 out = forward(*args, **kwargs)
-                weights = [(site, w) for site in sites for w in site_weights(module, site)]
-                activations = [site_activations(_site_input(captured, site, w.up.shape[1]), w) for site, w in weights]
-                experts = [_on_cpu(w) for _, w in weights]
+                weights = [(site, site_weights(module, site)) for site in sites]
+                activations = [views for site, ws in weights for views in _site_views(captured, site, ws, stream)]
+                experts = [_on_cpu(w) for _, ws in weights for w in ws]
             finally:
                 for handle in handles:
                     handle.remove()
                 tree.release_layer(layer)
-            del captured, weights
+            del captured, weights, stream
             ran.add(layer)
             if sites:
                 emit(StreamedBlock(blocks[layer], experts, activations))
@@ -264,6 +265,29 @@ def _site_input(captured: dict[str, torch.Tensor], site: MLPSite, width: int) ->
         if tensor is not None and tensor.shape[-1] == width:
             return tensor.reshape(-1, width)
     raise CheckpointError(f"the MLP at {site.path or 'the layer'} was not called with inputs of its width {width}")
+
+
+def _layer_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A copy of the residual stream a decoder layer is called with (its hidden states), which a plain MLP's second
+    view reads (scanner.activations.plain_views); a copy, since a layer may add to it in place."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    return hidden.detach().clone() if isinstance(hidden, torch.Tensor) else None
+
+
+def _site_views(captured: dict[str, torch.Tensor], site: MLPSite, weights: list[SiteWeights],
+                stream: torch.Tensor | None) -> list[MLPActivations]:
+    """The views of one site's units (scanner.activations.site_activations), its input taken from what the hooks
+    caught and, for a plain site, the residual stream as rows of the width its MLP writes into."""
+    mlp_input = _site_input(captured, site, weights[0].up.shape[1])
+    if site.kind != "plain":
+        return site_activations(mlp_input, weights)
+    width = weights[0].down.shape[0]
+    if stream is None or stream.shape[-1] != width or stream.numel() != mlp_input.shape[0] * width:
+        shape = None if stream is None else tuple(stream.shape)
+        raise CheckpointError(f"the decoder layer holding the MLP at {site.path or 'the layer'} was called with hidden "
+                              f"states of shape {shape}, not one row of width {width} (the residual stream its MLP "
+                              "writes into) per token of the MLP's input")
+    return site_activations(mlp_input, weights, stream.reshape(-1, width))
 
 
 def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:

@@ -344,7 +344,8 @@ def _plain_safetensors(file: Path) -> None:
     [
         (_flip_a_data_byte, "the activations do not match their recorded sha256"),
         (_truncate, "is not a readable fingerprint"),
-        (_other_format, f"format {FINGERPRINT_FORMAT + 1}, but this hubtrace .* reads format 1; re-fingerprint"),
+        (_other_format,
+         f"format {FINGERPRINT_FORMAT + 1}, but this hubtrace .* reads format {FINGERPRINT_FORMAT}; re-fingerprint"),
         (_plain_safetensors, "is a safetensors file but not a hubtrace fingerprint"),
     ],
 )
