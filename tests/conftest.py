@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
+from tests.null_support import NULL_KINDS
+from tests.null_support import null_zoo as null_zoo_of
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -48,7 +50,8 @@ OTHER_SEEDS = (1, 2, 3)
 
 #: Fixtures that make a test slow: the trained zoos and the real model (minutes to build on a fresh machine) and
 #: Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2"})
+SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "null_zoo", "local_ray", "cluster",
+                           "smollm2"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
@@ -104,8 +107,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
-#: zoo 142, chain 44.
-_BUILD_ORDER = ("zoo", "independent", "smollm2", "seed1", "seed2", "seed3", "chain")
+#: zoo 142, chain 44; the null zoos (one thread, loaded Xeon) GPT-2 159, Mixtral 141, GPT-NeoX 107, Llama 93.
+_BUILD_ORDER = ("zoo", "independent", "smollm2", "null-gpt2", "null-mixtral", "seed1", "seed2", "seed3",
+                "null-gpt_neox", "null-llama", "chain")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -123,6 +127,9 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
         found[f"seed{seed}"] = partial(_seed_zoo, seed)
     if "chain_zoo" in names:
         found["chain"] = partial(build_chain, CACHE / "chain", spec=CHAIN_SPEC)
+    if "null_zoo" in names:
+        kind = item.callspec.params["null_zoo"]  # type: ignore[attr-defined]
+        found[f"null-{kind}"] = partial(null_zoo_of, CACHE, kind)
     return {name: found[name] for name in _BUILD_ORDER if name in found}
 
 
@@ -190,6 +197,12 @@ def independent_zoo() -> Zoo:
 @pytest.fixture(scope="session")
 def chain_zoo() -> Zoo:
     return build_chain(CACHE / "chain", spec=CHAIN_SPEC)
+
+
+@pytest.fixture(scope="session", params=NULL_KINDS)
+def null_zoo(request: pytest.FixtureRequest) -> Zoo:
+    """N_NULL independently trained models of one MLP kind, one language and recipe (tests/null_support.py)."""
+    return null_zoo_of(CACHE, request.param)
 
 
 @pytest.fixture(scope="session", params=OTHER_SEEDS)
