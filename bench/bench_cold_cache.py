@@ -1,7 +1,7 @@
 """What each cached test artefact costs a fresh clone: every one built alone into an empty cache folder, one
 after another, each in its own process (so its CPU time is its own), with its wall and CPU seconds and disk.
 
-    python bench/bench_cold_cache.py                       # all of them (about half an hour of CPU)
+    python bench/bench_cold_cache.py                       # all of them (about 35 minutes of CPU)
     python bench/bench_cold_cache.py chain seed1           # some
     python bench/bench_cold_cache.py --threads 1 smollm2   # torch threads per build (the suite's share on 2 cores)
 
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = ("chain", "seed1", "seed2", "seed3", "independent", "zoo", "smollm2")
+NAMES = ("chain", "seed1", "seed2", "seed3", "independent", "zoo", "smollm2", "null-llama", "null-gpt2",
+         "null-gpt_neox", "null-mixtral")
 
 
 def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, float]:
@@ -36,6 +37,7 @@ def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, f
         torch.set_num_threads(threads)
     from scanner.zoo import ChainSpec, build_chain, build_zoo, train_independent_models
     from tests.lineage_support import seed_zoo
+    from tests.null_support import null_zoo
 
     start, cpu = time.perf_counter(), time.process_time()
     if name == "zoo":
@@ -46,6 +48,8 @@ def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, f
         seed_zoo(cache, int(name[4:]))
     elif name == "chain":
         build_chain(cache / "chain", spec=ChainSpec(length=3))
+    elif name.startswith("null-"):
+        null_zoo(cache, name.removeprefix("null-"))
     elif name == "smollm2":
         wheels = ROOT / ".hubtrace-cache" / "pypi"
         if wheels.is_dir():

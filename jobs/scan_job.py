@@ -393,18 +393,32 @@ class _Scan:
 
     def _empirical_p_values(self, names: list[str]) -> list[PairTestRow]:
         """The stored rows of the statistics that have only an empirical null, with their p-values against the
-        current pairs whose phi_MATCH p is above NULL_MATCH_P (each pair's own models left out of its null)."""
-        from scanner.stats.weight_statistics import EMPIRICAL_NULL_STATISTICS, NULL_MATCH_P, leave_out_log10_p
+        current pairs of the same kind (model types, depths, widths) whose phi_MATCH p is above NULL_MATCH_P (each
+        pair's own models left out of its null), or none, with the reason, where fewer than MIN_NULL_PAIRS are left."""
+        from scanner.stats.weight_statistics import (
+            EMPIRICAL_NULL_STATISTICS,
+            MIN_NULL_PAIRS,
+            NULL_MATCH_P,
+            describe_kind,
+            leave_out_log10_p,
+            pair_kind,
+        )
         from scanner.store import PairTestRow, queries
 
+        shapes = queries.model_shapes(self.store)
         updated = []
         for name in (n for n in names if n in EMPIRICAL_NULL_STATISTICS):
             rows = self.store.weight_statistic_rows(name, self.config.statistic)
+            kinds = [pair_kind(shapes[(r[0], r[1])], shapes[(r[2], r[3])])
+                     if (r[0], r[1]) in shapes and (r[2], r[3]) in shapes else None for r in rows]
             null = queries.empirical_null(self.store, name, self.config.statistic)
-            for row, (log10_p, size) in zip(rows, leave_out_log10_p([(r[0], r[2], r[5]) for r in rows], null)):
-                note = (f"empirical null: {size} of this hub's pairs whose phi_MATCH p > {NULL_MATCH_P}, none with "
+            observed = [(r[0], r[2], r[5], kind) for r, kind in zip(rows, kinds, strict=True)]
+            for row, kind, (log10_p, size) in zip(rows, kinds, leave_out_log10_p(observed, null), strict=True):
+                pairs = "pairs" if kind is None else f"pairs of {describe_kind(kind)}"
+                note = (f"empirical null: {size} of this hub's {pairs} whose phi_MATCH p > {NULL_MATCH_P}, none with "
                         f"either of this pair's models (p cannot go below 1/{size + 1})" if log10_p is not None else
-                        "no p-value yet: no independent pair of other models in this hub to compare with")
+                        f"no p-value: {size} of this hub's {pairs} have phi_MATCH p > {NULL_MATCH_P} and neither of "
+                        f"this pair's models, fewer than the {MIN_NULL_PAIRS} an empirical null needs")
                 updated.append(PairTestRow(*row[:4], name, row[4], log10_p, 0, notes=[note], reason=row[9],
                                            run_id=row[10], value=row[5]))
         return updated

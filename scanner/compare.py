@@ -5,7 +5,7 @@ I/O and orchestration live here; the statistics themselves are pure functions in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,7 +30,13 @@ from scanner.stats.independence import BlockTest, phi_u
 from scanner.stats.jsd import mean_jensen_shannon
 from scanner.stats.l2 import BlockSource, phi_l2
 from scanner.stats.logp import log10_fisher
-from scanner.stats.weight_statistics import WEIGHT_STATISTIC_NOTES, WEIGHT_STATISTICS, weight_statistic
+from scanner.stats.weight_statistics import (
+    WEIGHT_STATISTIC_NOTES,
+    WEIGHT_STATISTICS,
+    PairKind,
+    pair_kind,
+    weight_statistic,
+)
 from scanner.validate import validate_checkpoint
 from scanner.weight_profiles import weight_profile
 
@@ -135,10 +141,11 @@ def compare_models(
     seed: int = 0,
     device: str = "cpu",
     follow_links: bool = False,
-    null: Sequence[float] = (),
+    null: Mapping[PairKind, Sequence[float]] | None = None,
 ) -> PairTestResult:
     """Test the null hypothesis that two checkpoints were trained independently, with one statistic. ``null``: the
-    empirical null of the weight fingerprints that have no other (their values on independent pairs)."""
+    empirical null of the weight fingerprints that have no other, their values on independent pairs by kind of pair
+    (scanner.stats.weight_statistics.pair_kind); only the pairs of the tested pair's kind are read."""
     if statistic not in STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
     a, b = open_model(path_a, follow_links=follow_links), open_model(path_b, follow_links=follow_links)
@@ -159,7 +166,10 @@ def compare_models(
         )
 
     if statistic in WEIGHT_STATISTICS:
-        result = weight_statistic(statistic, weight_profile(a.adapter), weight_profile(b.adapter), null=null,
+        kind = pair_kind(*((m.adapter.shape.model_type, m.adapter.shape.n_layers, m.adapter.shape.hidden_size)
+                           for m in (a, b)))
+        result = weight_statistic(statistic, weight_profile(a.adapter), weight_profile(b.adapter),
+                                  null=None if null is None else null.get(kind, ()), kind=kind,
                                   permutations=max(permutations, 999), seed=seed)
         notes += [result.null, WEIGHT_STATISTIC_NOTES[statistic]]
         return PairTestResult(log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.value,

@@ -34,6 +34,8 @@ from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independen
 from scanner.zoo.encoders import GROUND_TRUTH as ENCODER_GROUND_TRUTH
 from scanner.zoo.encoders import EncoderZoo, build_encoder_zoo
 from scanner.zoo.tool_zoo import MergeZooSpec, build_merge_zoo
+from tests.null_support import NULL_KINDS
+from tests.null_support import null_zoo as null_zoo_of
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -51,11 +53,11 @@ MERGE_ZOO_SPEC = MergeZooSpec(seed=0, step_scale=0.5)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
-#: Fixtures that make a test slow: the trained zoos (the encoder and merge zoos too) and the real model (minutes to
-#: build on a fresh machine), the adversary suite's briefly trained models of every kind (test_adversary.py), and Ray
+#: Fixtures that make a test slow: the trained zoos (the encoder, merge and null zoos too) and the real model
+#: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind (test_adversary.py), and Ray
 #: clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds", "encoder_zoo", "merge_zoo"})
+                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
@@ -111,8 +113,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
-#: zoo 142, chain 44.
-_BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "seed1", "seed2", "seed3", "merges", "chain")
+#: zoo 142, chain 44; the null zoos (one thread, loaded Xeon) GPT-2 159, Mixtral 141, GPT-NeoX 107, Llama 93.
+_BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "null-gpt2", "null-mixtral", "seed1", "seed2", "seed3",
+                "merges", "null-gpt_neox", "null-llama", "chain")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -134,6 +137,9 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
         found["encoders"] = partial(build_encoder_zoo, CACHE / "encoders")
     if "merge_zoo" in names:
         found["merges"] = partial(build_merge_zoo, CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
+    if "null_zoo" in names:
+        kind = item.callspec.params["null_zoo"]  # type: ignore[attr-defined]
+        found[f"null-{kind}"] = partial(null_zoo_of, CACHE, kind)
     return {name: found[name] for name in _BUILD_ORDER if name in found}
 
 
@@ -216,6 +222,12 @@ def encoder_zoo() -> EncoderZoo:
 def merge_zoo() -> Zoo:
     """Merges made with mergekit and a LoRA made with PEFT (scanner.zoo.tool_zoo), small: MERGE_ZOO_SPEC."""
     return build_merge_zoo(CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
+
+
+@pytest.fixture(scope="session", params=NULL_KINDS)
+def null_zoo(request: pytest.FixtureRequest) -> Zoo:
+    """N_NULL independently trained models of one MLP kind, one language and recipe (tests/null_support.py)."""
+    return null_zoo_of(CACHE, request.param)
 
 
 @pytest.fixture(scope="session", params=OTHER_SEEDS)

@@ -22,10 +22,13 @@ from scanner.checkpoint import open_checkpoint
 from scanner.compare import compare_models
 from scanner.errors import UnsupportedArchitectureError
 from scanner.stats.weight_statistics import (
+    MIN_NULL_PAIRS,
+    Shape,
     WeightProfile,
     layernorm_cosine,
     layernorm_permtest,
     leave_out_log10_p,
+    pair_kind,
     profile_correlation,
     weight_statistic,
 )
@@ -64,18 +67,44 @@ def test_layernorm_permtest_is_uniform_for_independent_models() -> None:
     assert stats.kstest(ps, "uniform").pvalue >= ALPHA
 
 
+def _kind(profile: WeightProfile) -> Shape:
+    return ("llama", profile.attn_std.shape[0], profile.norms.shape[-1])
+
+
 def test_empirical_null_p_values_are_uniform_over_independent_trained_models(profiles) -> None:
-    """The 136 pairs of the zoo's 17 independent bases: each pair against the others that share no model with it
-    (leave_out_log10_p, as a scan computes them) gives uniform p-values for attn-std and for ghostspec."""
+    """The 136 pairs of the zoo's 17 independent bases: each pair against the others of its kind that share no model
+    with it (leave_out_log10_p, as a scan computes them) gives uniform p-values for attn-std and for ghostspec over
+    the 120 pairs of the 16 four-block bases; the 16 pairs of the three-block deepfield-wide with a four-block base
+    have no null of their kind once deepfield's own pairs are left out, so no p-value."""
     models = _independent(profiles)
     assert len(models) == 17
     for field in ("attn_std", "ghostspec"):
-        pairs = [(a, b, profile_correlation(getattr(profiles[a], field), getattr(profiles[b], field)))
-                 for a, b in itertools.combinations(models, 2)]
+        pairs = [(a, b, profile_correlation(getattr(profiles[a], field), getattr(profiles[b], field)),
+                  pair_kind(_kind(profiles[a]), _kind(profiles[b]))) for a, b in itertools.combinations(models, 2)]
         answers = leave_out_log10_p(pairs, pairs)
-        ps = [10 ** p for p, _ in answers]
-        assert len(ps) == 136 and stats.kstest(ps, "uniform").pvalue >= ALPHA, field
-        assert {size for _, size in answers} == {105}  # the pairs of the other 15 models: p >= 1/106, as noted
+        same = [answer for answer, pair in zip(answers, pairs, strict=True) if pair[3][0] == pair[3][1]]
+        ps = [10 ** p for p, _ in same]
+        assert len(ps) == 120 and stats.kstest(ps, "uniform").pvalue >= ALPHA, field
+        assert {size for _, size in same} == {91}  # the pairs of the other 14 four-block bases: p >= 1/92, as noted
+        assert {answer for answer, pair in zip(answers, pairs, strict=True) if pair[3][0] != pair[3][1]} == {(None, 0)}
+
+
+def test_an_empirical_null_reads_only_pairs_of_the_tested_pairs_kind_and_needs_enough_of_them() -> None:
+    """Independent pairs of another kind (lower values, as models of other depths or types give) never enter a
+    pair's null: against its own kind's 40 pairs a value of 0.9 is unremarkable (p = 21/41), where the mixed null
+    would have called it dependent (p = 21/121). Below MIN_NULL_PAIRS pairs of its kind, no p-value."""
+    small, large = pair_kind(("llama", 4, 64), ("llama", 4, 64)), pair_kind(("llama", 32, 4096), ("qwen2", 28, 3584))
+    null = [(f"s{k}", f"t{k}", 0.85 + 0.1 * (k % 2), small) for k in range(40)]
+    null += [(f"u{k}", f"v{k}", 0.1, large) for k in range(80)]
+    [(own, size)] = leave_out_log10_p([("a", "b", 0.9, small)], null)
+    [(mixed, _)] = leave_out_log10_p([("a", "b", 0.9, small)], [(a, b, v, small) for a, b, v, _ in null])
+    assert size == 40 and own == pytest.approx(np.log10(21 / 41)) and mixed == pytest.approx(np.log10(21 / 121))
+    few = leave_out_log10_p([("a", "b", 0.9, small)], null[: MIN_NULL_PAIRS - 1])
+    assert few == [(None, MIN_NULL_PAIRS - 1)]
+    note = weight_statistic("attn-std", *(WeightProfile(np.ones((4, 1, 8)), np.ones((4, 4)), np.ones((4, 2)))
+                                          for _ in range(2)), null=[0.5] * (MIN_NULL_PAIRS - 1), kind=small).null
+    assert note == (f"no p-value: the empirical null holds {MIN_NULL_PAIRS - 1} independent pairs of llama, 4 blocks "
+                    f"of width 64, fewer than {MIN_NULL_PAIRS} (no p-value could reach 0.05)")
 
 
 def test_two_independent_bases_have_a_layernorm_cosine_of_099_and_an_unremarkable_p_value(zoo: Zoo) -> None:
@@ -105,12 +134,16 @@ def test_the_robustness_notes_say_what_the_zoo_shows(profiles) -> None:
 
 
 def test_without_a_null_the_invariant_fingerprints_give_no_p_value_and_say_why(zoo: Zoo) -> None:
-    result = compare_models(zoo["aurora-labs/aurora-base"].path, zoo["finch-nlp/aurora-chat"].path, "ghostspec")
+    base, chat = zoo["aurora-labs/aurora-base"].path, zoo["finch-nlp/aurora-chat"].path
+    result = compare_models(base, chat, "ghostspec")
     assert result.log10_p is None and result.value > 0.99
     assert any("no empirical null was given" in n for n in result.notes)
-    with_null = compare_models(zoo["aurora-labs/aurora-base"].path, zoo["finch-nlp/aurora-chat"].path, "ghostspec",
-                               null=[0.5] * 99)
+    kind = pair_kind(("llama", 4, 64), ("llama", 4, 64))
+    with_null = compare_models(base, chat, "ghostspec", null={kind: [0.5] * 99})
     assert with_null.log10_p == pytest.approx(-2.0)  # above all 99 null values: 1 / 100
+    assert "empirical null of 99 independent pairs of llama, 4 blocks of width 64" in with_null.notes[0]
+    other_kind = compare_models(base, chat, "ghostspec", null={pair_kind(("llama", 3, 64), kind[0]): [0.5] * 99})
+    assert other_kind.log10_p is None and "holds 0 independent pairs of llama, 4 blocks" in other_kind.notes[0]
 
 
 def test_a_family_without_known_attention_roles_is_refused_with_the_reason(tmp_path) -> None:
@@ -126,19 +159,26 @@ def test_a_family_without_known_attention_roles_is_refused_with_the_reason(tmp_p
 
 
 @pytest.fixture(scope="module")
-def scanned(zoo: Zoo, local_ray, tmp_path_factory: pytest.TempPathFactory):
-    """A real scan (local Ray, DuckDB) of nine zoo models with every weight fingerprint recorded."""
+def scanned(zoo: Zoo, independent_zoo: Zoo, local_ray, tmp_path_factory: pytest.TempPathFactory):
+    """A real scan (local Ray, DuckDB) of nine zoo models and three independent bases with every weight fingerprint
+    recorded: eleven four-block models, whose 49 independent pairs leave at least 30 to each pair's null (19 needed),
+    and the three-block deepfield-wide, whose pairs have none."""
     from jobs.scan_job import run_scan
     from tests.scan_support import copy_models, scan_config
 
     models = (*BASES, "finch-nlp/aurora-chat", "nimbus/nimbus-1", "orchid/cobalt-instruct", "pylon/pylon-base")
+    extra = tuple(independent_zoo.ids[:3])
     root = tmp_path_factory.mktemp("extra")
     copy_models(zoo, models, root / "hub")
+    copy_models(independent_zoo, extra, root / "hub")
     config = scan_config(root / "hub", root / "out", pairs={"extra_stats": ["layernorm", "attn-std", "ghostspec"]})
-    return config, run_scan(config), models, root / "hub"
+    return config, run_scan(config), (*models, *extra), root / "hub"
 
 
 def test_a_scan_records_each_weight_fingerprint_beside_phi_match_and_draws_no_family_from_them(scanned) -> None:
+    """Every pair gets every weight fingerprint's value; layernorm a p-value from its permutations, attn-std and
+    ghostspec one from this hub's independent pairs of the pair's kind where there are enough of them (the pairs of
+    two four-block models), and none, with the reason, where there are not (deepfield-wide's)."""
     from tests.scan_support import query
 
     config, summary, models, _ = scanned
@@ -147,17 +187,31 @@ def test_a_scan_records_each_weight_fingerprint_beside_phi_match_and_draws_no_fa
                                  "count(value) AS with_value FROM current_pair_tests GROUP BY statistic")
     counts = {r["statistic"]: r for r in rows.iter_rows(named=True)}
     assert counts["match"]["n"] == pairs and summary.weight_statistics == 3 * pairs
-    for name in ("layernorm", "attn-std", "ghostspec"):  # every pair, a value and (from this hub's null) a p-value
-        assert counts[name]["n"] == counts[name]["with_value"] == counts[name]["with_p"] == pairs, name
+    assert counts["layernorm"]["n"] == counts["layernorm"]["with_value"] == counts["layernorm"]["with_p"] == pairs
+    deepfield = len(models) - 1
+    for name in ("attn-std", "ghostspec"):
+        assert counts[name]["n"] == counts[name]["with_value"] == pairs, name
+        assert counts[name]["with_p"] == pairs - deepfield, name
     assert set(query(config.db_path, "SELECT DISTINCT statistic FROM lineage_edges")["statistic"]) == {"match"}
-    own = query(config.db_path, "SELECT notes FROM current_pair_tests WHERE statistic = 'ghostspec' LIMIT 1")
-    assert re.match(r"empirical null: \d+ of this hub's pairs whose phi_MATCH p > 0.05, none with either of this "
-                    r"pair's models \(p cannot go below 1/\d+\)", own["notes"][0][0])
+    notes = query(config.db_path, "SELECT model_a, model_b, log10_p, notes FROM current_pair_tests "
+                                  "WHERE statistic = 'ghostspec'")
+    for row in notes.iter_rows(named=True):
+        if "deepfield/deepfield-wide" in (row["model_a"], row["model_b"]):
+            assert row["log10_p"] is None and re.fullmatch(
+                r"no p-value: 0 of this hub's pairs of llama \(3 blocks of width 64\) with llama \(4 blocks of width "
+                r"64\) have phi_MATCH p > 0.05 and neither of this pair's models, fewer than the 19 an empirical null "
+                r"needs", row["notes"][0]), row
+        else:
+            size = re.fullmatch(r"empirical null: (\d+) of this hub's pairs of llama, 4 blocks of width 64 whose "
+                                r"phi_MATCH p > 0.05, none with either of this pair's models \(p cannot go below "
+                                r"1/(\d+)\)", row["notes"][0])
+            assert size and int(size[1]) >= 19 and int(size[2]) == int(size[1]) + 1, row
 
 
 def test_the_command_line_borrows_a_scans_null_without_the_pairs_of_the_models_under_test(scanned) -> None:
-    """`hubtrace test --null-db`: the scan's independent pairs less those of a model it scanned from the same folder,
-    so the p-value agrees with the one the scan stored; a statistic with a null of its own refuses the option."""
+    """`hubtrace test --null-db`: the scan's independent pairs of the pair's kind less those of a model it scanned
+    from the same folder, so the p-value agrees with the one the scan stored; a statistic with a null of its own
+    refuses the option."""
     from typer.testing import CliRunner
 
     from jobs.cli import EXIT_REFUSED, app
@@ -173,8 +227,10 @@ def test_the_command_line_borrows_a_scans_null_without_the_pairs_of_the_models_u
         stored = queries.pair_tests_between(store, "cobalt-ai/cobalt-base", "pylon/pylon-base")
         null = queries.empirical_null(store, "attn-std")
     row = stored.filter(stored["statistic"] == "attn-std").row(0, named=True)
-    kept = [n for n in null if not {n[0], n[1]} & {"cobalt-ai/cobalt-base", "pylon/pylon-base"}]
+    kind = pair_kind(("llama", 4, 64), ("llama", 4, 64))
+    kept = [n for n in null if not {n[0], n[1]} & {"cobalt-ai/cobalt-base", "pylon/pylon-base"} and n[3] == kind]
     assert printed["value"] == pytest.approx(row["value"]) and printed["log10_p"] == pytest.approx(row["log10_p"])
-    assert f"empirical null of {len(kept)} independent pairs" in printed["notes"][0] and len(kept) < len(null)
+    assert f"empirical null of {len(kept)} independent pairs of llama, 4 blocks of width 64" in printed["notes"][0]
+    assert MIN_NULL_PAIRS <= len(kept) < len(null)
     refused = CliRunner().invoke(app, ["test", str(base), str(copy), "--null-db", str(config.db_path)])
     assert refused.exit_code == EXIT_REFUSED and "--null-db is for --stat attn-std or ghostspec" in refused.output

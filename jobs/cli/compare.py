@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,9 @@ from jobs.cli.refusals import CommandError
 from scanner.inputs import InputSpec
 from scanner.results import PairTestResult
 from scanner.text_safety import json_visible, terminal_lines
+
+if TYPE_CHECKING:
+    from scanner.stats.weight_statistics import PairKind
 
 
 def test_command(
@@ -32,7 +35,8 @@ def test_command(
         help="PERMTEST samples T for --stat l2 (--stat layernorm takes at least 999).")] = 99,
     null_db: Annotated[Path | None, typer.Option(
         "--null-db", help="A scan database whose pairs give --stat attn-std or ghostspec an empirical null (its "
-                          "pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats).")] = None,
+                          "pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats, of the same model types, "
+                          "depths and widths as the pair tested).")] = None,
     device: Annotated[str, typer.Option(help="torch device for forward passes, e.g. cpu or cuda.")] = "cpu",
     fingerprint: Annotated[
         bool, typer.Option("--fingerprint", help="Compare fingerprints (implied when a side is a fingerprint file).")
@@ -53,16 +57,17 @@ def test_command(
     if fingerprint or any(is_url(side) or is_fingerprint_file(side) for side in (model_a, model_b)):
         result = compare_sides(model_a, model_b, stat, spec, device, follow_links=follow_links)
     else:
-        null = _empirical_null(null_db, stat, (Path(model_a), Path(model_b))) if null_db is not None else ()
+        null = _empirical_null(null_db, stat, (Path(model_a), Path(model_b))) if null_db is not None else None
         result = compare_models(Path(model_a), Path(model_b), stat, inputs=spec, permutations=permutations,
                                 seed=seed, device=device, follow_links=follow_links, null=null)
     typer.echo(json_visible(json.dumps(result.to_json_dict(), indent=2)) if as_json
                else terminal_lines(render_table(result)))
 
 
-def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> list[float]:
-    """The values of ``stat`` on the database's pairs that phi_MATCH found independent, less the pairs of a model
-    under test when the database scanned it from the same folder (a pair is never part of its own null)."""
+def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> dict[PairKind, list[float]]:
+    """The values of ``stat`` on the database's pairs that phi_MATCH found independent, by kind of pair (model types,
+    depths, widths), less the pairs of a model under test when the database scanned it from the same folder (a pair
+    is never part of its own null)."""
     from scanner.stats.weight_statistics import EMPIRICAL_NULL_STATISTICS
     from scanner.store import Store, queries
 
@@ -71,11 +76,14 @@ def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> list[float
                            "of its own")
     with Store(db, read_only=True) as store:
         tested = queries.models_at(store, [str(side.resolve()) for side in sides])
-        null = [value for a, b, value in queries.empirical_null(store, stat) if not {a, b} & tested]
+        null = [(value, kind) for a, b, value, kind in queries.empirical_null(store, stat) if not {a, b} & tested]
     if not null:
         raise CommandError(f"{db} records no {stat} values on independent pairs: scan with pairs.extra_stats "
                            f"including {stat} (docs/disputes.md)")
-    return null
+    by_kind: dict[PairKind, list[float]] = {}
+    for value, kind in null:
+        by_kind.setdefault(kind, []).append(value)
+    return by_kind
 
 
 def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,

@@ -18,7 +18,10 @@ stream or of heads move no standard deviation and no singular value, and the sca
 1/c) do not leave a model's initialisation invariant, so they would not give a valid null. So these two get a
 p-value only against an empirical null: their values on pairs of models known (or tested) to be independent,
 p = (1 + #{null >= observed}) / (n + 1), valid when the tested pair is exchangeable with those pairs under
-independence; its smallest value is 1 / (n + 1).
+independence; its smallest value is 1 / (n + 1). Exchangeable means alike: independent models trained alike
+correlate far more (0.997-0.998 among the zoo's bases) than models of other depths, widths or types, so the null of
+a pair is drawn only from pairs of the same kind (`pair_kind`: the two models' type, depth and width), and a null of
+fewer than MIN_NULL_PAIRS pairs gives no p-value at all.
 """
 
 from __future__ import annotations
@@ -34,6 +37,25 @@ from scanner.stats.logp import log10_permutation_p
 GHOSTSPEC_TOP = 32
 #: A pair whose phi_MATCH p-value is above this joins the empirical null of the weight fingerprints that need one.
 NULL_MATCH_P = 0.05
+#: Fewest null pairs of a pair's kind for an empirical p-value: with fewer, no p-value could reach 0.05.
+MIN_NULL_PAIRS = 19
+
+Shape = tuple[str, int, int]
+"""A model's kind for an empirical null: its model type, depth (blocks) and width (hidden size)."""
+PairKind = tuple[Shape, Shape]
+"""The kinds of a pair's two models, in sorted order (a pair and its reverse are one kind)."""
+
+
+def pair_kind(a: Shape, b: Shape) -> PairKind:
+    return (a, b) if a <= b else (b, a)
+
+
+def describe_kind(kind: PairKind) -> str:
+    """The kind in words, for notes: 'llama, 4 blocks of width 64' or both models' when they differ."""
+    (type_a, depth_a, width_a), (type_b, depth_b, width_b) = kind
+    if kind[0] == kind[1]:
+        return f"{type_a}, {depth_a} blocks of width {width_a}"
+    return f"{type_a} ({depth_a} blocks of width {width_a}) with {type_b} ({depth_b} blocks of width {width_b})"
 
 
 @dataclass(frozen=True)
@@ -96,14 +118,20 @@ def profile_correlation(profile_a: np.ndarray, profile_b: np.ndarray) -> float:
     return float(np.mean([sequence_correlation(profile_a[:, j], profile_b[:, j]) for j in range(profile_a.shape[1])]))
 
 
-def empirical_test(observed: float, null: Sequence[float], what: str) -> WeightStatistic:
-    """A value against its empirical null (values on pairs independent under the null): exact when the tested pair
-    is exchangeable with them; no p-value without a null sample."""
-    if not null:
+def empirical_test(observed: float, null: Sequence[float] | None, what: str, kind: PairKind | None = None
+                   ) -> WeightStatistic:
+    """A value against its empirical null (values on independent pairs of the tested pair's ``kind``): exact when
+    the tested pair is exchangeable with them; no p-value without a null, or with one of fewer than MIN_NULL_PAIRS
+    pairs."""
+    if null is None:
         return WeightStatistic(observed, None, f"no p-value: {what} is invariant to every output-preserving "
                                                "transformation PERMTEST could use, and no empirical null was given")
+    pairs = f"independent pairs of {describe_kind(kind)}" if kind is not None else "independent pairs"
+    if len(null) < MIN_NULL_PAIRS:
+        return WeightStatistic(observed, None, f"no p-value: the empirical null holds {len(null)} {pairs}, fewer "
+                                               f"than {MIN_NULL_PAIRS} (no p-value could reach 0.05)")
     return WeightStatistic(observed, log10_permutation_p(observed, list(null)),
-                           f"empirical null of {len(null)} independent pairs (smallest p 1/{len(null) + 1})")
+                           f"empirical null of {len(null)} {pairs} (smallest p 1/{len(null) + 1})")
 
 
 #: The weight fingerprints by name (``hubtrace test --stat``), each with what it reads of a profile.
@@ -127,9 +155,10 @@ WEIGHT_STATISTIC_NOTES = {
 }
 
 
-def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Sequence[float] = (),
-                     permutations: int = 999, seed: int = 0) -> WeightStatistic:
-    """One weight fingerprint of a pair: its value and the p-value its null allows (see the module docstring)."""
+def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Sequence[float] | None = None,
+                     kind: PairKind | None = None, permutations: int = 999, seed: int = 0) -> WeightStatistic:
+    """One weight fingerprint of a pair: its value and the p-value its null allows (see the module docstring);
+    ``null``: the values on independent pairs of the pair's ``kind``."""
     if name == "layernorm":
         if a.norms.size == 0 or b.norms.size == 0:
             return WeightStatistic(float("nan"), None, "no p-value: a model without norm weights has no LayerNorm "
@@ -139,31 +168,45 @@ def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Seq
                                    f"{b.norms.shape[1:]} (kinds, width) do not line up, so there is no cosine to take")
         return layernorm_permtest(a.norms, b.norms, permutations=permutations, seed=seed)
     if name == "attn-std":
-        return empirical_test(profile_correlation(a.attn_std, b.attn_std), null, "the intrinsic fingerprint")
+        return empirical_test(profile_correlation(a.attn_std, b.attn_std), null, "the intrinsic fingerprint", kind)
     if name == "ghostspec":
-        return empirical_test(profile_correlation(a.ghostspec, b.ghostspec), null, "GhostSpec")
+        return empirical_test(profile_correlation(a.ghostspec, b.ghostspec), null, "GhostSpec", kind)
     raise ValueError(f"unknown weight statistic {name!r}; choose one of {', '.join(WEIGHT_STATISTICS)}")
 
 
-def leave_out_log10_p(observed: Sequence[tuple[str, str, float]], null: Sequence[tuple[str, str, float]],
-                      ) -> list[tuple[float | None, int]]:
-    """For each observed (model, model, value): its log10 p against the null pairs that share no model with it
-    (so a pair is never part of its own null, nor a pair of one of its models), and the size of that null (the p
-    cannot go below 1 / (size + 1)). None where no such pair is left. Sorted counts and per-model exclusions:
-    O((n + m) log m), not a scan of the null per pair."""
-    values = np.sort(np.asarray([v for _, _, v in null], dtype=np.float64))
-    by_model: dict[str, list[int]] = {}
-    for k, (a, b, _) in enumerate(null):
-        by_model.setdefault(a, []).append(k)
-        by_model.setdefault(b, []).append(k)
-    out: list[float | None] = []
-    for a, b, value in observed:
-        excluded = set(by_model.get(a, ())) | set(by_model.get(b, ()))
-        size = len(null) - len(excluded)
-        if size <= 0 or not np.isfinite(value):
-            out.append((None, max(size, 0)))
-            continue
-        exceed = int(values.size - np.searchsorted(values, value, side="left"))
-        exceed -= sum(1 for k in excluded if null[k][2] >= value)
-        out.append((float(np.log10((1 + exceed) / (size + 1))), size))
-    return out
+NullPair = tuple[str, str, float, PairKind]
+"""(model, model, value, kind) of one pair: a tested pair, or one of the empirical null."""
+
+
+def leave_out_log10_p(observed: Sequence[NullPair], null: Sequence[NullPair]) -> list[tuple[float | None, int]]:
+    """For each observed (model, model, value, kind): its log10 p against the null pairs of the same kind that share
+    no model with it (so a pair is never part of its own null, nor a pair of one of its models), and the size of that
+    null (the p cannot go below 1 / (size + 1)). None where fewer than MIN_NULL_PAIRS such pairs are left. Sorted
+    counts and per-model exclusions per kind: O((n + m) log m), not a scan of the null per pair."""
+    by_kind: dict[PairKind, list[NullPair]] = {}
+    for row in null:
+        by_kind.setdefault(row[3], []).append(row)
+    tables = {kind: _NullTable(rows) for kind, rows in by_kind.items()}
+    empty = _NullTable([])
+    return [tables.get(kind, empty).log10_p(a, b, value) for a, b, value, kind in observed]
+
+
+class _NullTable:
+    """One kind's null values, sorted, with each model's pairs, for leave-out p-values."""
+
+    def __init__(self, rows: Sequence[NullPair]) -> None:
+        self.rows = rows
+        self.values = np.sort(np.asarray([v for _, _, v, _ in rows], dtype=np.float64))
+        self.by_model: dict[str, list[int]] = {}
+        for k, (a, b, _, _) in enumerate(rows):
+            self.by_model.setdefault(a, []).append(k)
+            self.by_model.setdefault(b, []).append(k)
+
+    def log10_p(self, a: str, b: str, value: float) -> tuple[float | None, int]:
+        excluded = set(self.by_model.get(a, ())) | set(self.by_model.get(b, ()))
+        size = len(self.rows) - len(excluded)
+        if size < MIN_NULL_PAIRS or not np.isfinite(value):
+            return None, size
+        exceed = int(self.values.size - np.searchsorted(self.values, value, side="left"))
+        exceed -= sum(1 for k in excluded if self.rows[k][2] >= value)
+        return float(np.log10((1 + exceed) / (size + 1))), size

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from scanner.store.read_only_sql import check_read_only
 from scanner.store.store import AnswerStream, Store
+
+if TYPE_CHECKING:
+    from scanner.stats.weight_statistics import NullPair
 
 DEFAULT_LOG10_P = -8.0
 """log10 p at or below which a raw pair test counts as dependence: about a 5% Bonferroni bound over 2 million
@@ -257,14 +261,30 @@ def models_at(store: Store, locations: list[str]) -> set[str]:
     return set(frame["model_id"].to_list())
 
 
-def empirical_null(store: Store, statistic: str, match_statistic: str = "match") -> list[tuple[str, str, float]]:
-    """(model_a, model_b, value) of every current pair whose ``statistic`` has a value and whose phi_MATCH p-value is
-    above NULL_MATCH_P: the hub's own independent pairs, the empirical null of a weight fingerprint
-    (scanner.stats.weight_statistics)."""
-    from scanner.stats.weight_statistics import NULL_MATCH_P
+MODEL_SHAPES_SQL = """
+SELECT model_id, revision, model_type, n_layers, hidden_size FROM current_models
+WHERE model_type IS NOT NULL AND n_layers IS NOT NULL AND hidden_size IS NOT NULL
+"""
+"""Each current model's type, depth and width: the kind of model an empirical null is drawn from."""
 
-    return [(r[0], r[2], r[5]) for r in store.weight_statistic_rows(statistic, match_statistic)
-            if r[6] is not None and r[6] > math.log10(NULL_MATCH_P) and r[5] is not None and math.isfinite(r[5])]
+
+def model_shapes(store: Store) -> dict[tuple[str, str], tuple[str, int, int]]:
+    """(model, revision) -> (model type, depth, width) of every current model that has them."""
+    return {(r[0], r[1]): (r[2], int(r[3]), int(r[4])) for r in store.query(MODEL_SHAPES_SQL).iter_rows()}
+
+
+def empirical_null(store: Store, statistic: str, match_statistic: str = "match") -> list[NullPair]:
+    """(model_a, model_b, value, kind) of every current pair whose ``statistic`` has a value and whose phi_MATCH
+    p-value is above NULL_MATCH_P: the hub's own independent pairs, the empirical null of a weight fingerprint
+    (scanner.stats.weight_statistics), each with the kind of its two models (type, depth, width) that a tested pair
+    must share to be compared with it."""
+    from scanner.stats.weight_statistics import NULL_MATCH_P, pair_kind
+
+    shapes = model_shapes(store)
+    return [(r[0], r[2], r[5], pair_kind(shapes[(r[0], r[1])], shapes[(r[2], r[3])]))
+            for r in store.weight_statistic_rows(statistic, match_statistic)
+            if r[6] is not None and r[6] > math.log10(NULL_MATCH_P) and r[5] is not None and math.isfinite(r[5])
+            and (r[0], r[1]) in shapes and (r[2], r[3]) in shapes]
 
 
 # -- the local web app (`hubtrace serve`, jobs/web): one read per page part, never the whole hub ------------------

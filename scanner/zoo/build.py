@@ -24,10 +24,10 @@ from typing import Any, Protocol
 
 import torch
 import transformers
-from transformers import LlamaForCausalLM
+from transformers import PreTrainedModel
 
 from scanner.cards import Card, read_card
-from scanner.zoo.arch import ArchSpec, arch_of, new_model, save_model
+from scanner.zoo.arch import ArchSpec, ModelKind, arch_of, new_model, save_model
 from scanner.zoo.camouflage import camouflage
 from scanner.zoo.cards import CardClass, classify_card, make_card, write_card
 from scanner.zoo.derivations import (
@@ -75,7 +75,8 @@ class ZooSpec:
 
 @dataclass(frozen=True)
 class IndependentSpec:
-    """Knobs of an independent-models zoo: model k trains on language k mod ``languages`` from its own init."""
+    """Knobs of an independent-models zoo: model k, of ``kind``, trains on language k mod ``languages`` from its own
+    init (one language: the same data and recipe for every model, only the seeds differ)."""
 
     n: int
     seed: int = 0
@@ -84,9 +85,13 @@ class IndependentSpec:
     lr: float = 5e-3
     batch_size: int = 8
     languages: int = 3
+    kind: ModelKind = "llama"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.kind == "llama":  # the spec as it was before zoos had kinds, so a Llama zoo cached then is reused
+            del out["kind"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,7 @@ def spec_hash(kind: str, spec: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def relative_drift(parent: LlamaForCausalLM, child: LlamaForCausalLM) -> float:
+def relative_drift(parent: PreTrainedModel, child: PreTrainedModel) -> float:
     """||child - parent|| / ||parent|| over all parameters: how far a same-shape derivative moved."""
     p, c = parent.state_dict(), child.state_dict()
     diff = sum(float((c[k] - p[k]).double().pow(2).sum()) for k in p)
@@ -218,7 +223,7 @@ class ZooBuilder:
 
     def __init__(self, root: Path, seed: int, batch_size: int) -> None:
         self.root, self.seed, self.batch_size = root, seed, batch_size
-        self.models: dict[str, LlamaForCausalLM] = {}
+        self.models: dict[str, PreTrainedModel] = {}
         self.languages: dict[str, MarkovLanguage] = {}
         self.records: dict[str, ZooModel] = {}
 
@@ -228,7 +233,7 @@ class ZooBuilder:
     def add(
         self,
         model_id: str,
-        model: LlamaForCausalLM,
+        model: PreTrainedModel,
         *,
         parents: Sequence[str],
         relation: str,
@@ -286,9 +291,10 @@ class ZooBuilder:
         license_id: str = "apache-2.0",
         false_base: str | None = None,
         twin_of: str | None = None,
+        kind: ModelKind = "llama",
     ) -> None:
         init_seed = derived_seed(self.seed, f"{model_id}/init")
-        model = new_model(arch, init_seed)
+        model = new_model(arch, init_seed, kind)
         log = train_lm(model, language, self.train_spec(model_id, steps, lr))
         details: dict[str, Any] = {"init_seed": init_seed, "training": log.to_json()}
         if twin_of is not None:
@@ -405,7 +411,7 @@ def _independent_recipe(b: ZooBuilder, spec: IndependentSpec) -> None:
     lang = [MarkovLanguage(derived_seed(spec.seed, f"language/{k}"), vocab_size=spec.arch.vocab_size)
             for k in range(spec.languages)]
     for k in range(spec.n):
-        b.base(f"indie-{k:02d}/solo-{k:02d}", lang[k % spec.languages], spec.arch, spec.steps, spec.lr)
+        b.base(f"indie-{k:02d}/solo-{k:02d}", lang[k % spec.languages], spec.arch, spec.steps, spec.lr, kind=spec.kind)
 
 
 def _chain_recipe(b: ZooBuilder, spec: ChainSpec) -> None:
@@ -483,10 +489,12 @@ def build_zoo(root: Path, *, spec: ZooSpec | None = None, force: bool = False) -
 
 
 def train_independent_models(
-    root: Path, n: int = 12, seed: int = 0, *, steps: int = 150, arch: ArchSpec | None = None, force: bool = False
+    root: Path, n: int = 12, seed: int = 0, *, steps: int = 150, arch: ArchSpec | None = None,
+    kind: ModelKind = "llama", languages: int = 3, force: bool = False,
 ) -> Zoo:
-    """Build (or reuse) ``n`` independent bases under ``root`` (a few seconds each), for validity studies."""
-    spec = IndependentSpec(n=n, seed=seed, arch=arch or ArchSpec(), steps=steps)
+    """Build (or reuse) ``n`` independent bases of one kind under ``root`` (a few seconds each), for validity
+    studies; ``languages=1`` trains them all on the same data."""
+    spec = IndependentSpec(n=n, seed=seed, arch=arch or ArchSpec(), steps=steps, languages=languages, kind=kind)
     return build_recipe(root, "independent", spec, force, lambda b: _independent_recipe(b, spec))
 
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM
+from transformers import PreTrainedModel
 
 from scanner.zoo.languages import MarkovLanguage
 
@@ -58,20 +58,20 @@ class TrainLog:
         return asdict(self)
 
 
-def lm_loss(model: LlamaForCausalLM, tokens: torch.Tensor) -> torch.Tensor:
+def lm_loss(model: PreTrainedModel, tokens: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy (nats)."""
     logits = model(input_ids=tokens).logits
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
 
 @torch.no_grad()
-def eval_loss(model: LlamaForCausalLM, language: MarkovLanguage, n_seq: int = 32) -> float:
+def eval_loss(model: PreTrainedModel, language: MarkovLanguage, n_seq: int = 32) -> float:
     """Held-out loss on a fixed batch of ``language`` (same batch for every model of that language)."""
     tokens = language.sample(n_seq, model.config.max_position_embeddings, torch.Generator().manual_seed(EVAL_DATA_SEED))
     return float(lm_loss(model.eval(), tokens))
 
 
-def distillation_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, tokens: torch.Tensor) -> torch.Tensor:
+def distillation_loss(student: PreTrainedModel, teacher: PreTrainedModel, tokens: torch.Tensor) -> torch.Tensor:
     """KL(teacher || student) of the next-token distributions, averaged over positions (nats)."""
     with torch.no_grad():
         target = F.log_softmax(teacher(input_ids=tokens).logits, dim=-1)
@@ -80,12 +80,12 @@ def distillation_loss(student: LlamaForCausalLM, teacher: LlamaForCausalLM, toke
 
 
 def train_lm(
-    model: LlamaForCausalLM,
+    model: PreTrainedModel,
     language: MarkovLanguage,
     spec: TrainSpec,
     params: Iterable[torch.nn.Parameter] | None = None,
     *,
-    teacher: LlamaForCausalLM | None = None,
+    teacher: PreTrainedModel | None = None,
 ) -> TrainLog:
     """Train ``model`` in place on ``language`` (all parameters unless ``params`` is given): on the next token, or on
     ``teacher``'s next-token distributions when one is given (distillation). Returns the log."""
