@@ -54,8 +54,8 @@ MERGE_ZOO_SPEC = MergeZooSpec(seed=0, step_scale=0.5)
 OTHER_SEEDS = (1, 2, 3)
 
 #: Fixtures that make a test slow: the trained zoos (the encoder, merge and null zoos too) and the real model
-#: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind (test_adversary.py), and Ray
-#: clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
+#: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind
+#: (test_adversary.py), and Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
                            "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo"})
 

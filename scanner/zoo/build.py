@@ -253,13 +253,13 @@ class ZooBuilder:
         write_card(path, model_id, card)
         self._keep(model_id, model, parents, relation, card, language, details)
 
-    def keep_written(self, model_id: str, model: LlamaForCausalLM, *, parents: Sequence[str], relation: str,
+    def keep_written(self, model_id: str, model: PreTrainedModel, *, parents: Sequence[str], relation: str,
                      language: MarkovLanguage, details: dict[str, Any]) -> None:
         """Record a model that a tool wrote under the root itself, with the tool's own card (mergekit's): ground
         truth gets the card's class as the tool left it."""
         self._keep(model_id, model, parents, relation, read_card(self.root / model_id), language, details)
 
-    def _keep(self, model_id: str, model: LlamaForCausalLM, parents: Sequence[str], relation: str, card: Card,
+    def _keep(self, model_id: str, model: PreTrainedModel, parents: Sequence[str], relation: str, card: Card,
               language: MarkovLanguage, details: dict[str, Any]) -> None:
         families = {self.records[p].family for p in parents}
         if len(families) > 1:
