@@ -110,11 +110,13 @@ def declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None
         if not tag.startswith("base_model:"):
             continue
         rest = tag.removeprefix("base_model:")
-        kind, _, model = rest.partition(":")
-        if model and kind in HUB_RELATION_VALUES:
-            relation = relation or kind
-        else:
+        kind, named, model = rest.partition(":")
+        if not (named and kind in HUB_RELATION_VALUES):
             model = rest
+        elif not model:  # PEFT tags an adapter of an unnamed in-memory base "base_model:adapter:": no claim
+            continue
+        else:
+            relation = relation or kind
         if model and model not in bases:
             bases.append(model)
     return tuple(bases), relation

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner.cards import MAX_CARD_BYTES, card_from_metadata, parse_card, read_card
+from scanner.cards import MAX_CARD_BYTES, card_from_metadata, declared_by_tags, parse_card, read_card
 
 
 def test_front_matter_claim_with_list_and_string_forms() -> None:
@@ -43,6 +43,13 @@ def test_fields_of_the_wrong_type_are_dropped_one_by_one() -> None:
     assert len(card.notes) == 4
     assert card_from_metadata({"base_model": 42}).base_model == ()
     assert card_from_metadata(None).notes == () and card_from_metadata("text").notes
+
+
+def test_base_model_tags_name_bases_and_relations_and_an_empty_id_claims_nothing() -> None:
+    """PEFT tags an adapter of a base built in memory ``base_model:adapter:`` with no id: that names no base."""
+    tags = ("base_model:adapter:", "base_model:finetune:org/a", "base_model:org/b", "text-generation")
+    assert declared_by_tags(tags) == (("org/a", "org/b"), "finetune")
+    assert declared_by_tags(("base_model:adapter:",)) == ((), None)
 
 
 def test_read_card_files(tmp_path: Path) -> None:

@@ -169,11 +169,12 @@ def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprin
     """400 independent block pairs of 600 units screened on 100: KS against uniform at alpha = 0.001
     (false-failure rate 0.1% for an exactly uniform screen)."""
     a, b = synthetic_pair(template, 400, 600, {}, seed=5)
-    blocks_a, blocks_b = _unit_blocks(a.blocks, "cpu"), _unit_blocks(b.blocks, "cpu")
+    sign_free = a.meta.up_sign_free
+    blocks_a, blocks_b = _unit_blocks(a.blocks, "cpu", sign_free), _unit_blocks(b.blocks, "cpu", sign_free)
     rows = _screen_rows(blocks_a[0], blocks_b[0], 100)
     assert rows is not None and rows.size == 100
     single = pair_experts([(np.zeros((1, 1)),) * 2], [(np.zeros((1, 1)),) * 2])
-    p = [10 ** _block_test(list(zip(x, y)), single, rows)[0] for x, y in zip(blocks_a, blocks_b)]
+    p = [10 ** _block_test(list(zip(x, y)), single, sign_free, rows)[0] for x, y in zip(blocks_a, blocks_b)]
     assert kstest(p, "uniform").pvalue > 0.001
 
 
