@@ -90,10 +90,16 @@ ROW_SLOTS = 10
 so a hub of many small families comes out as a block a page or a screen can show, not one endless row."""
 
 
+BESIDE_SLOTS = 2.0
+"""How far right of its parent a model joined by an undecided or copy link sits, at least: one slot puts the two boxes
+side by side with no room for the link's label between them (the demo's copy of cobalt-base hid its p-value)."""
+
+
 def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
     """Each family drawn top-down along its tree links (x in leaf slots, y = -depth), families packed into rows. Only
     a claimed direction puts a model below another: a model joined to its tree parent by an undecided or a copy link
-    sits beside it on the same row (to its right), so the drawing never shows an order the evidence leaves open."""
+    sits beside it on the same row (to its right, at least BESIDE_SLOTS away), so the drawing never shows an order
+    the evidence leaves open."""
     tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") in ("tree", "copy"))
     tree.add_nodes_from(graph.nodes)
     roots = sorted((n for n in tree.nodes if tree.in_degree(n) == 0),
@@ -111,6 +117,7 @@ def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
             x = sum(xs) / len(xs)
         local[node] = (x, float(depth))
         for c in beside:
+            slot[0] = max(slot[0], x + BESIDE_SLOTS)
             place(c, depth, local, slot)
         return x
 

@@ -467,15 +467,15 @@ def test_undecided_links_keep_their_place_and_lose_their_arrow_in_every_format(t
 
 
 def test_the_layout_orders_only_what_is_claimed_and_claims_a_root_only_when_decided() -> None:
-    """An undecided link or a copy puts the model beside its parent (same row, its own slot), a decided one below it;
-    the top of an undecided family is drawn, not claimed as its root (no node is_root)."""
-    from lineage_graph.export import tree_layout
+    """An undecided link or a copy puts the model beside its parent (same row, room between them for the link's label),
+    a decided one below it; the top of an undecided family is drawn, not claimed as its root (no node is_root)."""
+    from lineage_graph.export import BESIDE_SLOTS, tree_layout
 
     undecided = _copy_and_tree(declared=False)
     pos = tree_layout(undecided)
     for kind in ("tree", "copy"):
         parent, child = _link(undecided, kind)
-        assert pos[parent][1] == pos[child][1] and pos[parent][0] != pos[child][0], kind
+        assert pos[parent][1] == pos[child][1] and abs(pos[child][0] - pos[parent][0]) >= BESIDE_SLOTS, kind
     assert not any(a.get("is_root") for _, a in undecided.nodes(data=True))
     decided = _copy_and_tree(declared=True)
     pos = tree_layout(decided)
