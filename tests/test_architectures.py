@@ -98,13 +98,7 @@ def test_every_supported_type_tells_a_noisy_copy_from_an_independent_model(tmp_p
         _save(model_type, folders[0], seed=0)
         _save(model_type, folders[1], seed=0, noise=NOISE)
         _save(model_type, folders[2], seed=1)
-        base, copy, other = (fingerprint_model(folder) for folder in folders)
-        dependent = compare_fingerprints(base, copy).log10_p
-        independent.append(compare_fingerprints(base, other).log10_p)
-        if not (dependent <= DEPENDENT and independent[-1] >= INDEPENDENT - math.log10(len(supported))):
-            failures.append(f"{model_type}: copy {dependent:.1f}, independent {independent[-1]:.2f}")
-        for folder in folders:
-            shutil.rmtree(folder)
+        failures += _verdicts(model_type, folders, len(supported), independent)
     assert not failures, failures
     assert sum(p <= math.log10(0.05) for p in independent) <= binom.ppf(0.99, len(independent), 0.05)
     assert len(supported) >= 150
@@ -124,17 +118,29 @@ def test_every_supported_multimodal_and_encoder_type_tells_a_noisy_copy_from_an_
     for row in rows:
         folders = [tmp_path / f"{row.model_type}-{name}" for name in ("base", "copy", "other")]
         _save_three(row.model_type, task, *folders)
-        base, copy, other = (fingerprint_model(folder) for folder in folders)
-        assert base.meta.attention == ("bidirectional" if task == "masked-lm" else "causal"), row.model_type
-        dependent = compare_fingerprints(base, copy).log10_p
-        independent.append(compare_fingerprints(base, other).log10_p)
-        if not (dependent <= DEPENDENT and independent[-1] >= INDEPENDENT - math.log10(len(rows))):
-            failures.append(f"{row.model_type}: copy {dependent:.1f}, independent {independent[-1]:.2f}")
-        for folder in folders:
-            shutil.rmtree(folder)
+        attention = "bidirectional" if task == "masked-lm" else "causal"
+        failures += _verdicts(row.model_type, folders, len(rows), independent, attention)
     assert not failures, failures
     assert sum(p <= math.log10(0.05) for p in independent) <= binom.ppf(0.99, len(independent), 0.05)
     assert len(rows) >= 30
+
+
+def _verdicts(model_type: str, folders: list[Path], n_types: int, independent: list[float],
+              attention: str = "causal") -> list[str]:
+    """Fingerprint a type's base, noisy copy and independent model (then delete them), append the independent
+    pair's log10 p to ``independent``, and say what failed: the copy above DEPENDENT, the independent pair below
+    INDEPENDENT less log10(n_types) (Bonferroni over the table), or a fingerprint read with the wrong attention."""
+    base, copy, other = (fingerprint_model(folder) for folder in folders)
+    dependent = compare_fingerprints(base, copy).log10_p
+    independent.append(compare_fingerprints(base, other).log10_p)
+    for folder in folders:
+        shutil.rmtree(folder)
+    failed = []
+    if not (dependent <= DEPENDENT and independent[-1] >= INDEPENDENT - math.log10(n_types)):
+        failed.append(f"{model_type}: copy {dependent:.1f}, independent {independent[-1]:.2f}")
+    if base.meta.attention != attention:
+        failed.append(f"{model_type}: read with {base.meta.attention} attention, not {attention}")
+    return failed
 
 
 @torch.no_grad()
