@@ -66,7 +66,7 @@ TIMED = [
     ("scanner.adapters", "ArchitectureAdapter", "mlp", "read a block's MLP for its summaries (Llama row)"),
     ("scanner.streaming", "", "site_activations", "the two views of every unit (module tree)"),
     ("scanner.streaming", "", "glu_activations", "gate and up products not caught from the forward (Llama row)"),
-    ("scanner.fingerprint", "", "_stored", "round the activations to float16"),
+    ("scanner.fingerprint", "", "stored_activations", "scale each unit to its peak, round to float16"),
 ]
 
 
