@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
+from scanner.declared_fields import first_line, optional_string
 from scanner.files import NotRegularFileError, open_regular_file
 
 FROM_SCRATCH_TAG = "from-scratch"
@@ -64,7 +65,7 @@ def parse_card(text: str) -> Card:
     try:
         meta = yaml.safe_load(match.group(2))
     except (yaml.YAMLError, RecursionError, ValueError) as e:
-        return Card(notes=(f"model card front matter is not valid YAML: {_first_line(e)}",))
+        return Card(notes=(f"model card front matter is not valid YAML: {first_line(e)}",))
     return card_from_metadata(meta)
 
 
@@ -75,10 +76,7 @@ def card_from_metadata(meta: Any) -> Card:
     if not isinstance(meta, dict):
         return Card(notes=(f"model card metadata is a {type(meta).__name__}, not a mapping",))
     notes: list[str] = []
-    license_id = meta.get("license")
-    if license_id is not None and not isinstance(license_id, str):
-        notes.append(f"license is a {type(license_id).__name__}, not a string; ignored")
-        license_id = None
+    license_id = optional_string(meta.get("license"), "license", notes)
     relation = meta.get("base_model_relation")
     if relation is not None and relation not in HUB_RELATION_VALUES:
         notes.append(f"base_model_relation {str(relation)[:80]!r} is not one of {sorted(HUB_RELATION_VALUES)}; ignored")
@@ -135,7 +133,3 @@ def _strings(value: Any, field: str, notes: list[str]) -> tuple[str, ...]:
     if len(kept) != len(value):
         notes.append(f"{field}: {len(value) - len(kept)} entries that are not non-empty strings ignored")
     return kept
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__

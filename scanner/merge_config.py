@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from scanner.declared_fields import first_line, optional_string
 from scanner.files import NotRegularFileError, open_regular_file
 
 MERGE_CONFIG = "mergekit_config.yml"
@@ -103,15 +104,11 @@ def parse_merge_config(text: str) -> MergeDeclaration:
     try:
         data = yaml.safe_load(text)
     except (yaml.YAMLError, RecursionError, ValueError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        return MergeDeclaration(notes=(f"{MERGE_CONFIG} is not valid YAML: {first}",))
+        return MergeDeclaration(notes=(f"{MERGE_CONFIG} is not valid YAML: {first_line(e)}",))
     if not isinstance(data, dict):
         return MergeDeclaration(notes=(f"{MERGE_CONFIG} holds a {type(data).__name__}, not a mapping",))
     notes: list[str] = []
-    method = data.get("merge_method")
-    if method is not None and not isinstance(method, str):
-        notes.append(f"merge_method is a {type(method).__name__}, not a string; ignored")
-        method = None
+    method = optional_string(data.get("merge_method"), "merge_method", notes)
     base = _reference(data.get("base_model"), "base_model", notes)
     sources: list[MergeSource] = []
     for entry in _entries(data.get("models"), "models", notes):
@@ -154,10 +151,8 @@ def _entries(value: Any, field: str, notes: list[str]) -> list[dict]:
 
 def _reference(value: Any, field: str, notes: list[str]) -> str | None:
     """The model id of a ``model:`` or ``base_model:`` value (the model part of ``model+lora``)."""
+    value = optional_string(value, field, notes)
     if value is None:
-        return None
-    if not isinstance(value, str):
-        notes.append(f"{field} is a {type(value).__name__}, not a string; ignored")
         return None
     found = model_id_of(value.split("+", 1)[0])
     if found is None:
