@@ -291,6 +291,8 @@ def test_real_scan_pages_show_the_evidence(scanned: Server) -> None:
     relatives = model.split("<h2>Relatives</h2>", 1)[1].split("</table>", 1)[0]
     assert 'href="/model?id=finch-nlp/aurora-chat"' in relatives and re.search(r"\d\.\d\de-\d{3}", relatives)
     assert "claims training from scratch, yet its weights depend on another model" in model
+    summary = model.split('<p class="summary">', 1)[1].split("</p>", 1)[0]  # a copy: no parent claimed
+    assert "a copy of" in summary and "Its parent" not in summary
     assert "Fingerprints" in model and re.search(r"<code>[0-9a-f]{64}</code>", model)  # the file's sha256
     pair = page(scanned, "/pair", a=NIMBUS, b=BASE)
     assert "<b>Verdict:</b> DEPENDENT at FDR q = 0.05" in pair and pair.count('src="data:image/png;base64,') >= 2

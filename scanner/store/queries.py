@@ -343,10 +343,15 @@ WHERE m.model_id = $model ORDER BY f.created_at DESC
 """The stored facts of $model's fingerprints at its current revision, one row per input set."""
 
 MODEL_FAMILY_SQL = """
-SELECT m.family_id, f.root, f.n_members, m.is_root, m.parents, m.merge_parents
-FROM family_members m JOIN families f USING (family_id) WHERE m.model_id = $model
+SELECT m.family_id, f.root, f.n_members, m.is_root, m.parents, m.merge_parents, e.tree_link,
+       coalesce(e.direction_decided, true) AS direction_decided
+FROM family_members m JOIN families f USING (family_id)
+LEFT JOIN lineage_edges e ON len(m.parents) > 0
+     AND e.model_a = least(m.model_id, m.parents[1]) AND e.model_b = greatest(m.model_id, m.parents[1])
+WHERE m.model_id = $model
 """
-"""$model's family in the last lineage rebuild: its root and size, and $model's parents in the family tree."""
+"""$model's family in the last lineage rebuild: its root and size, $model's parents in the family tree, and how it
+is joined to its first parent (a copy, a claimed direction or an undecided one), as the family page words it."""
 
 MODEL_RELATIVES_SQL = """
 WITH tests AS (
