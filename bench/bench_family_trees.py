@@ -54,10 +54,10 @@ SIGNALS = ("structure", "depth", "block_map", "activation_rank", "activation_sca
 BINS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 """Edges of the reliability table's confidence bins (the last bin includes 1.0)."""
 
-INPUTS_FILE = "lineage-inputs-v4.pkl"
+INPUTS_FILE = "lineage-inputs-v5.pkl"
 """Each zoo's pair tests, models and block maps, cached beside it (fingerprints and tests take longer than a
 lineage; v3: models carry merge configs and activation scales, block maps made; v4: fingerprint format 2 and the
-unit screen of issue 33)."""
+unit screen of issue 33; v5: phi_MATCH version 2, the up view decoupled from the gate view)."""
 
 
 @dataclass

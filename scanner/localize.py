@@ -37,6 +37,7 @@ from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, merge_groups
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows
+from scanner.stats.views import decoupled_up
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -241,7 +242,8 @@ def _block_test(paired: list[tuple[Units, Units]], pairing: ExpertPairing, up_si
     (indices among A's informative units): log10 p and the mean closeness of the paired experts (an expert pair with
     too few informative units counts as p = 1 and adds no closeness)."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
-    tests = [phi_match_similarity(pick(a.gate) @ b.gate.T, _up_similarity(pick(a.up), b.up, up_sign_free))
+    tests = [phi_match_similarity(pick(a.gate) @ b.gate.T, _up_similarity(pick(a.up), b.up, up_sign_free),
+                                  (pick(a.stored_up), b.stored_up), up_sign_free)
              if min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS else None for a, b in paired]
     near = [t.closeness for t in tests if t is not None and t.closeness is not None]
     return (pairing.combine([0.0 if t is None else t.log10_p for t in tests]),
@@ -258,10 +260,12 @@ def _up_similarity(up_a: Any, up_b: Any, sign_free: bool) -> Any:
 class Units:
     """One MLP's informative units (scanner.stats.degenerate: all-zero and constant ones set aside, each group of
     duplicated units one unit, so no tie is broken by index order): gate and up activations with unit-length rows, on
-    the device, and each row's unit."""
+    the device, and each row's unit. ``up`` is the view phi_MATCH matches (scanner.stats.views.decoupled_up),
+    ``stored_up`` the up rows as stored, which the closeness reads."""
 
     gate: Any
     up: Any
+    stored_up: Any
     kept: np.ndarray  # the unit (row of the fingerprint) of each row
     width: int  # units in the MLP, set-aside ones included
 
@@ -274,13 +278,14 @@ def _unit_blocks(blocks: list[list[MLPActivations]], device: str, up_sign_free: 
         for e in experts:
             screen = e.screen(up_sign_free)
             kept = np.flatnonzero(screen.informative)
-            gate, up = (unit_rows(merge_groups(x, screen, flip) if screen.duplicated else x[kept])
-                        for x, flip in ((e.gate, False), (e.up, up_sign_free)))
+            gate, stored_up = (merge_groups(x, screen, flip) if screen.duplicated else x[kept]
+                               for x, flip in ((e.gate, False), (e.up, up_sign_free)))
+            rows = [unit_rows(x) for x in (gate, decoupled_up(gate, stored_up), stored_up)]
             if device != "cpu":
                 import torch
 
-                gate, up = torch.from_numpy(gate).to(device), torch.from_numpy(up).to(device)
-            units.append(Units(gate, up, kept, e.gate.shape[0]))
+                rows = [torch.from_numpy(x).to(device) for x in rows]
+            units.append(Units(*rows, kept, e.gate.shape[0]))
         out.append(units)
     return out
 

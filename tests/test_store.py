@@ -10,6 +10,7 @@ import duckdb
 import polars as pl
 import pytest
 
+from scanner.stats.versions import statistic_version
 from scanner.store import LATEST_VERSION, MIGRATIONS, Store, StoreError, StoreLockedError, queries
 from scanner.store.schema import CORE_DDL, SCHEMA_VERSION_DDL
 from tests.store_support import T0, Meta, record, scanned_hub, test_row, writer_holding
@@ -148,6 +149,25 @@ def test_pairs_are_stored_with_the_smaller_model_first(db: Path) -> None:
         assert store.tested_pair_keys("match", "v1") == {("org/a", "ra", "org/z", "rz")}
         assert store.tested_pair_keys("match", "other") == set()
         assert store.tested_pair_keys("hidden", "v1") == set()
+
+
+def test_a_test_an_earlier_version_of_its_statistic_made_is_made_again(db: Path) -> None:
+    with Store(db) as store:
+        run = store.start_run({})
+        store.put_pair_tests([test_row("org/a", "ra", "org/b", "rb", -9.0, run),
+                              test_row("org/a", "ra", "org/c", "rc", -2.0, run)])
+        stored = store.query("SELECT statistic_version FROM pair_tests")["statistic_version"].to_list()
+        assert stored == [statistic_version("match")] * 2 and statistic_version("match") >= 2
+    # a row from before versions were recorded (NULL) and an older version's are no longer tests of today's
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE pair_tests SET statistic_version = NULL WHERE model_b = 'org/b'")
+    con.execute("UPDATE pair_tests SET statistic_version = 1 WHERE model_b = 'org/c'")
+    con.close()
+    with Store(db) as store:
+        assert store.tested_pair_keys("match", "v1") == set()
+        store.put_pair_tests([test_row("org/a", "ra", "org/b", "rb", -9.0, run)])  # tested again: replaces it
+        assert store.tested_pair_keys("match", "v1") == {("org/a", "ra", "org/b", "rb")}
+        assert store.query("SELECT count(*) AS n FROM pair_tests")["n"][0] == 2
 
 
 # supersede ------------------------------------------------------------------------------------------------------

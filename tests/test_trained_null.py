@@ -7,15 +7,14 @@ embeddings (GPT-2), plain with rotary positions and parallel attention (GPT-NeoX
 statistic's second view was fixed, the GPT-2s failed the KS test, p = 5.0e-4). Every model is fingerprinted
 once and the 28 pairs compared from the fingerprints, as a scan does.
 
-What is held, and what is not: issue 33 asks for a one-sided KS p >= 0.01 over every pair. The suite's zoos give
-Llama 0.22, GPT-NeoX and Mixtral well above, but GPT-2 0.0096 (5 of 28 pairs at p <= 0.05, none at p <= 0.01), and
-held-out Llama zoos go lower still (docs/statistics.md, "On trained models"): trained alike, tiny models share
-structure that moves phi_MATCH's p-values a little below uniform in the middle of their range, not in the tail where
-a false verdict lies. That bar is not met and is not claimed. This test guards what holds on the suite's zoos with a
-margin: the one-sided KS at KS_ALPHA = 1e-3 (fingerprint format 1's plain views fail it: GPT-2 KS 1.9e-5) and no
-more than binomial_bound(28) = 3 pairs at p <= 0.01. False failures, for exactly valid p-values: 0.1% (KS; the pairs
-share models, which widens the KS spread a little) plus 1.7e-4 (the count) per kind, about 0.5% for the four, with
-the seeds fixed so a run on any machine gives the same verdicts.
+What is held: issue 33 asks for a one-sided KS p >= 0.01 over every pair. With phi_MATCH version 2 (the up view
+decoupled from the gate view, scanner.stats.views) the suite's zoos give Llama 0.29, GPT-2 0.097, GPT-NeoX 0.42 and
+Mixtral 0.67, and bench/bench_trained_null.py meets the bar on 19 of 20 zoos over five seeds (docs/statistics.md,
+"On trained models"; version 1 gave 1.2e-4 on a held-out Llama zoo). A test at 0.01 on four kinds would fail one run
+in 25 for a perfect statistic, and a CI machine trains its own zoos, so this test guards the KS at KS_ALPHA = 1e-3
+(fingerprint format 1's plain views fail it: GPT-2 KS 1.9e-5) and no more than binomial_bound(28) = 3 pairs at
+p <= 0.01. False failures, for exactly valid p-values: 0.1% (KS; the pairs share models, which widens the KS spread a
+little) plus 1.7e-4 (the count) per kind, about 0.5% for the four.
 """
 
 from __future__ import annotations

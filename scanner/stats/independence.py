@@ -21,7 +21,10 @@ from scanner.stats.matching import (
     match_similarities,
     match_similarity,
     spearman,
+    unit_rows,
+    unit_rows_tensor,
 )
+from scanner.stats.views import decoupled_up
 
 Theta = TypeVar("Theta")
 
@@ -86,10 +89,14 @@ def phi_match(
     return phi_match_many([(gate_a, up_a, gate_b, up_b)], device=device, solver="host", up_sign_free=up_sign_free)[0]
 
 
-def phi_match_similarity(gate_similarity: Any, up_similarity: Any) -> BlockTest:
-    """phi_MATCH from the two precomputed cosine matrices (gate and up), each shaped (units_a, units_b)."""
-    return _phi_match_from(gate_similarity, up_similarity, match_similarity(gate_similarity),
-                           match_similarity(up_similarity))
+def phi_match_similarity(gate_similarity: Any, up_similarity: Any, stored_up: tuple[Any, Any],
+                         up_sign_free: bool = False) -> BlockTest:
+    """phi_MATCH from the two precomputed cosine matrices (gate, and up as the test reads it: decoupled_up), each
+    shaped (units_a, units_b); ``stored_up``: both sides' up rows as stored, in the matrices' unit order, which the
+    closeness reads (paired_cosine)."""
+    by_up = match_similarity(up_similarity)
+    return _phi_match_from(gate_similarity, match_similarity(gate_similarity), by_up,
+                           paired_cosine(*stored_up, by_up, up_sign_free))
 
 
 MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -124,12 +131,13 @@ def phi_match_many(
         size = 0 if screened is None else 8 * screened[1][0].shape[0] * screened[1][2].shape[0]  # two float32 matrices
         if group and (screened is None or group_bytes + size > max_matrix_bytes):
             gates = [cosine_similarity_matrix(ga, gb, device=device) for _, (ga, _, gb, _), _ in group]
-            ups = [cosine_similarity_matrix(ua, ub, device=device, sign_free=up_sign_free)
-                   for _, (_, ua, _, ub), _ in group]
+            ups = [cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
+                                            sign_free=up_sign_free) for _, (ga, ua, gb, ub), _ in group]
             matchings = match_similarities([*gates, *ups], solver)
-            for (k, _, note), g, u, by_g, by_u in zip(group, gates, ups, matchings[: len(group)],
-                                                       matchings[len(group):], strict=True):
-                results[k] = replace(_phi_match_from(g, u, by_g, by_u), set_aside=note)
+            for (k, (_, ua, _, ub), note), g, by_g, by_u in zip(group, gates, matchings[: len(group)],
+                                                                 matchings[len(group):], strict=True):
+                results[k] = replace(_phi_match_from(g, by_g, by_u, paired_cosine(ua, ub, by_u, up_sign_free)),
+                                     set_aside=note)
             group, group_bytes = [], 0
         if screened is not None:
             results.append(None)
@@ -182,10 +190,28 @@ def _free_matrix_bytes(device: str | None) -> int:
     return 1 << 30
 
 
-def _phi_match_from(gate_similarity: Any, up_similarity: Any, by_gate: Matching, by_up: Matching) -> BlockTest:
+def _phi_match_from(gate_similarity: Any, by_gate: Matching, by_up: Matching, up_closeness: float) -> BlockTest:
     rho = spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float))
-    closeness = (matched_closeness(gate_similarity, by_gate) + matched_closeness(up_similarity, by_up)) / 2.0
+    closeness = (matched_closeness(gate_similarity, by_gate) + up_closeness) / 2.0
     return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size, closeness=closeness)
+
+
+def paired_cosine(up_a: Any, up_b: Any, matching: Matching, sign_free: bool) -> float:
+    """Mean cosine of the up rows (as stored, not decoupled) of the units a matching paired, |cosine| where the view's
+    sign is free: the up half of a block's closeness, which orders relatives as it did before the test decoupled its
+    views (the matching is the decoupled views'; a copy's and a fine-tune's pair the same units either way)."""
+    if matching.size == 0:
+        return 0.0
+    if hasattr(up_a, "cpu"):
+        import torch
+
+        rows_a = unit_rows_tensor(up_a[torch.as_tensor(matching.a_index, device=up_a.device)].float())
+        rows_b = unit_rows_tensor(up_b[torch.as_tensor(matching.b_index, device=up_b.device)].float())
+        cosines = (rows_a * rows_b).sum(dim=1).double()
+        return float((cosines.abs() if sign_free else cosines).mean())
+    cosines = (unit_rows(np.asarray(up_a)[matching.a_index]).astype(np.float64)
+               * unit_rows(np.asarray(up_b)[matching.b_index])).sum(axis=1)
+    return float(np.mean(np.abs(cosines) if sign_free else cosines))
 
 
 def matched_closeness(similarity: Any, matching: Matching) -> float:

@@ -183,6 +183,14 @@ whose depths differ (block_maps: every block of the deeper model against its bes
 so that a rebuild computes each once); migration 12."""
 
 
+STATISTIC_VERSION_DDL: tuple[str, ...] = (
+    "ALTER TABLE pair_tests ADD COLUMN IF NOT EXISTS statistic_version INTEGER",
+    "CREATE OR REPLACE VIEW current_pair_tests AS SELECT * FROM pair_tests WHERE NOT superseded",
+)
+"""The version of its statistic each test was made with (scanner.stats.versions; NULL: made before versions were
+recorded, version 1); migration 13."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -218,6 +226,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: MODEL_KIND_DDL),
     Migration(12, "models.merge_config, families.root_decided, lineage_edges.kinship and block_maps",
               lambda: DECLARED_MERGE_DDL),
+    Migration(13, "pair_tests.statistic_version: tests an earlier version of their statistic made are made again",
+              lambda: STATISTIC_VERSION_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -34,6 +34,7 @@ from scanner import __version__
 from scanner.database_identity import DatabaseIdentity
 from scanner.engine_limits import EngineLimits
 from scanner.errors import HubtraceError, without_sql_excerpt
+from scanner.stats.versions import statistic_version
 from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
 
@@ -216,7 +217,7 @@ _PAIR_SCHEMA = pa.schema([
     ("model_a", pa.string()), ("revision_a", pa.string()), ("model_b", pa.string()), ("revision_b", pa.string()),
     ("statistic", pa.string()), ("input_set", pa.string()), ("log10_p", pa.float64()), ("n_layers", pa.int32()),
     ("layers", pa.string()), ("notes", pa.list_(pa.string())), ("reason", pa.string()), ("run_id", pa.string()),
-    ("closeness", pa.float64()), ("value", pa.float64()),
+    ("closeness", pa.float64()), ("value", pa.float64()), ("statistic_version", pa.int32()),
 ])
 _PAIR_COLUMNS = ", ".join(_PAIR_SCHEMA.names)
 _CANDIDATE_SCHEMA = pa.schema([
@@ -563,9 +564,11 @@ class Store:
 
     # pair tests -----------------------------------------------------------------------------------------------
     def tested_pair_keys(self, statistic: str, input_set: str) -> set[PairKey]:
-        """Pairs with a current (not superseded) test of this statistic on this input set."""
+        """Pairs with a current (not superseded) test of this statistic on this input set, made by the statistic's
+        present version (a test an earlier version made is tested again)."""
         rows = self._rows("SELECT model_a, revision_a, model_b, revision_b FROM current_pair_tests "
-                          "WHERE statistic = ? AND input_set = ?", [statistic, input_set])
+                          "WHERE statistic = ? AND input_set = ? AND coalesce(statistic_version, 1) = ?",
+                          [statistic, input_set, statistic_version(statistic)])
         return {(a, ra, b, rb) for a, ra, b, rb in rows}
 
     def put_pair_tests(self, rows: Iterable[PairTestRow]) -> None:
@@ -586,6 +589,7 @@ class Store:
             "layers": [json.dumps(r.layers) for r in batch], "notes": [list(r.notes) for r in batch],
             "reason": [r.reason for r in batch], "run_id": [r.run_id for r in batch],
             "closeness": [r.closeness for r in batch], "value": [r.value for r in batch],
+            "statistic_version": [statistic_version(r.statistic) for r in batch],
         }, schema=_PAIR_SCHEMA)
         with self.transaction() as con:
             con.register("_pair_batch", table)

@@ -1,0 +1,14 @@
+"""The version of each pair statistic a stored test was made with. A scan re-tests a pair whose stored test an
+earlier version made (scanner.store: ``pair_tests.statistic_version``), so a database never mixes a changed
+statistic's p-values with the ones it replaced."""
+
+from __future__ import annotations
+
+STATISTIC_VERSIONS: dict[str, int] = {"match": 2}
+"""match 2 (2026-11-26): the up view is matched less its projection on each unit's own gate view
+(scanner.stats.views); version 1 matched it as stored. A statistic not listed is at version 1."""
+
+
+def statistic_version(statistic: str) -> int:
+    """The version of ``statistic`` this hubtrace computes."""
+    return STATISTIC_VERSIONS.get(statistic, 1)
