@@ -27,7 +27,7 @@ from lineage_graph.families import assign_ids
 from lineage_graph.lineage import compute_lineage
 from lineage_graph.multiple_testing import fdr_adjust, fdr_reject, holm_reject
 from scanner.zoo import Zoo
-from tests.lineage_support import ground_truth, headless_dom, page_geometry, zoo_lineage_inputs
+from tests.lineage_support import FAMILY_LEVEL, ground_truth, headless_dom, page_geometry, zoo_lineage_inputs
 
 # ---------------------------------------------------------------- FDR
 
@@ -203,7 +203,7 @@ def _truth(zoo: Zoo) -> dict:
 
 
 def test_zoo_lineage_matches_ground_truth(zoo: Zoo, zoo_pairs: list[PairTest], zoo_models: list[ModelInfo]) -> None:
-    lineage = compute_lineage(zoo_models, zoo_pairs, q=0.05, method="bh")
+    lineage = compute_lineage(zoo_models, zoo_pairs, q=FAMILY_LEVEL, method="bh")
     truth = _truth(zoo)
 
     # Families equal the true families exactly (adjusted Rand index 1 <=> identical partitions).

@@ -20,7 +20,13 @@ from scanner.cards import read_card
 from scanner.fingerprint import fingerprint_model
 from scanner.merge_config import read_merge_config
 from scanner.zoo import Zoo
-from tests.lineage_support import true_parent_links, withhold_cards, zoo_block_maps, zoo_lineage_inputs
+from tests.lineage_support import (
+    FAMILY_LEVEL,
+    true_parent_links,
+    withhold_cards,
+    zoo_block_maps,
+    zoo_lineage_inputs,
+)
 
 AVERAGES = ("cedar/linear", "cedar/slerp", "cedar/task-arithmetic", "cedar/linear-3", "cedar/parent-child",
             "fir/slerp")
@@ -31,11 +37,6 @@ fine-tune between its neighbours (merge ratio 0.75-1.10, as chains measure 0.84 
 and the tree's shape can then draw it as its source's parent with confidence (docs/lineage.md, Known limits). Links
 into these merges are the only true links this module lets be drawn the wrong way: one was in four of the five
 held-out and final merge zoos of bench_family_trees.py, and in a CI machine's build of this zoo."""
-FAMILY_LEVEL = 1e-3
-"""The family-wise level these tests join families at (compute_lineage's q). The zoo holds ~110 pairs of unrelated
-models (the twin, the second family); on a valid null Holm joins any of them with probability at most q, so at the
-default 0.05 one build in twenty could tie the twin to a family, which a CI machine's build did. At 1e-3 a join needs
-p below ~1e-5; the weakest true pair of the zoo is below 1e-15."""
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from lineage_graph.lineage import compute_lineage
 from lineage_graph.phylogeny import CLONE_CLOSENESS, MERGE_RATIO, family_phylogeny, log_rumour_centrality
 from scanner.fingerprint import fingerprint_model
 from scanner.zoo import Zoo, load_model
-from tests.lineage_support import true_parent_links, withhold_cards, zoo_lineage_inputs
+from tests.lineage_support import FAMILY_LEVEL, true_parent_links, withhold_cards, zoo_lineage_inputs
 
 # ---------------------------------------------------------------- pure trees from known distances
 
@@ -211,7 +211,7 @@ def test_fine_tune_chain_is_drawn_as_the_chain(chain_zoo: Zoo) -> None:
     tests, models = zoo_lineage_inputs(chain)
     truth = true_parent_links(chain)
     for label, infos in (("cards", models), ("withheld", withhold_cards(models))):
-        lineage = compute_lineage(infos, tests)
+        lineage = compute_lineage(infos, tests, q=FAMILY_LEVEL)
         (family,) = [f for f in lineage.families if len(f.members) > 1]
         links = {(p, c) for p, c, _ in family.tree_edges()}
         print(f"chain, cards {label}: links {sorted(links)}")
@@ -232,7 +232,7 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     evidence source adds)."""
     zoo, tests, models = other_seed
     truth = true_parent_links(zoo)
-    lineage = compute_lineage(models, tests)
+    lineage = compute_lineage(models, tests, q=FAMILY_LEVEL)
     links = {(p, c) for f in lineage.families for p, c, _ in f.tree_edges()}
     print(f"seed {zoo.root.name}: {len(links & truth)}/{len(links)} tree links true")
     assert links == truth
@@ -241,7 +241,7 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     # Cards and dates withheld: the same links; every true link that is not a copy points the true way, each copy is
     # a 'copy' link with no direction claimed. (The one rank vote that points backwards, the long fine-tune's, is
     # outweighed by the family's shape whether it is cast or not: docs/lineage.md, "Margins".)
-    withheld = compute_lineage(withhold_cards(models), tests)
+    withheld = compute_lineage(withhold_cards(models), tests, q=FAMILY_LEVEL)
     kinds = {(p, c): kind for f in withheld.families for p, c, kind in f.tree_edges()}
     closeness = {frozenset((t.model_a, t.model_b)): t.closeness for t in tests}
     assert truth <= set(kinds)
