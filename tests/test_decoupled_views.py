@@ -66,3 +66,22 @@ def test_features_two_independent_models_share_in_both_views_are_no_evidence_and
     assert phi_match(gate_a, up_a, gate_b, up_b, up_sign_free=True).log10_p > -3  # measured -1.6
     copy = phi_match(gate_a, up_a, gate_a[order], -2.0 * up_a[order], up_sign_free=True)
     assert copy.log10_p < -100 and copy.closeness > 0.999
+
+
+def test_tensors_resident_on_a_device_give_what_arrays_give() -> None:
+    """A pair worker on a GPU hands the views over as torch tensors; on the CPU the same branch runs here."""
+    import torch
+
+    from scanner.stats.independence import paired_cosine
+    from scanner.stats.matching import match_similarity
+
+    rng = np.random.default_rng(3)
+    gate, up = _views(rng)
+    gate16, up16 = gate.astype(np.float16), up.astype(np.float16)
+    as_tensor = decoupled_up(torch.from_numpy(gate16), torch.from_numpy(up16)).numpy()
+    assert np.allclose(as_tensor, decoupled_up(gate16, up16), atol=1e-5)
+    other = rng.standard_normal((UNITS, TOKENS)).astype(np.float32)
+    matching = match_similarity(cosine_similarity_matrix(up.astype(np.float32), other))
+    on_cpu = paired_cosine(up.astype(np.float32), other, matching, True)
+    assert abs(paired_cosine(torch.from_numpy(up.astype(np.float32)), torch.from_numpy(other), matching, True)
+               - on_cpu) < 1e-6
