@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from scanner.testing.real_model import SmolLM2Family
 
 CACHE = Path(os.environ.get("HUBTRACE_TEST_CACHE") or Path(__file__).resolve().parent.parent / ".hubtrace-cache")
-"""Where the trained zoos are cached; HUBTRACE_TEST_CACHE moves it (bench/kernel_rebuilds.py rebuilds zoos there under
-other CPU kernels, as another machine would train them)."""
+"""Where the trained zoos are cached; HUBTRACE_TEST_CACHE moves it (bench/bench_kernel_rebuilds.py rebuilds zoos
+there under other CPU kernels, as another machine would train them)."""
 
 #: 12 independent bases give 66 independent pairs, above the 50 the validity tests need.
 N_INDEPENDENT = 12

@@ -17,27 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from scanner.stats.matching import unit_rows, unit_rows_tensor
+
 
 def decoupled_up(gate: Any, up: Any) -> Any:
     """Rows of ``up`` (units, tokens) less their projection on the matching rows of ``gate``, as float32, numpy or
-    torch as given. Rows are first brought to a peak of 1 (any finite scale gives the same directions without
-    overflow); a unit whose gate row is all zero keeps its up row."""
+    torch as given. Both are first brought to unit length (`unit_rows`: any finite scale gives the same directions
+    without overflow); a unit whose gate row is all zero keeps its up row."""
     if hasattr(up, "cpu"):  # a torch tensor, e.g. resident on a pair worker's GPU
-        g, u = (_peak_rows_tensor(x.float()) for x in (gate, up))
-        beta = (u * g).sum(1, keepdim=True) / (g * g).sum(1, keepdim=True).clamp_min(1e-30)
-        return u - beta * g
-    g, u = (_peak_rows(np.asarray(x)).astype(np.float32, copy=False) for x in (gate, up))
-    beta = np.einsum("ij,ij->i", u, g)[:, None] / np.maximum(np.einsum("ij,ij->i", g, g)[:, None], 1e-30)
-    return u - beta * g
-
-
-def _peak_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows over their largest magnitude, in the rows' own precision (float16 rows as float32)."""
-    rows = rows.astype(np.promote_types(rows.dtype, np.float32), copy=False)
-    peak = np.abs(rows).max(axis=1, keepdims=True)
-    return rows / np.where(peak > 0, peak, 1.0)
-
-
-def _peak_rows_tensor(rows: Any) -> Any:
-    peak = rows.abs().amax(dim=1, keepdim=True)
-    return rows / peak.masked_fill(peak == 0, 1.0)
+        g, u = unit_rows_tensor(gate.float()), unit_rows_tensor(up.float())
+        return u - (u * g).sum(dim=1, keepdim=True) * g
+    g, u = unit_rows(gate), unit_rows(up)
+    return u - np.einsum("ij,ij->i", u, g)[:, None] * g
