@@ -341,13 +341,15 @@ def family_phylogeny(
     parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in _orient(tree, root).items()}
     confidence: dict[tuple[str, str], float] = {}
     corroborated: dict[tuple[str, str], bool] = {}
+    swappable = _swappable(_orient(tree, root), distance, set(merged))
     for child, [(parent, _)] in list(parents.items()):
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
         confidence[(parent, child)] = sigmoid(keep - flip)  # >= 0.5: the root, the best placement, is on this side
         agreeing = [_leans(x, side) for x in weak_leans]
-        if 1.0 - distance[_key(parent, child)] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects:
+        if (1.0 - distance[_key(parent, child)] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects
+                or (parent, child) in swappable):
             # near copies: which of them the shape puts first is noise; a possible merge of its neighbour sits where
             # the neighbour's child would, with a parent's rank and scale: only the other evidence can say
             agreeing = []
@@ -360,6 +362,8 @@ def family_phylogeny(
             confidence[(y, m)] = sigmoid(merge_score(m, x, y))  # > 0.5: merges() took only plausible ones
             corroborated[(y, m)] = True  # the geometry (or the declaration) and the votes
     notes = _alternatives(tree, root, parents, distance, confidence, set(merged))
+    for link, note in swappable.items():
+        notes[link] = f"{notes[link]}; {note}" if link in notes else note
     parent_of = _orient(tree, root)
     for q, c in notes:
         if (q, c) in corroborated:
@@ -442,6 +446,34 @@ def _merge_suspects(tree: nx.Graph, distance: Mapping[tuple[str, str], float], s
             if tree.degree(x) == 1 and shape(x) == shape(m) and any(
                     (r := merge_ratio(distance, x, m, y)) is not None and r <= SUSPECT_RATIO for y in others):
                 out.add(_key(m, x))
+    return out
+
+
+def _swappable(parent_of: Mapping[str, str], distance: Mapping[tuple[str, str], float], merged: set[str]
+               ) -> dict[tuple[str, str], str]:
+    """Tree links (parent, child) whose two ends the distances cannot order along the path from the root, each with
+    its note: the child is about as near the parent's own parent g as the parent is, d(g, child) - d(g, parent) below
+    PLACEMENT_MARGIN of d(parent, child) (and below CLOSENESS_NOISE), so the tree g - child - parent fits the distances
+    as well as the drawn g - parent - child, and would point the link the other way. Along a lineage distances add and
+    that difference is the whole d(parent, child) (the same test as PLACEMENT_MARGIN's, with the child and its parent
+    in each other's place); a merge the test missed sits off the line, as near g as its own source is (a TIES merge of
+    a fine-tune and its sibling, trimmed back towards their base). The shape, which follows the drawn tree, then says
+    nothing about the link. Merges keep their own geometry and are left alone."""
+    out = {}
+    for child, parent in parent_of.items():
+        grand = parent_of.get(parent)
+        if grand is None or {child, parent, grand} & merged:
+            continue
+        d_gc, d_gp, d_pc = (distance.get(_key(*pair)) for pair in ((grand, child), (grand, parent), (parent, child)))
+        if d_gc is None or d_gp is None or d_pc is None or d_pc <= 0:
+            continue
+        if d_gc - d_gp < max(PLACEMENT_MARGIN * d_pc, CLOSENESS_NOISE):
+            out[(parent, child)] = (
+                f"the distances cannot order {parent} and {child} below {grand}: {child} is {d_gc:.3f} from {grand} "
+                f"and {parent} {d_gp:.3f}, a difference of {(d_gc - d_gp) / d_pc:.0%} of the {d_pc:.3f} between them "
+                f"(a lineage puts about all of it there; {PLACEMENT_MARGIN:.0%} and {CLOSENESS_NOISE:g} are needed), "
+                f"so {grand} - {child} - {parent} fits as well as the tree drawn, and the shape says nothing of which "
+                "came first")
     return out
 
 
