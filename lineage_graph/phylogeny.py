@@ -351,7 +351,8 @@ def family_phylogeny(
         if (1.0 - distance[_key(parent, child)] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects
                 or (parent, child) in swappable):
             # near copies: which of them the shape puts first is noise; a possible merge of its neighbour sits where
-            # the neighbour's child would, with a parent's rank and scale: only the other evidence can say
+            # the neighbour's child would, with a parent's rank and scale; ends the distances cannot order leave the
+            # shape nothing to say: only the other evidence can
             agreeing = []
         corroborated[(parent, child)] = _leans(strong_lean, side) or sum(agreeing) >= 2
     for m, (x, *others) in merged.items():
@@ -453,7 +454,7 @@ def _swappable(parent_of: Mapping[str, str], distance: Mapping[tuple[str, str], 
                ) -> dict[tuple[str, str], str]:
     """Tree links (parent, child) whose two ends the distances cannot order along the path from the root, each with
     its note: the child is about as near the parent's own parent g as the parent is, d(g, child) - d(g, parent) below
-    PLACEMENT_MARGIN of d(parent, child) (and below CLOSENESS_NOISE), so the tree g - child - parent fits the distances
+    PLACEMENT_MARGIN of d(parent, child) or below CLOSENESS_NOISE, so the tree g - child - parent fits the distances
     as well as the drawn g - parent - child, and would point the link the other way. Along a lineage distances add and
     that difference is the whole d(parent, child) (the same test as PLACEMENT_MARGIN's, with the child and its parent
     in each other's place); a merge the test missed sits off the line, as near g as its own source is (a TIES merge of
