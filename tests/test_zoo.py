@@ -244,3 +244,17 @@ def test_depth_up_scaling_repeats_the_recorded_blocks_and_a_student_keeps_no_wei
         assert float(distillation_loss(student, parent, tokens)) < 0.8 * float(distillation_loss(fresh, parent, tokens))
     teacher_up, student_up = up(p, 0), up(student.state_dict(), 0)
     assert not torch.equal(teacher_up, student_up) and log.steps == 30
+
+
+def test_the_tree_evaluation_groups_share_no_zoo() -> None:
+    """A zoo in two of the family-tree bench's groups would count zoos a rule was fitted on or looked at as out of
+    sample (bench/bench_family_trees.py, docs/lineage.md "Held-out evaluation"): each (kind, seed) is in one group."""
+    import re
+
+    from bench.bench_family_trees import groups
+
+    zoos = {name: {(label.split(" ")[0], int(re.search(r"seed (\d+)", label).group(1))) for label, _ in sets}
+            for name, sets in groups().items()}
+    assert set(zoos) == {"fitted", "held-out", "final"} and all(len(z) >= 10 for z in zoos.values())
+    for a, b in (("fitted", "held-out"), ("fitted", "final"), ("held-out", "final")):
+        assert not zoos[a] & zoos[b], (a, b, zoos[a] & zoos[b])
