@@ -27,6 +27,7 @@ from tests.lineage_support import FAMILY_LEVEL, true_parent_links, withhold_card
 
 # ---------------------------------------------------------------- pure trees from known distances
 
+
 def _additive(links: dict[str, tuple[str, float]]) -> dict[tuple[str, str], float]:
     """Closeness of every pair of a tree given as child -> (parent, branch length): exp(-path length), the geometry
     the merge test reads (-log closeness adds along lineages; 1 - closeness for short paths)."""
@@ -38,6 +39,7 @@ def _additive(links: dict[str, tuple[str, float]]) -> dict[tuple[str, str], floa
     lengths = dict(nx.all_pairs_dijkstra_path_length(tree))
     return {(a, b): math.exp(-lengths[a][b]) for a, b in itertools.combinations(sorted(tree.nodes), 2)}
 
+
 def _growth_orders(tree, root: str) -> int:
     """Brute force: the orders in which a tree grown one node at a time from root (each new node joining one already
     there) reaches this tree: permutations of the nodes in which every node comes after its parent."""
@@ -48,12 +50,14 @@ def _growth_orders(tree, root: str) -> int:
     return sum(all(parent[n] == root or order.index(parent[n]) < order.index(n) for n in order)
                for order in itertools.permutations(others))
 
+
 def test_the_shape_prior_counts_the_orders_in_which_the_tree_could_have_grown() -> None:
     import networkx as nx
 
     for tree in (nx.star_graph(4), nx.path_graph(5), nx.balanced_tree(2, 2), nx.random_labeled_tree(8, seed=1)):
         for root in tree.nodes:
             assert math.exp(log_rumour_centrality(tree, root)) == pytest.approx(_growth_orders(tree, root), rel=1e-9)
+
 
 def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
     import networkx as nx
@@ -91,6 +95,7 @@ def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
     assert tree.root == "base"
     assert {c: links[0][0] for c, links in tree.parents.items()} == {"ft1": "base", "ft2": "ft1", "ft3": "ft2"}
 
+
 def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> None:
     closeness = _additive({"a": ("base", 0.2), "b": ("base", 0.2)})
     # m = 0.6 a + 0.4 b: in the small-drift limit d(m, a) = 0.4^2 d(a, b), d(m, b) = 0.6^2 d(a, b).
@@ -107,6 +112,7 @@ def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> Non
     assert tree.parents["copy"] == (("a", "copy"),) and tree.confidence[("a", "copy")] == 0.5
     assert tree.parents["a"] == (("base", "tree"),) and tree.parents["b"] == (("base", "tree"),)
     assert 1.0 - 1e-6 > CLONE_CLOSENESS
+
 
 def test_a_child_the_distances_cannot_place_is_linked_to_both_candidates() -> None:
     """SmolLM2's depth-and-width prune in miniature: made from the base, measured 0.494 from the base's fine-tune and
@@ -127,6 +133,7 @@ def test_a_child_the_distances_cannot_place_is_linked_to_both_candidates() -> No
     margin = (0.599 - 0.494) / 0.105  # r = 1 on the additive tree: far above the margin
     assert margin - phylogeny.PLACEMENT_MARGIN > 0.5
 
+
 def _chain_under_a_hub(base_to_child: float) -> phylogeny.Phylogeny:
     """A base with fine-tunes s1, s2 and p (-log closeness 0.3 each), p's child c, 0.1 from p and base_to_child from
     the base, and c's own child c2 (0.1 further, so that c is no leaf a missed merge could hang); every other pair adds
@@ -146,7 +153,7 @@ def test_a_link_whose_ends_the_distances_cannot_order_is_not_decided_by_the_shap
     while c is 0.771 from it and 0.128 from the merge (merge zoo seed 26): the tree drew base -> merge -> c, and the
     shape with the rank claimed merge -> c at 0.98, the wrong way. Here c is about as near the base as p (1 -
     closeness 0.267 and 0.259), which are 0.095 apart, so the shape may not corroborate p -> c, and the note says
-    why. On a lineage (c 0.330 from the base: 75% of the 0.095 is there) the shape and the vote decide it."""
+    why. On a lineage (c 0.330 from the base: 74% of the 0.095 is there) the shape and the vote decide it."""
     off_line = _chain_under_a_hub(0.31)
     assert off_line.root == "base" and off_line.parents["c"] == (("p", "tree"),)
     assert off_line.confidence[("p", "c")] > 0.8 and not off_line.corroborated[("p", "c")]
@@ -169,6 +176,7 @@ def test_pairs_stored_before_closeness_still_make_trees() -> None:
     edge = lineage.edge("o/base", "o/tuned")
     assert (edge.direction.parent, edge.direction.child) == ("o/base", "o/tuned") and edge.direction.confidence > 0.9
 
+
 def test_every_tree_link_has_a_parent_a_child_and_a_confidence() -> None:
     models = [ModelInfo(m, n_layers=4, hidden_size=64, intermediate_size=128) for m in ("x/a", "x/b", "x/c")]
     tests = [PairTest("x/a", "x/b", "match", -200.0, 4, closeness=0.9),
@@ -181,7 +189,9 @@ def test_every_tree_link_has_a_parent_a_child_and_a_confidence() -> None:
         assert (d.parent, d.child) == (parent, child) and 0.5 <= d.confidence <= 1.0
         assert any(r.startswith("family tree:") for r in d.reasons)
 
+
 # ---------------------------------------------------------------- direction statistics a copier cannot steer
+
 
 def _rescale_units(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Multiply every MLP unit's up row by c and its down column by 1/c, c log-uniform in [1/100, 100]: the
@@ -194,6 +204,7 @@ def _rescale_units(model: torch.nn.Module, seed: int) -> torch.nn.Module:
             mlp.up_proj.weight.mul_(c[:, None])
             mlp.down_proj.weight.div_(c[None, :])
     return model
+
 
 def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo, tmp_path: Path) -> None:
     from scanner.zoo.arch import save_model
@@ -223,7 +234,9 @@ def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo
         assert (d.parent, d.child) == ("base", child) and d.confidence == pytest.approx(RELIABILITY["activation_rank"])
     assert orient(info("chat"), info("copy"), {}).parent is None  # copies: the weights cannot tell, no vote
 
+
 # ---------------------------------------------------------------- a fine-tune chain and zoos from other seeds
+
 
 def test_fine_tune_chain_is_drawn_as_the_chain(chain_zoo: Zoo) -> None:
     chain = chain_zoo
@@ -237,10 +250,12 @@ def test_fine_tune_chain_is_drawn_as_the_chain(chain_zoo: Zoo) -> None:
         # With cards or without (activation rank falls 6-10% along every link, far from its 0.5% threshold).
         assert links == truth and family.root == "chain-labs/chain-base"
 
+
 @pytest.fixture(scope="module")
 def other_seed(seed_zoo: Zoo) -> tuple[Zoo, list[PairTest], list[ModelInfo]]:
     """The zoo's recipe from another seed with a fifth of the training (built once per machine, cached)."""
     return (seed_zoo, *zoo_lineage_inputs(seed_zoo))
+
 
 def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
     """With cards: every tree link is a true parent link and the merge has both parents. Cards and dates withheld:
@@ -273,7 +288,9 @@ def test_zoos_from_other_seeds_give_true_trees(other_seed) -> None:
         else:
             assert kinds[(p, c)] != "copy" and d.parent == p and d.confidence > 0.5
 
+
 # ---------------------------------------------------------------- what lineage_edges carries
+
 
 def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(tmp_path: Path) -> None:
     """Through a real store: a base, three fine-tunes and a copy of one of them, no cards, no fingerprints (no rank or
@@ -314,6 +331,7 @@ def test_every_tree_link_in_lineage_edges_has_a_parent_a_child_and_a_confidence(
         assert link["tree_link"] == "tree" and (link["parent"], link["child"]) == ("o/base", ft)
         assert link["direction_confidence"] > 0.6
 
+
 def test_a_screened_pair_keeps_its_closeness_and_a_depth_prune_is_discounted() -> None:
     """A sequential test that stopped after 4 of 30 blocks measured closeness on those 4: an estimate for all 30,
     not a model that shares only 4 blocks. Blocks only one model has still count as 0."""
@@ -324,6 +342,7 @@ def test_a_screened_pair_keeps_its_closeness_and_a_depth_prune_is_discounted() -
     assert whole_model_closeness(PairTest("a", "b", "match", -40.0, 4, closeness=0.8), models) == pytest.approx(0.8)
     assert whole_model_closeness(PairTest("a", "p", "match", -40.0, 4, closeness=0.9), models) == pytest.approx(0.6)
     assert whole_model_closeness(PairTest("a", "p", "match", -90.0, 20, closeness=0.9), models) == pytest.approx(0.6)
+
 
 def test_the_rank_vote_is_the_same_for_a_camouflaged_copy(tmp_path: Path) -> None:
     """Every output-preserving transformation the tests know at once (scanner.zoo.camouflage T1-T6: residual
