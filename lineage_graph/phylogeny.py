@@ -338,10 +338,11 @@ def family_phylogeny(
                                                         for odds in head_weak)]
     spread = {r: sum(nx.single_source_dijkstra_path_length(tree, r, weight="distance").values()) for r in tree.nodes}
     root = max(tree.nodes, key=lambda r: (round(scores[r], 9), -spread[r], r))
-    parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in _orient(tree, root).items()}
+    parent_of = _orient(tree, root)
+    parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in parent_of.items()}
     confidence: dict[tuple[str, str], float] = {}
     corroborated: dict[tuple[str, str], bool] = {}
-    swappable = _swappable(_orient(tree, root), distance, set(merged))
+    swappable = _swappable(parent_of, distance, set(merged))
     for child, [(parent, _)] in list(parents.items()):
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
@@ -365,7 +366,6 @@ def family_phylogeny(
     notes = _alternatives(tree, root, parents, distance, confidence, set(merged))
     for link, note in swappable.items():
         notes[link] = f"{notes[link]}; {note}" if link in notes else note
-    parent_of = _orient(tree, root)
     for q, c in notes:
         if (q, c) in corroborated:
             continue
