@@ -123,7 +123,7 @@ class PairsConfig(_Strict):
     sequential: SequentialConfig | None = SequentialConfig()
     #: Weight fingerprints of public disputes recorded beside each tested pair (off by default; never used to
     #: draw families): each model's weight profile is read once more when it is fingerprinted (docs/disputes.md).
-    extra_stats: list[Literal["layernorm", "attn-std", "ghostspec"]] = []
+    extra_stats: list[Literal["layernorm", "attn-std", "ghostspec", "verbatim"]] = []
 
 
 class RayConfig(_Strict):

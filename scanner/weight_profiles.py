@@ -1,17 +1,23 @@
-"""A model's weight profile (scanner.stats.weight_statistics): its norm weights, attention standard deviations and
-attention spectra, layer by layer, read one block at a time through the family's adapter."""
+"""A model's weight profile (scanner.stats.weight_statistics): its norm weights, attention standard deviations,
+attention spectra and a sample of its MLP weight values, layer by layer, read one block at a time through the
+family's adapter."""
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import torch
 
 from scanner.adapters import ArchitectureAdapter
 from scanner.errors import UnsupportedArchitectureError
+from scanner.stats.verbatim import sample_positions
 from scanner.stats.weight_statistics import GHOSTSPEC_TOP, WeightProfile
 
 #: Residual-stream norms in a fixed order (a family stores the ones it has).
 NORM_ROLES = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
+#: The MLP matrices whose values are sampled for the verbatim share, in a fixed order (a plain MLP has no gate).
+MLP_ROLES = ("gate", "up", "down")
 
 
 def weight_profile(adapter: object) -> WeightProfile:
@@ -24,7 +30,7 @@ def weight_profile(adapter: object) -> WeightProfile:
             "as a module tree")
     shape = adapter.shape
     heads, kv_heads = adapter.attention_heads
-    norms, stds, spectra = [], [], []
+    norms, stds, spectra, values, layout = [], [], [], [], []
     for layer in range(shape.n_layers):
         w = adapter.block_weights(layer)
         if missing := [role for role in ("q", "k", "v", "o") if role not in w]:
@@ -33,13 +39,18 @@ def weight_profile(adapter: object) -> WeightProfile:
         norms.append([w[role].double().numpy() for role in NORM_ROLES if role in w])
         stds.append([float(w[role].double().std()) for role in ("q", "k", "v", "o")])
         spectra.append([_top_singular_mean(_qk(w, heads, kv_heads)), _top_singular_mean(_vo(w, heads, kv_heads))])
+        for role in (r for r in MLP_ROLES if r in w):
+            values.append(w[role].reshape(-1)[torch.from_numpy(sample_positions(tuple(w[role].shape)))].numpy())
+            layout.append(f"{role}{tuple(w[role].shape)}")
         del w
     width = max((len(layer) for layer in norms), default=0)
     stacked = np.zeros((shape.n_layers, width, shape.hidden_size))  # a family without norm weights: none to compare
     for i, layer in enumerate(norms):
         if layer:
             stacked[i] = np.stack(layer)
-    return WeightProfile(norms=stacked, attn_std=np.asarray(stds), ghostspec=np.asarray(spectra))
+    return WeightProfile(norms=stacked, attn_std=np.asarray(stds), ghostspec=np.asarray(spectra),
+                         mlp_values=np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32),
+                         mlp_layout=hashlib.sha256(";".join(layout).encode()).hexdigest()[:16] if layout else "")
 
 
 def _grouped(weight: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:

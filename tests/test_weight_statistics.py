@@ -21,6 +21,7 @@ from scanner.adapters import adapter_for
 from scanner.checkpoint import open_checkpoint
 from scanner.compare import compare_models
 from scanner.errors import UnsupportedArchitectureError
+from scanner.stats.verbatim import log10_binomial_tail_bound, sample_positions, verbatim_share
 from scanner.stats.weight_statistics import (
     MIN_NULL_PAIRS,
     Shape,
@@ -30,6 +31,7 @@ from scanner.stats.weight_statistics import (
     leave_out_log10_p,
     pair_kind,
     profile_correlation,
+    verbatim_test,
     weight_statistic,
 )
 from scanner.weight_profiles import weight_profile
@@ -107,6 +109,44 @@ def test_an_empirical_null_reads_only_pairs_of_the_tested_pairs_kind_and_needs_e
                     f"of width 64, fewer than {MIN_NULL_PAIRS} (no p-value could reach 0.05)")
 
 
+def test_the_verbatim_share_is_valid_where_coincidences_are_common() -> None:
+    """300 pairs of independent samples of 3072 values rounded to bfloat16 (about 1 in 1000 values of one equals
+    the other's by chance, where float32 weights almost never do): p <= 0.01 for at most 8 of them. An exact test
+    would exceed 8 with probability 0.004; the Chernoff bound is conservative, so this fails less often. A sparse
+    edit of one of them, 10% of its values kept, is found at log10 p below -100."""
+    rng = np.random.default_rng(5)
+    bf16 = lambda x: torch.from_numpy(x).to(torch.bfloat16).float().numpy()  # noqa: E731
+    small, coincident = [], 0
+    for _ in range(300):
+        a, b = (bf16(0.02 * rng.standard_normal(3072).astype(np.float32)) for _ in range(2))
+        shared = verbatim_share(a, b)
+        coincident += shared.coincident
+        small.append(shared.log10_p <= np.log10(ALPHA))
+    assert sum(small) <= 8
+    assert coincident >= 300  # the null sees the coarse format: about 1 in 1000 values coincide
+    edit = np.where(rng.random(3072) < 0.1, a, a + 0.001 * rng.standard_normal(3072).astype(np.float32))
+    assert verbatim_share(a, edit).log10_p < -100 and verbatim_share(a, edit).share == pytest.approx(0.1, abs=0.02)
+    assert log10_binomial_tail_bound(3, 1000, 0.01) == 0.0  # below the expected count: no evidence
+    assert np.array_equal(sample_positions((64, 128)), sample_positions((64, 128)))
+    assert not np.array_equal(sample_positions((64, 128)), sample_positions((128, 64)))
+
+
+def test_the_verbatim_note_says_what_the_zoo_shows(profiles) -> None:
+    """Dense derivatives and camouflaged copies share no sampled value with their source (the bound's p is 1), and
+    models of another MLP shape get no value at all, with the reason; nor does a profile recorded without a sample."""
+    base = profiles["aurora-labs/aurora-base"]
+    for model, source in (("finch-nlp/aurora-chat", "aurora-labs/aurora-base"),
+                          ("nimbus/nimbus-1", "finch-nlp/aurora-chat"), ("pylon/pylon-base", "cobalt-ai/cobalt-base"),
+                          ("orchid/cobalt-instruct", "cobalt-ai/cobalt-base")):
+        result = verbatim_test(profiles[source], profiles[model])
+        assert result.value < 0.001 and result.log10_p == 0.0, model
+    narrower = verbatim_test(base, profiles["kestrel/aurora-lite"])
+    assert narrower.log10_p is None and "differ in shape" in narrower.null
+    unsampled = dataclasses.replace(base, mlp_values=np.zeros(0, np.float32), mlp_layout="")
+    assert verbatim_test(base, unsampled).log10_p is None
+    assert verbatim_test(base, base).value == 1.0 and verbatim_test(base, base).log10_p < -1000
+
+
 def test_two_independent_bases_have_a_layernorm_cosine_of_099_and_an_unremarkable_p_value(zoo: Zoo) -> None:
     """The slides' rebuttal, in miniature: norm weights start at 1.0, so unrelated models score ~0.99."""
     result = compare_models(zoo["aurora-labs/aurora-base"].path, zoo["tundra-research/tundra-64"].path, "layernorm")
@@ -171,7 +211,8 @@ def scanned(zoo: Zoo, independent_zoo: Zoo, local_ray, tmp_path_factory: pytest.
     root = tmp_path_factory.mktemp("extra")
     copy_models(zoo, models, root / "hub")
     copy_models(independent_zoo, extra, root / "hub")
-    config = scan_config(root / "hub", root / "out", pairs={"extra_stats": ["layernorm", "attn-std", "ghostspec"]})
+    config = scan_config(root / "hub", root / "out",
+                         pairs={"extra_stats": ["layernorm", "attn-std", "ghostspec", "verbatim"]})
     return config, run_scan(config), (*models, *extra), root / "hub"
 
 
@@ -186,12 +227,16 @@ def test_a_scan_records_each_weight_fingerprint_beside_phi_match_and_draws_no_fa
     rows = query(config.db_path, "SELECT statistic, count(*) AS n, count(log10_p) AS with_p, "
                                  "count(value) AS with_value FROM current_pair_tests GROUP BY statistic")
     counts = {r["statistic"]: r for r in rows.iter_rows(named=True)}
-    assert counts["match"]["n"] == pairs and summary.weight_statistics == 3 * pairs
+    assert counts["match"]["n"] == pairs and summary.weight_statistics == 4 * pairs
     assert counts["layernorm"]["n"] == counts["layernorm"]["with_value"] == counts["layernorm"]["with_p"] == pairs
     deepfield = len(models) - 1
     for name in ("attn-std", "ghostspec"):
         assert counts[name]["n"] == counts[name]["with_value"] == pairs, name
         assert counts[name]["with_p"] == pairs - deepfield, name
+    # verbatim: a p-value wherever the MLP shapes line up, and none of these dense or camouflaged pairs shares a value
+    assert counts["verbatim"]["n"] == pairs and counts["verbatim"]["with_p"] == pairs - deepfield
+    verbatim = query(config.db_path, "SELECT log10_p FROM current_pair_tests WHERE statistic = 'verbatim'")
+    assert set(verbatim["log10_p"].drop_nulls()) == {0.0}
     assert set(query(config.db_path, "SELECT DISTINCT statistic FROM lineage_edges")["statistic"]) == {"match"}
     notes = query(config.db_path, "SELECT model_a, model_b, log10_p, notes FROM current_pair_tests "
                                   "WHERE statistic = 'ghostspec'")

@@ -25,7 +25,9 @@ def test_command(
         help="Second model: a Hugging Face-format directory, a GGUF file (or a fingerprint file or URL).")],
     stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd | layernorm | "
                                                      "attn-std | ghostspec (the weight fingerprints of public "
-                                                     "disputes, docs/disputes.md)")] = "match",
+                                                     "disputes) | verbatim (MLP weight values shared bit for bit: "
+                                                     "TIES and DARE merges, their bases; docs/disputes.md)")
+          ] = "match",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     sequences: Annotated[int, typer.Option(
         help="Canonical input sequences (activation statistics).")] = InputSpec.n_sequences,

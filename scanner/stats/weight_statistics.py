@@ -12,10 +12,13 @@
   product the Pearson correlation of the two models' sequences over layers; the value is the mean of the two. Ours
   averages the top `GHOSTSPEC_TOP` singular values of each product, not all of them (a full SVD of a 4096 x 4096
   product per layer and model costs minutes on a CPU).
+* **Verbatim share** (not from a dispute; scanner.stats.verbatim): the share of sampled MLP weight values that are
+  bit-equal, against the pair's own coincidence rate. It names sparse derivations (TIES and DARE merges and their
+  bases) and says nothing of dense ones.
 
-The last two are unchanged by every transformation PERMTEST could use: permutations and rotations of the residual
-stream or of heads move no standard deviation and no singular value, and the scalings that would (W_q by c, W_k by
-1/c) do not leave a model's initialisation invariant, so they would not give a valid null. So these two get a
+attn-std and GhostSpec are unchanged by every transformation PERMTEST could use: permutations and rotations of the
+residual stream or of heads move no standard deviation and no singular value, and the scalings that would (W_q by c,
+W_k by 1/c) do not leave a model's initialisation invariant, so they would not give a valid null. So these two get a
 p-value only against an empirical null: their values on pairs of models known (or tested) to be independent,
 p = (1 + #{null >= observed}) / (n + 1), valid when the tested pair is exchangeable with those pairs under
 independence; its smallest value is 1 / (n + 1). Exchangeable means alike: independent models trained alike
@@ -27,11 +30,12 @@ fewer than MIN_NULL_PAIRS pairs gives no p-value at all.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from scanner.stats.logp import log10_permutation_p
+from scanner.stats.verbatim import verbatim_share
 
 #: Singular values of each attention product that GhostSpec averages per layer.
 GHOSTSPEC_TOP = 32
@@ -64,11 +68,16 @@ class WeightProfile:
 
     ``norms``: (layers, kinds, d) the residual-stream norm weights as the model applies them (attention and MLP
     pre-norms, post-norms where the family has them); ``attn_std``: (layers, 4) the standard deviation of W_Q, W_K,
-    W_V, W_O; ``ghostspec``: (layers, 2) the mean of the top singular values of M_qk and M_vo."""
+    W_V, W_O; ``ghostspec``: (layers, 2) the mean of the top singular values of M_qk and M_vo; ``mlp_values``: the
+    MLP weight values read at scanner.stats.verbatim.sample_positions, block by block (float32, exact), and
+    ``mlp_layout`` a digest of the roles and shapes they were read from (samples of one layout line up; empty: none
+    recorded)."""
 
     norms: np.ndarray
     attn_std: np.ndarray
     ghostspec: np.ndarray
+    mlp_values: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    mlp_layout: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ def empirical_test(observed: float, null: Sequence[float] | None, what: str, kin
 
 
 #: The weight fingerprints by name (``hubtrace test --stat``), each with what it reads of a profile.
-WEIGHT_STATISTICS = ("layernorm", "attn-std", "ghostspec")
+WEIGHT_STATISTICS = ("layernorm", "attn-std", "ghostspec", "verbatim")
 #: The weight fingerprints that PERMTEST cannot move, so their p-value stands on an empirical null.
 EMPIRICAL_NULL_STATISTICS = ("attn-std", "ghostspec")
 
@@ -152,6 +161,11 @@ WEIGHT_STATISTIC_NOTES = {
     "ghostspec": "GhostSpec survives fine-tuning, pruning and T1-T6 camouflage, but unrelated models trained alike can "
                  "correlate as well as a fine-tune and its base (up to 0.998 among the zoo's 17 independent bases): "
                  "only its empirical null says what a value is worth",
+    "verbatim": "the verbatim share finds sparse derivations (a TIES or DARE merge keeps its base's values where it "
+                "trimmed or dropped, a TIES merge its sources' where one alone was kept) and is defeated by any dense "
+                "update (fine-tuning, a merged LoRA, linear, SLERP, task-arithmetic and model-stock merges score 0) "
+                "and by every camouflage that moves values (T1-T6): a small p says the two share values verbatim, a "
+                "large one says nothing about independence",
 }
 
 
@@ -171,7 +185,26 @@ def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Seq
         return empirical_test(profile_correlation(a.attn_std, b.attn_std), null, "the intrinsic fingerprint", kind)
     if name == "ghostspec":
         return empirical_test(profile_correlation(a.ghostspec, b.ghostspec), null, "GhostSpec", kind)
+    if name == "verbatim":
+        return verbatim_test(a, b)
     raise ValueError(f"unknown weight statistic {name!r}; choose one of {', '.join(WEIGHT_STATISTICS)}")
+
+
+def verbatim_test(a: WeightProfile, b: WeightProfile) -> WeightStatistic:
+    """The share of sampled MLP weight values that are bit-equal, against the pair's own coincidence rate
+    (scanner.stats.verbatim); no value when either profile has no sample or the two were read from other shapes."""
+    if not a.mlp_values.size or not b.mlp_values.size:
+        return WeightStatistic(float("nan"), None, "no p-value: a profile without an MLP value sample (recorded "
+                                                   "before samples were kept, or a family whose MLP is read as "
+                                                   "fused experts)")
+    if a.mlp_layout != b.mlp_layout:
+        return WeightStatistic(float("nan"), None, "no p-value: the MLP matrices differ in shape, so no value "
+                                                   "positions line up")
+    shared = verbatim_share(a.mlp_values, b.mlp_values)
+    return WeightStatistic(shared.share, shared.log10_p,
+                           f"{shared.equal} of {shared.compared} sampled MLP weight values bit-equal, against "
+                           f"{shared.coincident} of {shared.null_compared} values equal to a shifted one (the "
+                           "coincidence rate); a Chernoff bound on the binomial tail")
 
 
 NullPair = tuple[str, str, float, PairKind]

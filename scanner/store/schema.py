@@ -190,6 +190,13 @@ STATISTIC_VERSION_DDL: tuple[str, ...] = (
 """The version of its statistic each test was made with (scanner.stats.versions; NULL: made before versions were
 recorded, version 1); migration 13."""
 
+MLP_VALUES_DDL: tuple[str, ...] = (
+    "ALTER TABLE weight_profiles ADD COLUMN IF NOT EXISTS mlp_values BLOB",
+    "ALTER TABLE weight_profiles ADD COLUMN IF NOT EXISTS mlp_layout VARCHAR",
+)
+"""Each weight profile's sample of MLP weight values (float32 bytes) and the digest of the shapes they were read from,
+for the verbatim share (scanner.stats.verbatim); NULL in profiles recorded before; migration 14."""
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -228,6 +235,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: DECLARED_MERGE_DDL),
     Migration(13, "pair_tests.statistic_version: tests an earlier version of their statistic made are made again",
               lambda: STATISTIC_VERSION_DDL),
+    Migration(14, "weight_profiles.mlp_values and mlp_layout: MLP weight values for the verbatim share",
+              lambda: MLP_VALUES_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

@@ -709,12 +709,15 @@ class Store:
 
     # weight profiles --------------------------------------------------------------------------------------------
     def put_weight_profile(self, model_id: str, revision: str, profile: WeightProfile) -> None:
-        """A model's weight profile (scanner.stats.weight_statistics), its norm weights as float32 bytes."""
+        """A model's weight profile (scanner.stats.weight_statistics), its norm weights and MLP value sample as float32
+        bytes."""
         layers, kinds, width = profile.norms.shape
         self._con.execute(
-            "INSERT OR REPLACE INTO weight_profiles VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO weight_profiles (model_id, revision, n_layers, norm_kinds, hidden_size, norms, "
+            "attn_std, ghostspec, made_at, mlp_values, mlp_layout) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [model_id, revision, layers, kinds, width, profile.norms.astype(np.float32).tobytes(),
-             profile.attn_std.ravel().tolist(), profile.ghostspec.ravel().tolist(), _now()])
+             profile.attn_std.ravel().tolist(), profile.ghostspec.ravel().tolist(), _now(),
+             profile.mlp_values.astype(np.float32).tobytes(), profile.mlp_layout])
 
     def weight_profiles(self, keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], WeightProfile]:
         """The stored profiles of these (model, revision) keys (those that have one)."""
@@ -729,15 +732,17 @@ class Store:
             try:
                 rows = con.execute(
                     "SELECT w.model_id, w.revision, w.n_layers, w.norm_kinds, w.hidden_size, w.norms, w.attn_std, "
-                    "w.ghostspec FROM weight_profiles w JOIN _profile_keys USING (model_id, revision)").fetchall()
+                    "w.ghostspec, w.mlp_values, w.mlp_layout FROM weight_profiles w "
+                    "JOIN _profile_keys USING (model_id, revision)").fetchall()
             finally:
                 with suppress(duckdb.TransactionException):
                     con.unregister("_profile_keys")
         return {(m, r): WeightProfile(
                     norms=np.frombuffer(norms, dtype=np.float32).astype(np.float64).reshape(layers, kinds, width),
                     attn_std=np.asarray(attn_std, dtype=np.float64).reshape(layers, -1),
-                    ghostspec=np.asarray(ghostspec, dtype=np.float64).reshape(layers, -1))
-                for m, r, layers, kinds, width, norms, attn_std, ghostspec in rows}
+                    ghostspec=np.asarray(ghostspec, dtype=np.float64).reshape(layers, -1),
+                    mlp_values=np.frombuffer(values or b"", dtype=np.float32).copy(), mlp_layout=layout or "")
+                for m, r, layers, kinds, width, norms, attn_std, ghostspec, values, layout in rows}
 
     def weight_statistic_rows(self, statistic: str, match_statistic: str = "match") -> list[tuple]:
         """Every current test of ``statistic`` with the log10 p of the same pair's ``match_statistic`` test (None
