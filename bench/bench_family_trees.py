@@ -47,22 +47,34 @@ from scanner.fingerprint import fingerprint_model, read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.stats.sequential import SequentialDesign
 from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, tool_zoo
-from tests.lineage_support import seed_zoo, true_parent_links, withhold_cards, zoo_block_maps, zoo_lineage_inputs
+from tests.lineage_support import (
+    seed_zoo,
+    true_parent_links,
+    withhold_cards,
+    zoo_block_maps,
+    zoo_lineage_inputs,
+    zoo_models,
+)
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
 SIGNALS = ("structure", "depth", "block_map", "activation_rank", "activation_scale")
 """The vote signals that can speak with cards and dates withheld."""
-HELD_OUT_SMALL_SEEDS = (6, 7, 8, 9)
-"""Small zoos of the default recipe looked at once the rules were set (8 and 9 were final until the order test)."""
-FINAL_SMALL_SEEDS = (10, 11, 12, 13)
+HELD_OUT_SMALL_SEEDS = tuple(range(6, 18))
+"""Small zoos of the default recipe looked at once the rules were set (8 and 9 were final until the order test,
+10-13 until the weight-value evidence, 14-17 until entangled links were left undecided)."""
+FINAL_SMALL_SEEDS = (18, 19, 20, 21)
 """Small zoos built after every rule was frozen, only measured."""
 BINS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 """Edges of the reliability table's confidence bins (the last bin includes 1.0)."""
 
-INPUTS_FILE = "lineage-inputs-v5.pkl"
+INPUTS_FILE = "lineage-inputs-v6.pkl"
 """Each zoo's pair tests, models and block maps, cached beside it (fingerprints and tests take longer than a
 lineage; v3: models carry merge configs and activation scales, block maps made; v4: fingerprint format 2 and the
-unit screen of issue 33; v5: phi_MATCH version 2, the up view decoupled from the gate view)."""
+unit screen of issue 33; v5: phi_MATCH version 2, the up view decoupled from the gate view; v6: models carry their
+MLP value samples)."""
+TESTS_OF_V5 = "lineage-inputs-v5.pkl"
+"""v5's pair tests and block maps are v6's (only the models changed): a zoo cached at v5 is brought to v6 by
+fingerprinting its models again, not by testing every pair again."""
 
 
 @dataclass
@@ -103,12 +115,17 @@ def _zoo_inputs(build: Callable[[], Zoo]) -> Callable[[], Inputs]:
     def inputs() -> Inputs:
         zoo = build()
         cache = Path(zoo.root) / INPUTS_FILE
+        older = Path(zoo.root) / TESTS_OF_V5
         if cache.is_file():
             tests, models, maps = pickle.loads(cache.read_bytes())  # noqa: S301 - written by this script
         else:
             prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
-            tests, models = zoo_lineage_inputs(zoo, prints)
-            maps = zoo_block_maps(zoo, tests, models, prints)
+            if older.is_file():
+                tests, _, maps = pickle.loads(older.read_bytes())  # noqa: S301 - written by this script
+                models = zoo_models(zoo, prints)
+            else:
+                tests, models = zoo_lineage_inputs(zoo, prints)
+                maps = zoo_block_maps(zoo, tests, models, prints)
             cache.write_bytes(pickle.dumps((tests, models, maps)))
         return Inputs(tests, models, true_parent_links(zoo), maps, {m.id: recipe(m) for m in zoo.models.values()})
     return inputs
@@ -138,7 +155,8 @@ def smollm2_inputs() -> Inputs:
         tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, (), r.inputs or "", closeness=r.closeness))
     models = [ModelInfo(n, "r0", m.architecture, m.n_layers, m.hidden_size, m.intermediate_size, m.n_experts,
                         activation_rank=tuple(m.summaries["activation_effective_rank"]),
-                        activation_scale=activation_scale(m.summaries))
+                        activation_scale=activation_scale(m.summaries), mlp_values=m.value_sample().tobytes(),
+                        mlp_layout=m.mlp_layout)
               for n, m in ((n, prints[n].meta) for n in names)]
     return Inputs(tests, models, {(parent, child) for child, parent in PARENTS.items()},
                   recipes={child: f"SmolLM2 {child}" for child in PARENTS})

@@ -36,6 +36,10 @@ class ModelInfo:
     inputs (fingerprint summaries ``gate_rms_quantiles``), when known."""
     declared_merge: MergeDeclaration | None = None
     """What the model folder's mergekit_config.yml declares (its models are in declared_base_models too)."""
+    mlp_values: bytes = b""
+    """The MLP weight values sampled for the verbatim share (float32 bytes, scanner.stats.verbatim), when known."""
+    mlp_layout: str = ""
+    """Digest of the matrices mlp_values was read from: samples of one layout line up."""
 
     @property
     def declares_base(self) -> bool:

@@ -12,6 +12,7 @@ from lineage_graph.block_maps import copied_sources, map_closeness, one_width
 from lineage_graph.direction import (
     MERGE_BLIND,
     NOT_ALONE,
+    Vote,
     combine,
     declared_ancestry,
     evidence_graph,
@@ -32,6 +33,7 @@ from lineage_graph.families import Family, assign_ids, components, family_tree
 from lineage_graph.kinship import LINK_KINSHIP
 from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.phylogeny import CLONE_CLOSENESS, Phylogeny, family_phylogeny
+from lineage_graph.value_sources import ValueSources, value_sources
 
 BLOCK_LOG10_P = -2.0
 """A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""
@@ -121,12 +123,14 @@ def compute_lineage(
         confirmed = {m: {b for b in by_id[m].declared_base_models if (min(b, m), max(b, m)) in dependent_pairs}
                      for m in members}
         inside = [e for e in edges if e.dependent and set(e.pair) <= members]
-        tree = _closeness_tree(members, inside, confirmed, by_id, block_maps)
+        values = value_sources(members, by_id, {e.pair: e.test.closeness for e in inside
+                                                if e.test.closeness is not None})
+        tree = _closeness_tree(members, inside, confirmed, by_id, block_maps, values)
         if tree is None:  # pairs tested before closeness was recorded: trees from p-values and votes, as before
             root, parents = family_tree(members, evidence, confirmed, depth)
         else:
             root, parents = tree.root, tree.parents
-            edges = _orient_links(edges, tree, members)
+            edges = _orient_links(edges, tree, members, values)
         families.append(Family(fid, tuple(sorted(members)), root, parents))
     edges = [_decide(e, min_direction_confidence) for e in edges]
     edges = relatives(edges, families, min_direction_confidence)
@@ -147,16 +151,18 @@ def _decide(edge: Edge, level: float) -> Edge:
                   f"(lineage.min_direction_confidence = {level:g}); {d.parent} and {d.child} are related, and which "
                   "came first is not claimed")
     else:
-        reason = (f"direction undecided: the leaning (confidence {d.confidence:.2f}) rests on "
-                  f"{' and '.join(sorted(NOT_ALONE)).replace('_', ' ')} alone, which may tip a direction other "
-                  "evidence supports but never decides one; which came first is not claimed")
+        reason = (f"direction undecided: the leaning (confidence {d.confidence:.2f}) rests on nothing that may "
+                  f"decide it: {' and '.join(sorted(NOT_ALONE)).replace('_', ' ')} alone, which may tip a direction "
+                  "other evidence supports but never decides one, or a placement among models the weights tie in an "
+                  "exact relation; which came first is not claimed")
     return replace(edge, direction=replace(d, decided=False, reasons=(*d.reasons, reason)))
 
 
 def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapping[str, set[str]],
-                    models: Mapping[str, ModelInfo], block_maps: Mapping[tuple[str, str], BlockMap]
-                    ) -> Phylogeny | None:
-    """The family's tree from closeness when every dependent pair inside it has one (else None)."""
+                    models: Mapping[str, ModelInfo], block_maps: Mapping[tuple[str, str], BlockMap],
+                    values: ValueSources) -> Phylogeny | None:
+    """The family's tree from closeness when every dependent pair inside it has one (else None); ``values``: what
+    the members' verbatim weight values say (linked like copied blocks, with a strong vote each)."""
     if any(e.test.closeness is None for e in inside):
         return None
     mapped = {m for pair in block_maps for m in pair if m in members}
@@ -167,6 +173,10 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
     weak: dict[str, dict[tuple[str, str], float]] = {signal: {} for signal in sorted(NOT_ALONE)}
     for e in inside:
         cast = votes(models[e.pair[0]], models[e.pair[1]], ancestors, block_maps.get(e.pair), e.test.closeness)
+        cast += [Vote(p, "verbatim_values", values.reasons[(p, c)]) for p, c in (e.pair, e.pair[::-1])
+                 if (p, c) in values.reasons]
+        if values.entangled_pair(*e.pair):  # a merge or its source: the rank and the scale cannot tell
+            cast = [v for v in cast if v.signal not in NOT_ALONE]
         for odds, kept in ((log_odds, cast), (merge_log_odds, [v for v in cast if v.signal not in MERGE_BLIND]),
                            (plain_log_odds, [v for v in cast if v.signal not in NOT_ALONE]),
                            *((weak[signal], [v for v in cast if v.signal == signal]) for signal in weak)):
@@ -177,6 +187,8 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
     shapes = {m: (models[m].n_layers, models[m].hidden_size, models[m].intermediate_size, models[m].n_experts or 1)
               for m in members}
     copied = copied_sources({p: m for p, m in block_maps.items() if set(p) <= members}, models, CLONE_CLOSENESS)
+    for child, holds in values.links().items():
+        copied.setdefault(child, set()).update(holds)
     ranks = {m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
              if models[m].activation_rank}
     return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, weak,
@@ -212,8 +224,9 @@ def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo], block
     return float(test.closeness) * min(depths) / max(depths)
 
 
-def _orient_links(edges: list[Edge], tree: Phylogeny, members: frozenset[str]) -> list[Edge]:
-    """Every tree or merge link of the family points the way the rooted tree does, with the tree's confidence."""
+def _orient_links(edges: list[Edge], tree: Phylogeny, members: frozenset[str], values: ValueSources) -> list[Edge]:
+    """Every tree or merge link of the family points the way the rooted tree does, with the tree's confidence (and
+    the verbatim values' reason where they gave one)."""
     links = {(p, c): kind for c, ls in tree.parents.items() for p, kind in ls}
     out = []
     for e in edges:
@@ -235,9 +248,15 @@ def _orient_links(edges: list[Edge], tree: Phylogeny, members: frozenset[str]) -
                       "evidence of its links")
             if link in tree.notes:
                 reason += f"; {tree.notes[link]}"
-        out.append(replace(e, direction=Direction(parent, child, tree.confidence[link],
-                                                  (*[r for r in e.direction.reasons if r != "no direction evidence"],
-                                                   reason), corroborated=tree.corroborated.get(link, True))))
+        own = [r for r in e.direction.reasons if r != "no direction evidence"]
+        found = [values.reasons[pair] for pair in (link, link[::-1]) if pair in values.reasons]
+        if relation := values.entangled_pair(*link):
+            found.append(f"exact combination: {', '.join(sorted(relation))} reproduce one another's sampled MLP "
+                         "weight values to float32 rounding, but none as an average of the others (a task-arithmetic "
+                         "merge whose weights sum to more than 1): any of them may be the merge of the others, so "
+                         "neither the rank and scale nor the tree's placement orders two of them")
+        out.append(replace(e, direction=Direction(parent, child, tree.confidence[link], (*own, *found, reason),
+                                                  corroborated=tree.corroborated.get(link, True) and not relation)))
     return out
 
 

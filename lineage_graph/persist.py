@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import polars as pl
 
@@ -28,8 +28,16 @@ SCALE_SUMMARY = "gate_rms_quantiles"
 """Key of the per-block quantiles of the units' gate activation RMS (the activation scale's source)."""
 
 
-def _models(store: Store, activations: Mapping[str, tuple[tuple[float, ...], tuple[float, ...] | None]]
-            ) -> list[ModelInfo]:
+class _HeaderEvidence(NamedTuple):
+    """What a model's fingerprint header gives the lineage: the weak direction signals and the MLP value sample."""
+
+    rank: tuple[float, ...] | None = None
+    scale: tuple[float, ...] | None = None
+    mlp_values: bytes = b""
+    mlp_layout: str = ""
+
+
+def _models(store: Store, headers: Mapping[str, _HeaderEvidence]) -> list[ModelInfo]:
     rows = lineage_tables.ok_models(store)
     return [
         ModelInfo(
@@ -38,30 +46,33 @@ def _models(store: Store, activations: Mapping[str, tuple[tuple[float, ...], tup
             n_experts=r["n_experts"], declared_base_models=tuple(r["declared_base_models"] or ()),
             declared_relation=r["declared_relation"], claims_from_scratch=bool(r["claims_from_scratch"]),
             license=r["license"], created_at=r["created_at"],
-            activation_rank=activations.get(r["model_id"], (None, None))[0],
-            activation_scale=activations.get(r["model_id"], (None, None))[1],
+            activation_rank=header.rank, activation_scale=header.scale,
             declared_merge=MergeDeclaration.from_json(r["merge_config"]),
+            mlp_values=header.mlp_values, mlp_layout=header.mlp_layout,
         )
-        for r in rows.iter_rows(named=True)
+        for r in rows.iter_rows(named=True) for header in (headers.get(r["model_id"], _HeaderEvidence()),)
     ]
 
 
-def _activation_summaries(store: Store) -> dict[str, tuple[tuple[float, ...], tuple[float, ...] | None]]:
-    """Per-block activation effective rank and activation scale from the current models' fingerprint headers
-    (fingerprints written before one was recorded, missing or damaged ones are skipped: that model's pairs get no
-    such vote)."""
+def _header_evidence(store: Store) -> dict[str, _HeaderEvidence]:
+    """Per-block activation effective rank and activation scale, and the MLP value sample, from the current models'
+    fingerprint headers (what a fingerprint written before one was recorded lacks, and missing or damaged
+    fingerprints, are skipped: that model's pairs get no such evidence)."""
     try:
         from scanner.fingerprint_store import read_fingerprint_meta_at
     except ImportError:
         return {}
-    out: dict[str, tuple[tuple[float, ...], tuple[float, ...] | None]] = {}
+    out: dict[str, _HeaderEvidence] = {}
     for model_id, path in lineage_tables.current_fingerprint_files(store):
         try:
-            summaries = read_fingerprint_meta_at(path).summaries
-        except Exception:  # a missing or damaged fingerprint only costs these weak signals
+            meta = read_fingerprint_meta_at(path)
+            values = meta.value_sample().tobytes()
+        except Exception:  # a missing or damaged fingerprint only costs this evidence
             continue
-        if summaries.get(RANK_SUMMARY):
-            out[model_id] = (tuple(float(v) for v in summaries[RANK_SUMMARY]), activation_scale(summaries))
+        summaries = meta.summaries
+        rank = tuple(float(v) for v in summaries[RANK_SUMMARY]) if summaries.get(RANK_SUMMARY) else None
+        out[model_id] = _HeaderEvidence(rank, activation_scale(summaries) if rank else None, values,
+                                        meta.mlp_layout if values else "")
     return out
 
 
@@ -128,7 +139,7 @@ def _frames(lineage: Lineage, first_built: Mapping[str, datetime], now: datetime
 def _compute(store: Store, q: float, method: Method, statistic: str, min_direction_confidence: float
              ) -> tuple[Lineage, dict[str, datetime]]:
     previous, first_built = lineage_tables.stored_families(store)
-    models = _models(store, _activation_summaries(store))
+    models = _models(store, _header_evidence(store))
     tests = _tests(store, statistic)
     lineage = compute_lineage(models, tests, q=q, method=method, statistic=statistic, previous_families=previous,
                               min_direction_confidence=min_direction_confidence,

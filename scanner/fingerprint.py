@@ -15,6 +15,7 @@ column is rescaled back) keeps its direction, where float16 values would flush i
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -43,8 +44,10 @@ from scanner.files import file_sha256
 from scanner.formats.gguf_file import is_gguf_file
 from scanner.inputs import InputSet, InputSpec, canonical_inputs
 from scanner.shared_vocab import pair_input_sets
+from scanner.stats.verbatim import sample_layout
 from scanner.streaming import stream_blocks
 from scanner.validate import ValuesAsRead, validate_checkpoint
+from scanner.value_sample import block_sample
 
 #: 2: activations stored per unit at unit peak with float32 scales (no rescale of a unit under- or overflows float16);
 #: a plain MLP's second view is its write direction read on the residual stream, less what its first view
@@ -86,6 +89,14 @@ class FingerprintMeta:
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
     attention: str = "causal"  # "bidirectional": an encoder, whose units see every position (compared only with one)
     block_experts: list[int] | None = None  # routed experts of each block (0: a dense block); None: no block has any
+    mlp_values: str | None = None  # base64 float32: MLP weight values at fixed positions (scanner.stats.verbatim)
+    mlp_layout: str = ""  # digest of the matrices mlp_values was read from: samples of one layout line up
+
+    def value_sample(self) -> np.ndarray:
+        """The MLP weight values sampled for the verbatim share (empty when none was recorded)."""
+        if not self.mlp_values:
+            return np.zeros(0, dtype=np.float32)
+        return np.frombuffer(base64.b64decode(self.mlp_values), dtype="<f4").astype(np.float32)
 
     @property
     def up_sign_free(self) -> bool:
@@ -169,6 +180,8 @@ def fingerprint_model(
     inputs = input_set.spec
     blocks: list[list[MLPActivations]] = []
     per_block: list[dict[str, Any]] = []
+    sample: list[np.ndarray] = []
+    layout: list[str] = []
     values = _value_pass(checkpoint, adapter) if tensor_hashes is None else None
     with values.watch() if values is not None else nullcontext():
         for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
@@ -177,6 +190,7 @@ def fingerprint_model(
                                       f"weights (values overflow float32); hubtrace cannot fingerprint it")
             blocks.append([stored_activations(acts, storage_dtype) for acts in block.activations])
             per_block.append(_block_summary(block.experts, block.activations))
+            _sample_block(block.experts[0], adapter.shape.n_layers, sample, layout)
             del block
     tensor_hashes = dict(tensor_hashes if values is None else values.finish())
     shape = adapter.shape
@@ -204,9 +218,19 @@ def fingerprint_model(
         model_layers=getattr(adapter, "model_layers", None),
         block_experts=_block_experts(adapter),
         attention=getattr(adapter, "attention", "causal"),
+        mlp_values=base64.b64encode(np.concatenate(sample).astype("<f4").tobytes()).decode() if sample else None,
+        mlp_layout=sample_layout(layout),
     )
     checkpoint.close()
     return Fingerprint(meta=meta, blocks=blocks)
+
+
+def _sample_block(mlp: GLUWeights | SiteWeights, n_blocks: int, sample: list[np.ndarray], layout: list[str]) -> None:
+    """Add the block's (first expert's) MLP values at the verbatim share's fixed positions to ``sample``."""
+    values, parts = block_sample([(part, getattr(mlp, part)) for part in ("gate", "up", "down")
+                                  if getattr(mlp, part) is not None], n_blocks)
+    sample += values
+    layout += parts
 
 
 def _block_experts(adapter: ArchitectureAdapter) -> list[int] | None:

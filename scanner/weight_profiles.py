@@ -4,15 +4,14 @@ family's adapter."""
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
 
 from scanner.adapters import ArchitectureAdapter
 from scanner.errors import UnsupportedArchitectureError
-from scanner.stats.verbatim import sample_positions
+from scanner.stats.verbatim import sample_layout
 from scanner.stats.weight_statistics import GHOSTSPEC_TOP, WeightProfile
+from scanner.value_sample import block_sample
 
 #: Residual-stream norms in a fixed order (a family stores the ones it has).
 NORM_ROLES = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
@@ -39,9 +38,9 @@ def weight_profile(adapter: object) -> WeightProfile:
         norms.append([w[role].double().numpy() for role in NORM_ROLES if role in w])
         stds.append([float(w[role].double().std()) for role in ("q", "k", "v", "o")])
         spectra.append([_top_singular_mean(_qk(w, heads, kv_heads)), _top_singular_mean(_vo(w, heads, kv_heads))])
-        for role in (r for r in MLP_ROLES if r in w):
-            values.append(w[role].reshape(-1)[torch.from_numpy(sample_positions(tuple(w[role].shape)))].numpy())
-            layout.append(f"{role}{tuple(w[role].shape)}")
+        sampled, parts = block_sample([(role, w[role]) for role in MLP_ROLES if role in w], shape.n_layers)
+        values += sampled
+        layout += parts
         del w
     width = max((len(layer) for layer in norms), default=0)
     stacked = np.zeros((shape.n_layers, width, shape.hidden_size))  # a family without norm weights: none to compare
@@ -50,7 +49,7 @@ def weight_profile(adapter: object) -> WeightProfile:
             stacked[i] = np.stack(layer)
     return WeightProfile(norms=stacked, attn_std=np.asarray(stds), ghostspec=np.asarray(spectra),
                          mlp_values=np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32),
-                         mlp_layout=hashlib.sha256(";".join(layout).encode()).hexdigest()[:16] if layout else "")
+                         mlp_layout=sample_layout(layout))
 
 
 def _grouped(weight: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:

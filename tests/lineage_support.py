@@ -33,6 +33,11 @@ def zoo_lineage_inputs(zoo: Zoo, prints: Mapping[str, Fingerprint] | None = None
         layers = tuple({"layer_a": b.layer_a, "layer_b": b.layer_b, "log10_p": b.log10_p, "rho": b.rho,
                         "n_units": b.n_units, "closeness": b.closeness} for b in r.layers)
         tests.append(PairTest(a, b, "match", r.log10_p, r.n_layers, layers, r.inputs or "", closeness=r.closeness))
+    return tests, zoo_models(zoo, prints)
+
+
+def zoo_models(zoo: Zoo, prints: Mapping[str, Fingerprint]) -> list[ModelInfo]:
+    """The zoo's models with what their cards and merge configs declare and what their fingerprints hold."""
     models = []
     for model_id in zoo.ids:
         path = Path(zoo[model_id].path)
@@ -42,8 +47,8 @@ def zoo_lineage_inputs(zoo: Zoo, prints: Mapping[str, Fingerprint] | None = None
                                 meta.intermediate_size, meta.n_experts, record.base_models, record.base_model_relation,
                                 record.claims_from_scratch, record.license, None,
                                 tuple(meta.summaries["activation_effective_rank"]), activation_scale(meta.summaries),
-                                record.merge))
-    return tests, models
+                                record.merge, meta.value_sample().tobytes(), meta.mlp_layout))
+    return models
 
 
 def zoo_block_maps(zoo: Zoo, tests: list[PairTest], models: list[ModelInfo],

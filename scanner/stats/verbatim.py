@@ -19,18 +19,53 @@ rate is estimated as (coincidences + 1) / comparisons, above its plug-in value.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-SAMPLE_PER_MATRIX = 256
-"""Values read from each MLP weight matrix of each block, at positions fixed by the matrix's shape: 768 per block of
-a gated MLP, 3 KiB of float32. A merge's 9% share of one 4-block model's 3072 values is 276 equal values against a
-null of about none (log10 p below -300)."""
+VALUE_SAMPLE = 4096
+"""MLP weight values a model's sample holds, spread evenly over its blocks and the matrices of each (at least
+MIN_PER_MATRIX from each): 16 KiB of float32 whatever the model's size. A merge's 9% share of them is about 370 equal
+values against a null of about none (log10 p below -600); a 1% share still reaches about -60."""
+MIN_PER_MATRIX = 16
 
 
-def sample_positions(shape: tuple[int, ...], count: int = SAMPLE_PER_MATRIX) -> np.ndarray:
+def matrix_sample_count(n_blocks: int, matrices_per_block: int) -> int:
+    """Values read from each MLP matrix of a model of ``n_blocks`` blocks: the same for models of one layout."""
+    return max(MIN_PER_MATRIX, math.ceil(VALUE_SAMPLE / (max(n_blocks, 1) * max(matrices_per_block, 1))))
+
+
+def sample_layout(parts: Sequence[str]) -> str:
+    """A short digest of the matrices a sample was read from (two samples line up when their layouts are equal),
+    then "/" and the values read per matrix when every matrix gave as many (parts end in ":count"), else "/0"."""
+    if not parts:
+        return ""
+    counts = {part.rsplit(":", 1)[-1] for part in parts}
+    per_matrix = counts.pop() if len(counts) == 1 else "0"
+    return f"{hashlib.sha256(';'.join(parts).encode()).hexdigest()[:16]}/{per_matrix}"
+
+
+def values_per_matrix(layout: str) -> int:
+    """The values read per matrix that sample_layout recorded (0: unknown or uneven)."""
+    _, _, count = layout.partition("/")
+    return int(count) if count.isdigit() else 0
+
+
+def coarse_format(values: np.ndarray) -> bool:
+    """Whether every sampled value is representable in bfloat16 or float16: such a checkpoint drops updates below its
+    resolution, so a fine-tune keeps many of its base's values exactly and an equal value marks no sparse edit."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    finite = values[np.isfinite(values)]
+    bfloat16 = not np.any(finite.view(np.uint32) & 0xFFFF)
+    with np.errstate(over="ignore"):
+        float16 = bool(np.all(finite.astype(np.float16).astype(np.float32) == finite))
+    return bfloat16 or float16
+
+
+def sample_positions(shape: tuple[int, ...], count: int) -> np.ndarray:
     """Flat positions read from a matrix of this shape: the same for every model whose matrix has it (seeded by the
     shape), sorted, without repeats, all of them for a matrix of at most ``count`` values."""
     size = math.prod(shape)
@@ -89,3 +124,99 @@ def log10_binomial_tail_bound(k: int, n: int, rate: float) -> float:
     if share < 1.0:  # rate < share <= 1 here, so both logs are finite
         divergence += (1.0 - share) * math.log((1.0 - share) / (1.0 - rate))
     return -n * divergence / math.log(10)
+
+
+SCALE_BINS = 1000.0
+"""Resolution (per unit of log |ratio|) at which the most common ratio (m - b) / (x - b) of a matrix is looked for."""
+ROUNDING_ULPS = 4.0
+"""A value is exactly what a combination gives when it differs from it by at most this many float32 spacings of the
+values involved (times one plus the combination's total absolute weight)."""
+
+
+def scaled_change_share(m: np.ndarray, b: np.ndarray, x: np.ndarray, per_matrix: int) -> VerbatimShare:
+    """How many of m's changes from b are x's change from b times one factor per matrix (to float32 rounding), among
+    the positions where both changed, against the same count with x shifted by one position. A DARE or TIES merge on
+    base b rescales each tensor's kept entries by one factor, so where source x alone was kept, m - b = c (x - b).
+    ``per_matrix``: values per matrix in the samples (0: one factor for all)."""
+    m, b, x = (np.ascontiguousarray(v, dtype=np.float32).ravel() for v in (m, b, x))
+    step = per_matrix or len(m)
+    found = [_scaled_hits(m[i:i + step], b[i:i + step], x[i:i + step]) for i in range(0, len(m), step)]
+    shifted = np.roll(x, 1)
+    null = [_scaled_hits(m[i:i + step], b[i:i + step], shifted[i:i + step]) for i in range(0, len(m), step)]
+    hits, compared = sum(h for h, _ in found), sum(n for _, n in found)
+    null_hits, null_compared = sum(h for h, _ in null), sum(n for _, n in null)
+    rate = (null_hits + 1) / (null_compared + 1)
+    return VerbatimShare(hits, compared, null_hits, null_compared, log10_binomial_tail_bound(hits, compared, rate))
+
+
+def _scaled_hits(m: np.ndarray, b: np.ndarray, x: np.ndarray) -> tuple[int, int]:
+    """Positions of one matrix where m - b = c (x - b) to rounding, c the most common ratio; positions compared: those
+    where both m and x moved from b by more than rounding (a change of an ulp or two is the arithmetic's, not a
+    source's, and any small c would match it)."""
+    spacing = np.spacing(np.maximum.reduce([np.abs(m), np.abs(b), np.abs(x)])).astype(np.float64)
+    moved = (np.abs(m.astype(np.float64) - b) > ROUNDING_ULPS * spacing) & (
+        np.abs(x.astype(np.float64) - b) > ROUNDING_ULPS * spacing)
+    compared = int(moved.sum())
+    if compared == 0:
+        return 0, 0
+    change, other = m[moved].astype(np.float64) - b[moved], x[moved].astype(np.float64) - b[moved]
+    ratio = change / other
+    bins = np.sign(ratio) * np.round(np.log(np.abs(ratio)) * SCALE_BINS)
+    values, counts = np.unique(bins, return_counts=True)
+    c = float(np.median(ratio[bins == values[counts.argmax()]]))
+    hits = np.abs(change - c * other) <= ROUNDING_ULPS * (1.0 + abs(c)) * spacing[moved]
+    return int(hits.sum()), compared
+
+
+@dataclass(frozen=True)
+class Combination:
+    """A least-squares fit of m's sampled values as a combination of other models' values, one set of weights per
+    matrix: ``weights`` (matrices, sources); ``exact`` of ``compared`` positions match it to float32 rounding, against
+    ``null_exact`` of ``null_compared`` with the sources shifted by one position; ``log10_p`` bounds that chance."""
+
+    weights: np.ndarray
+    exact: int
+    compared: int
+    null_exact: int
+    null_compared: int
+    log10_p: float
+
+    @property
+    def share(self) -> float:
+        return self.exact / self.compared if self.compared else 0.0
+
+    def convex_share(self, slack: float = 0.02, most: float = 1.2) -> float:
+        """The share of matrices whose weights are each within [-slack, 1 + slack] and sum to between 1 - slack and
+        ``most``: an average (linear, model stock, task arithmetic whose weights sum to at most 1) sums to 1, SLERP
+        to 1 / cos(half the angle between its models), above 1 for models far apart."""
+        w = self.weights
+        inside = np.all((w >= -slack) & (w <= 1.0 + slack), axis=1) & (w.sum(axis=1) >= 1.0 - slack) & (
+            w.sum(axis=1) <= most)
+        return float(inside.mean()) if len(w) else 0.0
+
+
+def exact_combination(m: np.ndarray, sources: Sequence[np.ndarray], per_matrix: int) -> Combination:
+    """m's values as a combination of the sources' values, fitted matrix by matrix (mergekit's linear, SLERP, task
+    arithmetic and model-stock merges are, per tensor, fixed combinations of their models), and how many positions it
+    reproduces to float32 rounding. ``per_matrix``: values per matrix in the samples (0: one fit for all)."""
+    m = np.ascontiguousarray(m, dtype=np.float32).ravel()
+    stacked = np.stack([np.ascontiguousarray(s, dtype=np.float32).ravel() for s in sources], axis=1)
+    step = per_matrix or len(m)
+    fits = [_fit(m[i:i + step], stacked[i:i + step]) for i in range(0, len(m), step)]
+    shifted = np.roll(stacked, 1, axis=0)
+    null = [_fit(m[i:i + step], shifted[i:i + step]) for i in range(0, len(m), step)]
+    exact, compared = sum(f[1] for f in fits), sum(f[2] for f in fits)
+    null_exact, null_compared = sum(f[1] for f in null), sum(f[2] for f in null)
+    rate = (null_exact + 1) / (null_compared + 1)
+    return Combination(np.array([f[0] for f in fits]), exact, compared, null_exact, null_compared,
+                       log10_binomial_tail_bound(exact, compared, rate))
+
+
+def _fit(m: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """One matrix: the least-squares weights, the positions they reproduce to rounding, the positions compared."""
+    live = (m != 0) | np.any(sources != 0, axis=1)
+    target, design = m.astype(np.float64), sources.astype(np.float64)
+    weights = np.linalg.lstsq(design, target, rcond=None)[0]
+    spacing = np.spacing(np.maximum(np.abs(m), np.abs(sources).max(axis=1))).astype(np.float64)
+    exact = np.abs(target - design @ weights) <= ROUNDING_ULPS * (1.0 + np.abs(weights).sum()) * spacing
+    return weights, int((exact & live).sum()), int(live.sum())
