@@ -63,7 +63,8 @@ bounded number of fits per member whatever the family's size. A merge's models n
 merge of fine-tunes that drifted apart sits by its base, with a merged LoRA source 17th of its 24 relatives (merge
 zoo 33); a larger family may hold a merge whose sources lie beyond, which is then left to the geometry."""
 BEAM = 3
-"""Candidates kept at each step of the search for an average's models: 3 x 3 x 3 fits at most per member."""
+"""Candidates kept at each step of the search for an average's models: at most 3 + 9 + 27 sets per member, each
+fitted on two matrices before the rest."""
 MAX_MERGED = 4
 """Most models an average is looked for of (a model-stock merge of three fine-tunes averages them with its base)."""
 EXACT_SHARE = 0.9
@@ -77,8 +78,8 @@ MIN_MERGE_WEIGHT = 0.01
 
 @dataclass(frozen=True)
 class ValueSources:
-    """What the verbatim values say: merges (m -> its value sources), parents (sparse edit -> the model it edits) and
-    a reason per (parent, child) link."""
+    """What the weight values say: merges (m -> the members it is made of), parents (sparse edit -> the model it
+    edits), a reason per (parent, child) link, and the entangled relations."""
 
     merges: dict[str, tuple[str, ...]] = field(default_factory=dict)
     parents: dict[str, str] = field(default_factory=dict)
