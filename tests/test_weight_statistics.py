@@ -127,8 +127,9 @@ def test_the_verbatim_share_is_valid_where_coincidences_are_common() -> None:
     edit = np.where(rng.random(3072) < 0.1, a, a + 0.001 * rng.standard_normal(3072).astype(np.float32))
     assert verbatim_share(a, edit).log10_p < -100 and verbatim_share(a, edit).share == pytest.approx(0.1, abs=0.02)
     assert log10_binomial_tail_bound(3, 1000, 0.01) == 0.0  # below the expected count: no evidence
-    assert np.array_equal(sample_positions((64, 128)), sample_positions((64, 128)))
-    assert not np.array_equal(sample_positions((64, 128)), sample_positions((128, 64)))
+    assert np.array_equal(sample_positions((64, 128), 342), sample_positions((64, 128), 342))
+    assert not np.array_equal(sample_positions((64, 128), 342), sample_positions((128, 64), 342))
+    assert np.array_equal(sample_positions((4, 4), 342), np.arange(16))  # a small matrix is read whole
 
 
 def test_the_verbatim_note_says_what_the_zoo_shows(profiles) -> None:

@@ -1,8 +1,11 @@
-"""Verbatim weight values: how many of two models' MLP weights are bit for bit equal, against how many coincide.
+"""Weight values read at fixed positions (the sample every fingerprint keeps), and three exact relations between
+samples, each against a null read from the same samples shifted by one position: bit-equal values
+(verbatim_share), a change that is another model's change exactly scaled (scaled_change_share), and a sample that
+is exactly a combination of others, matrix by matrix (exact_combination).
 
 Training moves every weight (a dense gradient step, Adam's per-weight updates, a merged LoRA's low-rank update), so a
 fine-tune keeps none of its base's float32 values exactly. A sparse edit does: TIES and DARE merges add their sources'
-task vectors to the base only where they were kept, and keep the base's own values everywhere else (9-25% of the MLP
+task vectors to the base only where they were kept, and keep the base's own values everywhere else (8-27% of the MLP
 weights of the merge zoos' TIES, DARE-TIES and DARE-linear merges, against 0.000 for every fine-tune, LoRA, linear,
 SLERP, task-arithmetic and model-stock merge: docs/disputes.md). A TIES merge of disjointly kept values also keeps
 each source's values where it alone was kept. So a significant share names a direct sparse derivation, and its absence
