@@ -107,11 +107,12 @@ def value_sources(members: Collection[str], models: Mapping[str, ModelInfo],
     ((a, b) with a < b): the dependent pairs' closeness (a member is tried as an average of its relatives, starting
     from its nearest; no averages are looked for without it)."""
     samples = {m: np.frombuffer(models[m].mlp_values, dtype=np.float32) for m in sorted(members)
-               if models[m].mlp_values and models[m].mlp_layout}
-    samples = {m: s for m, s in samples.items() if not coarse_format(s)}
+               if models[m].mlp_values and models[m].mlp_layout and len(models[m].mlp_values) % 4 == 0}
+    # a sample is data from a fingerprint file: one with a value no model holds, or in a coarse format, says nothing
+    samples = {m: s for m, s in samples.items() if np.isfinite(s).all() and not coarse_format(s)}
     found = ValueSources()
-    for layout in sorted({models[m].mlp_layout for m in samples}):
-        group = {m: s for m, s in samples.items() if models[m].mlp_layout == layout}
+    for layout, size in sorted({(models[m].mlp_layout, len(s)) for m, s in samples.items()}):
+        group = {m: s for m, s in samples.items() if models[m].mlp_layout == layout and len(s) == size}
         if len(group) >= 2:
             equal = _equal_values(group)
             direct = _sparse_edits(group, equal, found)

@@ -143,12 +143,17 @@ def test_independent_dense_and_coarse_models_give_no_finding() -> None:
     assert not value_sources(list(coarse), _models(coarse)).merges
 
 
-def test_samples_of_other_layouts_are_never_compared() -> None:
+def test_samples_of_other_layouts_or_lying_samples_are_never_compared() -> None:
+    """Another layout, a sample of another length under the same layout, a truncated or non-finite one (a
+    fingerprint file is data): none is compared, and nothing fails."""
     base = _base(40)
     a, b = _finetune(base, 41), _finetune(base, 42)
     ties = _ties(base, [a, b], seed=43)
     models = _models({"base": base, "a": a, "b": b}) | _models({"ties": ties}, layout=f"fedcba9876543210/{PER_MATRIX}")
     assert value_sources(list(models), models) == value_sources([], {})
+    lying = _models({"base": base, "a": a, "b": b, "short": ties[:-8], "inf": np.where(a > 0, np.inf, a)})
+    lying["cut"] = ModelInfo("cut", mlp_values=ties.tobytes()[:-3], mlp_layout=LAYOUT)
+    assert value_sources(list(lying), lying, _closeness({"base": base, "a": a, "b": b})) == value_sources([], {})
 
 
 def test_the_lineage_names_merges_from_values_and_leaves_entangled_links_undecided() -> None:
