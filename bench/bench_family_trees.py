@@ -53,7 +53,6 @@ from tests.lineage_support import (
     withhold_cards,
     zoo_block_maps,
     zoo_lineage_inputs,
-    zoo_models,
 )
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
@@ -72,9 +71,6 @@ INPUTS_FILE = "lineage-inputs-v6.pkl"
 lineage; v3: models carry merge configs and activation scales, block maps made; v4: fingerprint format 2 and the
 unit screen of issue 33; v5: phi_MATCH version 2, the up view decoupled from the gate view; v6: models carry their
 MLP value samples)."""
-TESTS_OF_V5 = "lineage-inputs-v5.pkl"
-"""v5's pair tests and block maps are v6's (only the models changed): a zoo cached at v5 is brought to v6 by
-fingerprinting its models again, not by testing every pair again."""
 
 
 @dataclass
@@ -115,17 +111,12 @@ def _zoo_inputs(build: Callable[[], Zoo]) -> Callable[[], Inputs]:
     def inputs() -> Inputs:
         zoo = build()
         cache = Path(zoo.root) / INPUTS_FILE
-        older = Path(zoo.root) / TESTS_OF_V5
         if cache.is_file():
             tests, models, maps = pickle.loads(cache.read_bytes())  # noqa: S301 - written by this script
         else:
             prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
-            if older.is_file():
-                tests, _, maps = pickle.loads(older.read_bytes())  # noqa: S301 - written by this script
-                models = zoo_models(zoo, prints)
-            else:
-                tests, models = zoo_lineage_inputs(zoo, prints)
-                maps = zoo_block_maps(zoo, tests, models, prints)
+            tests, models = zoo_lineage_inputs(zoo, prints)
+            maps = zoo_block_maps(zoo, tests, models, prints)
             cache.write_bytes(pickle.dumps((tests, models, maps)))
         return Inputs(tests, models, true_parent_links(zoo), maps, {m.id: recipe(m) for m in zoo.models.values()})
     return inputs

@@ -66,9 +66,12 @@ def _header_evidence(store: Store) -> dict[str, _HeaderEvidence]:
     for model_id, path in lineage_tables.current_fingerprint_files(store):
         try:
             meta = read_fingerprint_meta_at(path)
-            values = meta.value_sample().tobytes()
         except Exception:  # a missing or damaged fingerprint only costs this evidence
             continue
+        try:
+            values = meta.value_sample().tobytes()
+        except ValueError:  # a sample that is no base64 of float32 values costs the value evidence alone
+            values = b""
         summaries = meta.summaries
         rank = tuple(float(v) for v in summaries[RANK_SUMMARY]) if summaries.get(RANK_SUMMARY) else None
         out[model_id] = _HeaderEvidence(rank, activation_scale(summaries) if rank else None, values,

@@ -47,6 +47,7 @@ from scanner.stats.verbatim import (
     log10_binomial_tail_bound,
     scaled_change_share,
     values_per_matrix,
+    verbatim_share,
 )
 
 VERBATIM_LEVEL = -10.0
@@ -114,25 +115,28 @@ def value_sources(members: Collection[str], models: Mapping[str, ModelInfo],
     for layout, size in sorted({(models[m].mlp_layout, len(s)) for m, s in samples.items()}):
         group = {m: s for m, s in samples.items() if models[m].mlp_layout == layout and len(s) == size}
         if len(group) >= 2:
-            equal = _equal_values(group)
-            direct = _sparse_edits(group, equal, found)
+            equal, rates = _equal_values(group)
+            direct = _sparse_edits(group, equal, rates, found)
             _scaled_sources(group, equal, direct, values_per_matrix(layout), found)
             _dense_merges(group, closeness or {}, values_per_matrix(layout), found)
     return found
 
 
-def _equal_values(samples: dict[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
-    """(a, b) both ways -> where a and b hold the same non-zero value, for the pairs that share significantly many."""
-    equal = {}
+def _equal_values(samples: dict[str, np.ndarray]
+                  ) -> tuple[dict[tuple[str, str], np.ndarray], dict[tuple[str, str], float]]:
+    """(a, b) both ways -> where a and b hold the same non-zero value, for the pairs that share significantly many
+    (scanner.stats.verbatim.verbatim_share, at VERBATIM_LEVEL), and each such pair's coincidence rate."""
+    equal, rates = {}, {}
     for a, b in itertools.combinations(sorted(samples), 2):
-        mask = (samples[a] == samples[b]) & ((samples[a] != 0) | (samples[b] != 0))
-        if _significant(int(mask.sum()), samples[a], samples[b]):
-            equal[(a, b)] = equal[(b, a)] = mask
-    return equal
+        shared = verbatim_share(samples[a], samples[b])
+        if _significant(shared.equal, shared.coincidence_rate, len(samples[a])):
+            equal[(a, b)] = equal[(b, a)] = (samples[a] == samples[b]) & ((samples[a] != 0) | (samples[b] != 0))
+            rates[(a, b)] = rates[(b, a)] = shared.coincidence_rate
+    return equal, rates
 
 
 def _sparse_edits(samples: dict[str, np.ndarray], equal: dict[tuple[str, str], np.ndarray],
-                  found: ValueSources) -> list[tuple[str, str]]:
+                  rates: dict[tuple[str, str], float], found: ValueSources) -> list[tuple[str, str]]:
     """The merge and parent patterns of the module docstring, from the pairs that share values directly; returns
     those pairs (a < b)."""
     ids = sorted(samples)
@@ -145,7 +149,7 @@ def _sparse_edits(samples: dict[str, np.ndarray], equal: dict[tuple[str, str], n
         for o in ids:
             if o not in (a, b) and (a, o) in equal:
                 own &= ~equal[(a, o)]
-        if _significant(int(own.sum()), samples[a], samples[b]):
+        if _significant(int(own.sum()), rates[(a, b)], size):
             direct[a].append(b)
             direct[b].append(a)
     for m in ids:
@@ -287,13 +291,9 @@ def _key(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
 
 
-def _significant(count: int, a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether ``count`` equal values are beyond the pair's coincidence rate (each value of a against b shifted by
-    one position), at VERBATIM_LEVEL."""
-    shifted = np.roll(b, 1)
-    live = (a != 0) | (shifted != 0)
-    rate = (int(((a == shifted) & live).sum()) + 1) / (int(live.sum()) + 1)
-    return log10_binomial_tail_bound(count, len(a), rate) <= VERBATIM_LEVEL
+def _significant(count: int, rate: float, size: int) -> bool:
+    """Whether ``count`` equal values of ``size`` are beyond the pair's coincidence rate at VERBATIM_LEVEL."""
+    return log10_binomial_tail_bound(count, size, rate) <= VERBATIM_LEVEL
 
 
 def _deficit(observed: int, expected: float) -> float:

@@ -99,6 +99,13 @@ class VerbatimShare:
         return (self.coincident + 1) / (self.null_compared + 1)
 
 
+def against_shifted(equal: int, compared: int, coincident: int, null_compared: int) -> VerbatimShare:
+    """A count of exact matches with its log10 p: the Chernoff bound at the coincidence rate that the same comparison
+    with one side shifted by one position gave."""
+    rate = (coincident + 1) / (null_compared + 1)
+    return VerbatimShare(equal, compared, coincident, null_compared, log10_binomial_tail_bound(equal, compared, rate))
+
+
 def verbatim_share(a: np.ndarray, b: np.ndarray) -> VerbatimShare:
     """Bit-equal values of two samples read at the same positions (sample_positions of equal shapes). Exact zeros
     on both sides are left out: pruning and padding make them, and they say nothing about which model was copied."""
@@ -109,12 +116,9 @@ def verbatim_share(a: np.ndarray, b: np.ndarray) -> VerbatimShare:
     live = (a != 0) | (b != 0)
     shifted = np.roll(bits_b, 1)
     live_shifted = (a != 0) | (np.roll(b, 1) != 0)
-    equal = int(np.count_nonzero((bits_a == bits_b) & live))
-    compared = int(np.count_nonzero(live))
-    coincident = int(np.count_nonzero((bits_a == shifted) & live_shifted))
-    null_compared = int(np.count_nonzero(live_shifted))
-    rate = (coincident + 1) / (null_compared + 1)
-    return VerbatimShare(equal, compared, coincident, null_compared, log10_binomial_tail_bound(equal, compared, rate))
+    return against_shifted(int(np.count_nonzero((bits_a == bits_b) & live)), int(np.count_nonzero(live)),
+                           int(np.count_nonzero((bits_a == shifted) & live_shifted)),
+                           int(np.count_nonzero(live_shifted)))
 
 
 def log10_binomial_tail_bound(k: int, n: int, rate: float) -> float:
@@ -146,10 +150,8 @@ def scaled_change_share(m: np.ndarray, b: np.ndarray, x: np.ndarray, per_matrix:
     found = [_scaled_hits(m[i:i + step], b[i:i + step], x[i:i + step]) for i in range(0, len(m), step)]
     shifted = np.roll(x, 1)
     null = [_scaled_hits(m[i:i + step], b[i:i + step], shifted[i:i + step]) for i in range(0, len(m), step)]
-    hits, compared = sum(h for h, _ in found), sum(n for _, n in found)
-    null_hits, null_compared = sum(h for h, _ in null), sum(n for _, n in null)
-    rate = (null_hits + 1) / (null_compared + 1)
-    return VerbatimShare(hits, compared, null_hits, null_compared, log10_binomial_tail_bound(hits, compared, rate))
+    return against_shifted(sum(h for h, _ in found), sum(n for _, n in found), sum(h for h, _ in null),
+                           sum(n for _, n in null))
 
 
 def _scaled_hits(m: np.ndarray, b: np.ndarray, x: np.ndarray) -> tuple[int, int]:
@@ -174,19 +176,19 @@ def _scaled_hits(m: np.ndarray, b: np.ndarray, x: np.ndarray) -> tuple[int, int]
 @dataclass(frozen=True)
 class Combination:
     """A least-squares fit of m's sampled values as a combination of other models' values, one set of weights per
-    matrix: ``weights`` (matrices, sources); ``exact`` of ``compared`` positions match it to float32 rounding, against
-    ``null_exact`` of ``null_compared`` with the sources shifted by one position; ``log10_p`` bounds that chance."""
+    matrix: ``weights`` (matrices, sources); ``counts``: the positions it reproduces to float32 rounding, against
+    those it reproduces with the sources shifted by one position."""
 
     weights: np.ndarray
-    exact: int
-    compared: int
-    null_exact: int
-    null_compared: int
-    log10_p: float
+    counts: VerbatimShare
 
     @property
     def share(self) -> float:
-        return self.exact / self.compared if self.compared else 0.0
+        return self.counts.share
+
+    @property
+    def log10_p(self) -> float:
+        return self.counts.log10_p
 
     def convex_share(self, slack: float = 0.02, most: float = 1.2) -> float:
         """The share of matrices whose weights are each within [-slack, 1 + slack] and sum to between 1 - slack and
@@ -208,11 +210,9 @@ def exact_combination(m: np.ndarray, sources: Sequence[np.ndarray], per_matrix: 
     fits = [_fit(m[i:i + step], stacked[i:i + step]) for i in range(0, len(m), step)]
     shifted = np.roll(stacked, 1, axis=0)
     null = [_fit(m[i:i + step], shifted[i:i + step]) for i in range(0, len(m), step)]
-    exact, compared = sum(f[1] for f in fits), sum(f[2] for f in fits)
-    null_exact, null_compared = sum(f[1] for f in null), sum(f[2] for f in null)
-    rate = (null_exact + 1) / (null_compared + 1)
-    return Combination(np.array([f[0] for f in fits]), exact, compared, null_exact, null_compared,
-                       log10_binomial_tail_bound(exact, compared, rate))
+    return Combination(np.array([f[0] for f in fits]),
+                       against_shifted(sum(f[1] for f in fits), sum(f[2] for f in fits), sum(f[1] for f in null),
+                                       sum(f[2] for f in null)))
 
 
 def _fit(m: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, int, int]:
