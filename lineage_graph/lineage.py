@@ -192,7 +192,7 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
     ranks = {m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
              if models[m].activation_rank}
     return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, weak,
-                            ranks, copied)
+                            ranks, copied, values.rules_out_merge)
 
 
 def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo], mapped: set[str]) -> bool:

@@ -45,7 +45,9 @@ measures at most 0.80 between its two nearest parents (linear 0.4-0.6, SLERP, ta
 three-parent linear 0.6-0.7, TIES 0.80), every triple centred on a model that is no merge 0.86 or more (a chain's
 first fine-tune between the base and the second); 0.83 is the middle of that gap. Two merges stay out of reach:
 model stock of fine-tunes that drifted apart is nearly its base (0.95), and a DARE merge's random drops add their
-own distance (1.0)."""
+own distance (1.0). One non-merge falls inside: a fine-tune trained further on its own data has moved on along one
+line, and the earlier one lies between it and the base as an average would (0.81, version 1 of held-out recipe zoo
+27); where the weight values are comparable they rule out a merge as made (family_phylogeny's no_merge)."""
 PULL_TOLERANCE = 0.03
 """Near copies whose least merge ratios are within this of each other are equally (not) pulled between relatives."""
 SUSPECT_RATIO = 1.10
@@ -245,6 +247,7 @@ def family_phylogeny(
     weak_log_odds: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
     ranks: Mapping[str, float] | None = None,
     copied: Mapping[str, set[str]] | None = None,
+    no_merge: Callable[[str, tuple[str, ...]], bool] = lambda m, sources: False,
 ) -> Phylogeny | None:
     """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
 
@@ -259,7 +262,10 @@ def family_phylogeny(
     linked like a declared merge); shapes: member -> its shape (depth and
     widths): only models of one shape can be averaged, so only they are tried as a merge and its parents;
     weak_log_odds: signal -> its own log-odds, for each signal that may not decide alone (what log_odds holds beyond
-    corroborating_log_odds): a link is corroborated by the other votes, or by two of these and the shape.
+    corroborating_log_odds): a link is corroborated by the other votes, or by two of these and the shape;
+    no_merge(m, sources): whether other evidence rules out that m is a merge of these as made (the weight values: a
+    model that shows no merge's signature is none, lineage_graph.value_sources): the distances then do not make m their
+    merge, and a link from m to one of them drawn below it is left to the strong evidence (_trained_merge_doubts).
     """
     if len(members) == 1:
         only = next(iter(members))
@@ -289,7 +295,17 @@ def family_phylogeny(
         return (0.0 if m in declared_merges else geometry) + sum(_lo(head_merge_odds, p, m) for p in sources)
 
     shape = (lambda m: None) if shapes is None else (lambda m: shapes.get(m))
-    merged = merges(heads, between, declared_merges, lambda m, x, y: merge_score(m, x, y) > 0, shape)
+    ruled_out: list[tuple[str, str, str]] = []
+
+    def plausible(m: str, x: str, y: str) -> bool:
+        if merge_score(m, x, y) <= 0:
+            return False
+        if no_merge(m, (x, y)):
+            ruled_out.append((m, x, y))
+            return False
+        return True
+
+    merged = merges(heads, between, declared_merges, plausible, shape)
     near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
     pinned = {h for h, b in bases.items() if len(b) == 1}
     # A model nearest to a merge that the votes put below it (a fine-tune of the merge) is placed after the merges,
@@ -343,6 +359,7 @@ def family_phylogeny(
     confidence: dict[tuple[str, str], float] = {}
     corroborated: dict[tuple[str, str], bool] = {}
     swappable = _swappable(parent_of, distance, set(merged))
+    swappable |= _trained_merge_doubts(parent_of, ruled_out)
     for child, [(parent, _)] in list(parents.items()):
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
@@ -475,6 +492,25 @@ def _swappable(parent_of: Mapping[str, str], distance: Mapping[tuple[str, str], 
                 f"(a lineage puts about all of it there; {PLACEMENT_MARGIN:.0%} and {CLOSENESS_NOISE:g} are needed), "
                 f"so {grand} - {child} - {parent} fits as well as the tree drawn, and the shape says nothing of which "
                 "came first")
+    return out
+
+
+def _trained_merge_doubts(parent_of: Mapping[str, str], ruled_out: list[tuple[str, str, str]]
+                          ) -> dict[tuple[str, str], str]:
+    """Tree links (m, e) from a member m that lies between two others as their merge would, though ``no_merge`` says
+    it is none, to one of those two ends e drawn as its child, each with its note. Such an m is the middle of one
+    line of training (x -> m -> e: a later checkpoint of one run lies on the line beyond an earlier one) or a merge of
+    x and e trained further (then e came first): the distances and the values fit both, so the shape says nothing of
+    the link."""
+    out = {}
+    for m, x, y in ruled_out:
+        for end, other in ((x, y), (y, x)):
+            if parent_of.get(end) == m:
+                out[(m, end)] = (
+                    f"{m} lies between {other} and {end} as their merge would, but its weight values show no merge's "
+                    f"signature: either {end} was trained on from {m} (a later checkpoint of one run), or {m} is a "
+                    f"merge of {other} and {end} trained further, so which of {m} and {end} came first the distances "
+                    "and the shape cannot say")
     return out
 
 

@@ -25,7 +25,11 @@ average (its base gets a negative weight), and four models in such a relation (m
 corner as the merge, so it is left to the other evidence.
 
 Each finding is a strong direction vote and links the tree like a declaration (lineage_graph.phylogeny's ``copied``);
-a direct pair whose direction none of these patterns gives is left to the other evidence. Samples stored in bfloat16
+a direct pair whose direction none of these patterns gives is left to the other evidence. The absence of a finding
+speaks too: every merge method leaves one of these signatures, so a member compared with its relatives that shows none
+(**plain**) is no merge of them as made, whatever the distances suggest (a later checkpoint of one training run lies
+on the line from its base through the earlier one, between them, as an average of the two would); a merge trained
+further is plain too, which the tree allows for. Samples stored in bfloat16
 or float16 are left out: such a checkpoint drops updates below its resolution, so its fine-tunes keep many of their
 base's values and an equal value marks no sparse edit.
 """
@@ -89,10 +93,20 @@ class ValueSources:
     """Members in an exact relation no reading of which is an average (m + b = x + y: a task-arithmetic merge whose
     weights sum to more than 1, read with any corner as the merge): which is the merge is beyond the weights, and
     beyond the rank and the scale, which a merge moves as a parent would."""
+    plain: set[str] = field(default_factory=set)
+    """Members compared with two or more relatives (float32, one layout) that share no value bit for bit with any of
+    them and are no exact combination of any: no merge of those relatives as made, by any method."""
+    compared: dict[str, str] = field(default_factory=dict)
+    """Member -> the layout its sample was compared under (float32 samples only)."""
 
     def entangled_pair(self, a: str, b: str) -> frozenset[str] | None:
         """The exact relation both a and b are in, if any."""
         return next((r for r in sorted(self.entangled, key=sorted) if a in r and b in r), None)
+
+    def rules_out_merge(self, m: str, sources: Collection[str]) -> bool:
+        """Whether the values say m is no merge of ``sources`` as made (it may be one trained further): m is plain and
+        each source was compared with it."""
+        return m in self.plain and all(self.compared.get(x) == self.compared[m] for x in sources)
 
     def links(self) -> dict[str, set[str]]:
         """Child -> the members it holds values of (one: a sparse edit; several: a merge of them)."""
@@ -118,7 +132,10 @@ def value_sources(members: Collection[str], models: Mapping[str, ModelInfo],
             equal, rates = _equal_values(group)
             direct = _sparse_edits(group, equal, rates, found)
             _scaled_sources(group, equal, direct, values_per_matrix(layout), found)
-            _dense_merges(group, closeness or {}, values_per_matrix(layout), found)
+            searched = _dense_merges(group, closeness or {}, values_per_matrix(layout), found)
+            found.compared.update(dict.fromkeys(group, layout))
+            related = {m for pair in equal for m in pair} | set(found.merges) | set().union(*found.entangled)
+            found.plain.update(searched - related)
     return found
 
 
@@ -214,20 +231,23 @@ def _scaled_sources(samples: dict[str, np.ndarray], equal: dict[tuple[str, str],
 
 
 def _dense_merges(samples: dict[str, np.ndarray], closeness: Mapping[tuple[str, str], float], per_matrix: int,
-                  found: ValueSources) -> None:
+                  found: ValueSources) -> set[str]:
     """A member whose values are, matrix by matrix, an average of two to MAX_MERGED others (weights in [0, 1] summing
     to about 1, reproduced to float32 rounding): their merge. Expressing one of the merged models back from the merge
     needs a weight outside [0, 1], so only the merge is an average. The others are searched for from m's nearest
     relative (by closeness), adding at each step one of the BEAM members whose change from it best matches what the
     chosen ones leave of m's; weights below MIN_MERGE_WEIGHT leave their model out (a base that a task-arithmetic merge
-    weighs 0). An exact combination that no member's reading makes an average is kept as ``entangled``."""
+    weighs 0). An exact combination that no member's reading makes an average is kept as ``entangled``. Returns the
+    members searched (those with two or more relatives)."""
     ids = sorted(samples)
     relations: set[frozenset[str]] = set()
+    searched = set()
     for m in ids:
         near = sorted((x for x in ids if x != m and _key(m, x) in closeness),
                       key=lambda x: (-closeness[_key(m, x)], x))[:AVERAGE_CANDIDATES]
         if m in found.merges or len(near) < 2:
             continue
+        searched.add(m)
         beam = [[near[0]]]
         for _ in range(min(MAX_MERGED, len(near)) - 1):
             grown = {frozenset((*chosen, x)): [*chosen, x] for chosen in beam
@@ -245,6 +265,7 @@ def _dense_merges(samples: dict[str, np.ndarray], closeness: Mapping[tuple[str, 
                 break
     read = {frozenset((m, *sources)) for m, sources in found.merges.items()}
     found.entangled.update(r for r in relations if r not in read and len(r) >= 3)
+    return searched
 
 
 def _exact_fit(samples: dict[str, np.ndarray], m: str, chosen: list[str], per_matrix: int) -> Combination | None:

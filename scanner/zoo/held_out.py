@@ -4,7 +4,8 @@ The default zoo, its small seeds 1-3 and the fine-tune chain are where hubtrace'
 reliabilities were set; a tree measured there says how well the rules fit, not how well they work. This recipe
 draws, per seed, what an investigator meets on a hub and the fitted zoos lack or hold only once: chains of 3-5
 further fine-tunes, siblings fine-tuned from one parent for different lengths, learning rates and optimizers, a
-retrained MLP of a fine-tune, prunes of fine-tunes, a depth up-scaling, merges of two siblings and of a parent with
+retrained MLP of a fine-tune, prunes of fine-tunes, a fine-tune trained further on its own data (a later checkpoint
+of the same run, published as a model of its own), a depth up-scaling, merges of two siblings and of a parent with
 its own child, and a distilled student (a behavioural copy with weights of its own: a family of its own). A second
 family (base, two fine-tunes, a prune of one) keeps families apart. Step counts, learning rates, merge weights and
 the retrained block are drawn from the seed, so each seed is a different hub, not the same one re-trained.
@@ -24,13 +25,16 @@ from scanner.zoo.languages import MarkovLanguage
 FITTED_SEEDS = (11, 12, 13)
 """Seeds the default direction level was chosen on, and the merge, stacking and direction rules of issue 36 were
 developed on: fitted now (bench/bench_family_trees.py)."""
-HELD_OUT_SEEDS = tuple(range(14, 26))
+HELD_OUT_SEEDS = tuple(range(14, 29))
 """Seeds no lineage rule was fitted on, looked at once those rules were set: 14-16 (the final seeds before issue 36),
 17-19 (final until the tree's order test, phylogeny._swappable, was made after their merge zoos' two wrong arrows
 were seen), 20-22 (final until the weight-value evidence, lineage_graph.value_sources, was made after the wrong
-arrows of their merge zoos were seen) and 23-25 (final until a task-arithmetic merge's wrong arrow in their merge
-zoos led to undecided links among entangled models)."""
-FINAL_SEEDS = (26, 27, 28)
+arrows of their merge zoos were seen), 23-25 (final until a task-arithmetic merge's wrong arrow in their merge zoos
+led to undecided links among entangled models) and 26-28 (final until seed 27's wrong arrow, a fine-tune trained
+further on its parent's data that version 1's prune had left unpruned, led to the weight values ruling out merges
+the distances alone suggest, ValueSources.rules_out_merge; their version-2 zoos are new, their other zoos were
+seen)."""
+FINAL_SEEDS = (29, 30, 31)
 """Seeds built after every rule and level was frozen, only measured."""
 
 
@@ -47,6 +51,10 @@ class HeldOutSpec:
     retrain_steps: int = 1500
     retrain_batch_size: int = 256
     distill_steps: int = 300
+    version: int = 2
+    """The recipe's version: part of the cache key, so a changed recipe is rebuilt. Version 1 drew the depth prune's
+    removed block anew for every block, so a seed's "prune" removed none to three of them; version 2 removes one and
+    adds the continued fine-tune."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,8 +87,10 @@ def _held_out_recipe(b: ZooBuilder, spec: HeldOutSpec) -> None:
     weight = draw.choice((0.3, 0.5, 0.7))
     b.merge("cedar/siblings-merge", [short, long], [weight, 1 - weight], **honest)
     b.merge("cedar/parent-child-merge", [base, chain[1]], [0.5, 0.5], **honest)
-    b.prune_depth("dogwood/chain-1-lite", chain[1], [i for i in range(layers) if i != draw.randrange(1, layers)],
-                  spec.heal_steps, 1e-3, **honest)
+    removed = draw.randrange(1, layers)
+    b.prune_depth("dogwood/chain-1-lite", chain[1], [i for i in range(layers) if i != removed], spec.heal_steps, 1e-3,
+                  **honest)
+    b.finetune("dogwood/chain-1-continued", chain[1], lang[1], draw.choice((20, 40, 60)), 1e-3, "adam", **honest)
     b.prune_width("dogwood/sibling-slim", long, arch.intermediate_size * 3 // 4, spec.heal_steps, 1e-3, **honest)
     retrain = ZooSpec(seed=spec.seed, retrain_blocks=(draw.randrange(layers),), retrain_steps=spec.retrain_steps,
                       retrain_batch_size=spec.retrain_batch_size)
