@@ -45,6 +45,21 @@ def _closeness(samples: dict[str, np.ndarray]) -> dict[tuple[str, str], float]:
     return out
 
 
+def _lineage(samples: dict[str, np.ndarray], closeness: dict[tuple[str, str], float],
+             rank: dict[str, float] | None = None, with_values: bool = True) -> Lineage:
+    """compute_lineage with cards withheld: these members (their samples as values unless ``with_values`` is False,
+    activation rank 20 unless given), every pair tested dependent at this closeness."""
+    models = [ModelInfo(m, n_layers=4, hidden_size=64, intermediate_size=128,
+                        activation_rank=((rank or {}).get(m, 20.0),) * 4,
+                        mlp_values=s.tobytes() if with_values else b"", mlp_layout=LAYOUT if with_values else "")
+              for m, s in samples.items()]
+    return compute_lineage(models, [PairTest(*pair, "match", -50.0, 4, closeness=c) for pair, c in closeness.items()])
+
+
+def _parents(lineage: Lineage) -> dict[str, set[str]]:
+    return {c: {p for p, _ in links} for f in lineage.families for c, links in f.parents.items()}
+
+
 def _nothing_found(found: ValueSources) -> bool:
     return not (found.merges or found.parents or found.reasons or found.entangled)
 
@@ -172,13 +187,8 @@ def test_the_lineage_names_merges_from_values_and_leaves_entangled_links_undecid
                "linear": (0.4 * a + 0.6 * y).astype(np.float32),
                "arithmetic": (base + (x - base) + (y - base)).astype(np.float32)}
     rank = {"base": 10.0, "x": 20.0, "y": 20.0, "a": 20.0, "b": 20.0, "ties": 30.0, "linear": 30.0, "arithmetic": 5.0}
-    models = [ModelInfo(m, n_layers=4, hidden_size=64, intermediate_size=128, activation_rank=(rank[m],) * 4,
-                        mlp_values=s.tobytes(), mlp_layout=LAYOUT) for m, s in samples.items()]
-    closeness = _closeness(samples)
-    tests = [PairTest(first, second, "match", -50.0, 4, closeness=0.5 + 0.5 * max(c, 0.0))
-             for (first, second), c in closeness.items()]
-    lineage = compute_lineage(models, tests)
-    parents = {c: {p for p, _ in links} for f in lineage.families for c, links in f.parents.items()}
+    lineage = _lineage(samples, {pair: 0.5 + 0.5 * max(c, 0.0) for pair, c in _closeness(samples).items()}, rank)
+    parents = _parents(lineage)
     assert parents["ties"] == {"base", "a", "b"} and parents["linear"] == {"a", "y"}
     assert any(r.startswith("verbatim values:") for r in lineage.edge("base", "ties").direction.reasons)
     assert lineage.edge("a", "linear").direction.claimed and lineage.edge("a", "linear").direction.parent == "a"
@@ -203,20 +213,10 @@ def test_a_later_checkpoint_of_one_run_is_no_merge_of_its_neighbours() -> None:
                  ("base", "other"): 0.74, ("first", "other"): 0.54, ("later", "other"): 0.44,
                  ("other", "sibling"): 0.56}
     samples = {"base": base, "first": first, "later": later, "sibling": sibling, "other": other}
-
-    def lineage(with_values: bool) -> Lineage:
-        models = [ModelInfo(m, n_layers=4, hidden_size=64, intermediate_size=128, activation_rank=(20.0,) * 4,
-                            mlp_values=s.tobytes() if with_values else None, mlp_layout=LAYOUT if with_values else None)
-                  for m, s in samples.items()]
-        return compute_lineage(models, [PairTest(*pair, "match", -50.0, 4, closeness=c)
-                                        for pair, c in closeness.items()])
-
-    def parents(of: Lineage) -> dict[str, set[str]]:
-        return {c: {p for p, _ in links} for f in of.families for c, links in f.parents.items()}
-
-    assert parents(lineage(with_values=False))["first"] == {"base", "later"}  # the distances alone: a merge of the two
-    read = lineage(with_values=True)
-    assert parents(read)["first"] == {"base"} and parents(read)["later"] == {"first"}
+    # the distances alone: a merge of the two
+    assert _parents(_lineage(samples, closeness, with_values=False))["first"] == {"base", "later"}
+    read = _lineage(samples, closeness)
+    assert _parents(read)["first"] == {"base"} and _parents(read)["later"] == {"first"}
     link = read.edge("first", "later").direction
     assert link.parent == "first" and not link.claimed
     assert any("show no merge's signature" in r for r in link.reasons)
@@ -242,11 +242,7 @@ def test_a_merge_trained_further_is_never_drawn_above_its_sources() -> None:
     closeness = {("base", "x"): 0.70, ("base", "y"): 0.70, ("x", "y"): 0.50, ("tuned", "x"): 0.80,
                  ("tuned", "y"): 0.80, ("base", "tuned"): 0.78, ("base", "other"): 0.72, ("other", "x"): 0.50,
                  ("other", "y"): 0.50, ("other", "tuned"): 0.55}
-    models = [ModelInfo(m, n_layers=4, hidden_size=64, intermediate_size=128,
-                        activation_rank=(30.0 if m == "tuned" else 20.0,) * 4, mlp_values=s.tobytes(),
-                        mlp_layout=LAYOUT) for m, s in samples.items()]
-    lineage = compute_lineage(models, [PairTest(*pair, "match", -50.0, 4, closeness=c)
-                                       for pair, c in closeness.items()])
+    lineage = _lineage(samples, closeness, rank={"tuned": 30.0})
     assert value_sources(list(samples), _models(samples), closeness).rules_out_merge("tuned", ("x", "y"))
     for source in ("x", "y"):
         link = lineage.edge("tuned", source).direction
