@@ -46,8 +46,10 @@ def paper_way(path_a: Path, path_b: Path, spec: InputSpec) -> list[float]:
     lm_a, lm_b = load_causal_lm(a.checkpoint), load_causal_lm(b.checkpoint)
     per_block = []
     for layer in range(min(a.adapter.shape.n_layers, b.adapter.shape.n_layers)):
-        (act_a,) = glu_activations(mlp_inputs(lm_a, a.adapter, ids)[layer], a.adapter.mlp(layer))
-        (act_b,) = glu_activations(mlp_inputs(lm_b, b.adapter, ids)[layer], b.adapter.mlp(layer))
+        (act_a,) = glu_activations(mlp_inputs(lm_a, a.adapter, ids)[layer], a.adapter.mlp(layer),
+                                   activation=a.adapter.shape.hidden_act)
+        (act_b,) = glu_activations(mlp_inputs(lm_b, b.adapter, ids)[layer], b.adapter.mlp(layer),
+                                   activation=b.adapter.shape.hidden_act)
         by_gate, by_up = _dense_match(act_a.gate, act_b.gate), _dense_match(act_a.up, act_b.up)
         rho = spearman(by_gate.astype(float), by_up.astype(float))
         per_block.append(log10_matching_p(rho, by_gate.size))

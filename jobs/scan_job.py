@@ -337,7 +337,7 @@ class _Scan:
         rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
                             self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
                             [asdict(layer) for layer in o.result.layers], list(o.result.notes), o.job.reason,
-                            self.run_id, o.result.closeness)
+                            self.run_id, o.result.closeness, cannot_test=o.result.cannot_test)
                 for o in outcomes if o.error is None]
         self.store.put_pair_tests(rows)
         for o in outcomes:
@@ -354,6 +354,7 @@ class _Scan:
                                                           o.error.reason)
         stored += len(outcomes)
         self.summary.pairs_tested += len(rows)
+        self.summary.pairs_cannot_test += sum(row.cannot_test is not None for row in rows)
         self.say(f"[pairs] stored {stored}/{total} pair tests")
         self.observer.on_pairs_stored(stored, total)
         return stored

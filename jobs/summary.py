@@ -26,6 +26,7 @@ class ScanSummary:
     failures: Counter = field(default_factory=Counter)   # stage -> models (or pairs, stage "compare")
     pairs: dict = field(default_factory=dict)            # PairPlan.to_json_dict()
     pairs_tested: int = 0
+    pairs_cannot_test: int = 0       # tested pairs whose statistic could read too few units on a side (no p-value)
     retrieval: dict = field(default_factory=dict)       # scanner.retrieval.scan.Retrieved.to_json_dict()
     pairs_failed: int = 0
     weight_statistics: int = 0       # weight fingerprints recorded beside phi_MATCH (pairs.extra_stats)
@@ -49,7 +50,8 @@ class ScanSummary:
             "not_retried": self.not_retried,
             "failed": self.failed, "source_errors": self.source_errors, "failures": dict(self.failures),
             "pairs": self.pairs, "retrieval": self.retrieval, "pairs_tested": self.pairs_tested,
-            "pairs_failed": self.pairs_failed, "weight_statistics": self.weight_statistics,
+            "pairs_failed": self.pairs_failed, "pairs_cannot_test": self.pairs_cannot_test,
+            "weight_statistics": self.weight_statistics,
             "dependent_pairs": self.dependent_pairs, "families": self.families,
             "discrepancies": self.discrepancies, "exports": self.exports, "warnings": self.warnings,
             "stage_seconds": {k: round(v, 2) for k, v in self.stage_seconds.items()}, "seconds": round(self.seconds, 2),
@@ -79,6 +81,8 @@ def render_summary(summary: ScanSummary) -> Group:
                            f"{pairs.get('untested_comparable', 0)} comparable pairs left untested"),)
           if pairs.get("select") == "candidates" else ()),
         ("pairs tested", f"{summary.pairs_tested} now"
+                         + (f", {summary.pairs_cannot_test} of them could not be tested (too few units to read; "
+                            "no p-value, not evidence of independence)" if summary.pairs_cannot_test else "")
                          + (f", {summary.pairs_failed} failed" if summary.pairs_failed else "")),
         *((("weight statistics", f"{summary.weight_statistics} recorded beside phi_MATCH (pairs.extra_stats)"),)
           if summary.weight_statistics else ()),

@@ -8,7 +8,7 @@ deterministic function of the MLP input, equivariant to unit permutations, whate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.config import transformers_config
 from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import SiteWeights
+from scanner.canonical_mlp import canonical_mlp
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, IncomparableError
 from scanner.stats.degenerate import UnitScreen
@@ -28,23 +29,31 @@ from scanner.stats.matching import unit_rows_tensor
 
 @dataclass(frozen=True)
 class MLPActivations:
-    """One MLP's two views of its units on the canonical tokens, shaped (units, tokens): a gated MLP's gate
-    pre-activation and up output, a plain one's fc pre-activation and write direction (`plain_views`).
+    """One MLP's views of its canonical units (scanner.canonical_mlp) on the canonical tokens, shaped (units, tokens):
+    a gated MLP's gate pre-activation and up output, a plain one's fc pre-activation and write direction
+    (`plain_views`); and what each unit writes, its output column read on the residual stream (`write_view`).
 
     As computed they are float32 values. A fingerprint stores each unit's row divided by its largest magnitude (every
-    stored value within [-1, 1], so float16 holds any unit a rescale left at 1e-30 or 1e30) and keeps that magnitude
-    in ``gate_scale`` / ``up_scale``; MATCH reads directions only, and `values` gives back the activations where a
-    statistic needs their size (phi_H).
+    stored value within [-1, 1], so float16 holds any unit a rescale left at 1e-30 or 1e30; the write view in int8
+    steps of 1/127) and keeps that magnitude in ``gate_scale`` / ``up_scale`` / ``write_scale``; MATCH reads
+    directions only, and `values` gives back the activations where a statistic needs their size (phi_H).
+    ``dead`` and ``combined`` count the units as stored that the canonical form dropped or folded into others.
     """
 
     gate: np.ndarray
     up: np.ndarray
     gate_scale: np.ndarray | None = None  # (units,) float32: the stored row times this is the activation row
     up_scale: np.ndarray | None = None
+    write: np.ndarray | None = None  # (units, tokens); None where no residual stream was read (synthetic views)
+    write_scale: np.ndarray | None = None
+    dead: int = 0
+    combined: int = 0
 
     def values(self, part: str) -> np.ndarray:
         """A view's activations (float64 when stored scaled: a product of two rescaled units may exceed float32)."""
         rows, scale = getattr(self, part), getattr(self, f"{part}_scale")
+        if rows.dtype == np.int8:
+            rows = rows.astype(np.float32) / WRITE_STEPS
         if scale is None:
             return np.asarray(rows)
         return np.asarray(rows, dtype=np.float64) * np.asarray(scale, dtype=np.float64)[:, None]
@@ -52,14 +61,22 @@ class MLPActivations:
     def normalised(self) -> MLPActivations:
         """Each row divided by its largest magnitude, the magnitudes kept (the form fingerprints store)."""
         (gate, gate_scale), (up, up_scale) = peak_scaled(self.values("gate")), peak_scaled(self.values("up"))
-        return MLPActivations(gate, up, gate_scale, up_scale)
+        write, write_scale = peak_scaled(self.values("write")) if self.write is not None else (None, None)
+        return MLPActivations(gate, up, gate_scale, up_scale, write, write_scale, self.dead, self.combined)
 
     def screen(self, up_sign_free: bool) -> UnitScreen:
         """The units phi_MATCH reads (scanner.stats.degenerate), computed once per object and flag."""
         cache = self.__dict__.setdefault("_screens", {})
         if up_sign_free not in cache:
-            cache[up_sign_free] = match_screen(self.gate, self.up, up_sign_free)
+            write = None if self.write is None else self.write.astype(np.float32)
+            cache[up_sign_free] = match_screen(self.gate, self.up, up_sign_free, write, self.magnitude())
         return cache[up_sign_free]
+
+    def magnitude(self) -> np.ndarray:
+        """How much each unit contributes, |up row| |write row| (|up row| without a write view), from the stored rows
+        and their scales in float64: unchanged by every output-preserving rescale of a unit."""
+        size = _row_lengths(self.up, self.up_scale)
+        return size if self.write is None else size * _row_lengths(self.write, self.write_scale)
 
     def hidden(self, activation: str, kind: str = "gated") -> np.ndarray:
         """phi_H's matrix: the down projection's input, sigma(Gx) * (Ux) for a gated MLP, sigma(Wx + b) for a plain
@@ -69,6 +86,18 @@ class MLPActivations:
         act = ACT2FN[activation]
         hidden = act(torch.from_numpy(self.values("gate")).double())
         return (hidden if kind == "plain" else hidden * torch.from_numpy(self.values("up")).double()).numpy()
+
+
+#: The write view is stored as int8 multiples of 1/WRITE_STEPS of each unit's peak: matching reads directions, whose
+#: cosines int8 rounding moves by about 1e-5, and the fingerprint grows by a quarter, not a half.
+WRITE_STEPS = 127
+
+
+def _row_lengths(rows: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    """Each row's length in float64, times its stored scale where it has one (int8 steps counted as stored: only
+    ratios between units are read)."""
+    lengths = np.linalg.norm(np.asarray(rows, dtype=np.float64), axis=1)
+    return lengths if scale is None else lengths * np.asarray(scale, dtype=np.float64)
 
 
 def peak_scaled(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,33 +177,59 @@ def next_token_log_probs(model: PreTrainedModel, ids: np.ndarray, token_range: i
     return torch.cat(chunks).numpy()
 
 
-def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights]) -> list[MLPActivations]:
-    """Gate and up outputs of each gated MLP of a block (one per expert) on that block's MLP input."""
-    return [
-        MLPActivations(gate=units_by_tokens(mlp_input @ w.gate.T), up=units_by_tokens(mlp_input @ w.up.T))
-        for w in experts
-    ]
+def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights], *, activation: str,
+                    stream: torch.Tensor | None = None) -> list[MLPActivations]:
+    """`site_activations` of a block's gated MLPs held as GLUWeights (one per expert)."""
+    return site_activations(mlp_input, [SiteWeights(up=w.up, down=w.down, gate=w.gate) for w in experts],
+                            activation=activation, stream=stream)
 
 
-def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights],
-                     stream: torch.Tensor | None = None) -> list[MLPActivations]:
-    """The two views of every hidden unit of one MLP site (one entry per routed expert) on its input (tokens, d),
-    shaped (units, tokens).
+def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, activation: str,
+                     stream: torch.Tensor | None = None,
+                     computed: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[MLPActivations]:
+    """The views of every canonical unit (scanner.canonical_mlp) of one MLP site (one entry per routed expert) on its
+    input (tokens, d), shaped (units, tokens).
 
     Gated: the gate's pre-activation and the up output, as the paper's phi_MATCH reads them. Plain (fc -> act -> proj,
-    no gate): `plain_views`, which also reads ``stream``, the residual stream the block writes into (tokens, d).
+    no gate): `plain_views`. ``stream`` is the residual stream the block writes into (tokens, d): the write view of
+    every unit reads it (`write_view`), and a plain MLP's second view too, which needs it; ``activation`` is the MLP's
+    (transformers' name), which tells which gate rows compute one function. ``computed``: a dense gated MLP's gate and
+    up outputs (tokens, units) as the block computed them, used as they are where the canonical form is the MLP as
+    stored (no second product).
     """
-    if experts[0].gate is None:
+    canonical = [canonical_mlp(w, activation) for w in experts]
+    weights = [c.weights for c in canonical]
+    if weights[0].gate is None:
         if stream is None:
             raise ValueError("a plain MLP's second view reads the residual stream; none was given")
-        return plain_views(mlp_input, stream, experts)
-    views = []
-    for weights in experts:
-        gate, up = mlp_input @ weights.gate.T, mlp_input @ weights.up.T
-        gate = gate if weights.gate_bias is None else gate + weights.gate_bias
-        up = up if weights.up_bias is None else up + weights.up_bias
-        views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up)))
-    return views
+        views = plain_views(mlp_input, stream, weights)
+    else:
+        rows = stream_rows(stream, weights[0].down) if stream is not None else None
+        views = []
+        for w, c in zip(weights, canonical, strict=True):
+            if computed is not None and len(weights) == 1 and c.unchanged:
+                gate, up = computed
+            else:
+                gate, up = mlp_input @ w.gate.T, mlp_input @ w.up.T
+                gate = gate if w.gate_bias is None else gate + w.gate_bias
+                up = up if w.up_bias is None else up + w.up_bias
+            views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up),
+                                        write=None if rows is None else write_view(rows, w.down)))
+    return [replace(v, dead=c.dead, combined=c.combined) for v, c in zip(views, canonical, strict=True)]
+
+
+def stream_rows(stream: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The residual stream's token rows at unit length (tokens, d), in the output maps' device and dtype: what every
+    write view reads, unchanged by a rotation of the stream (the maps that write it turn with it) and by its scale."""
+    rows = stream.reshape(-1, stream.shape[-1]).double()
+    rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return rows.to(device=down.device, dtype=down.dtype)
+
+
+def write_view(rows: torch.Tensor, down: torch.Tensor) -> np.ndarray:
+    """What each unit writes, read on the stream's token rows: (units, tokens) float32, the inner products of its
+    output column with every row."""
+    return units_by_tokens(rows @ down)
 
 
 #: Singular values of the first views below this fraction of the largest span no direction of their own (float32
@@ -206,16 +261,15 @@ def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[Sit
     are regressed together (an expert may have fewer units than tokens).
     """
     first = [_plain_pre_activation(mlp_input, w) for w in experts]
-    rows = stream.reshape(-1, stream.shape[-1]).double()
-    rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    rows = rows.to(device=experts[0].down.device, dtype=experts[0].down.dtype)
+    rows = stream_rows(stream, experts[0].down)
     read_back = torch.cat([(rows @ w.down).T for w in experts]).double().cpu()  # (units, tokens)
     predictors = torch.cat(first).double().cpu()
-    second = _unpredicted(unit_rows_tensor(read_back), unit_rows_tensor(predictors))
+    second = unpredicted(unit_rows_tensor(read_back), unit_rows_tensor(predictors))
     views, start = [], 0
     for pre in first:
         stop = start + pre.shape[0]
-        views.append(MLPActivations(gate=pre.float().numpy(), up=second[start:stop].float().numpy()))
+        views.append(MLPActivations(gate=pre.float().numpy(), up=second[start:stop].float().numpy(),
+                                    write=read_back[start:stop].float().numpy()))
         start = stop
     return views
 
@@ -227,7 +281,7 @@ def _plain_pre_activation(mlp_input: torch.Tensor, weights: SiteWeights) -> torc
     return pre.T.float().contiguous().cpu()
 
 
-def _unpredicted(targets: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
+def unpredicted(targets: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
     """targets (units, tokens) less their least-squares fit, over the units that have a non-zero row in both, by a
     linear map of the predictors' rows (one map for all units); rows of the other units become zero.
 

@@ -93,19 +93,22 @@ class StreamedExperts:
         checkpoint.close()  # unmap: the pages one expert read must not add up over 256 experts in this process
         return SiteWeights(up=up, down=down, gate=gate)
 
-    def forward(self, module: nn.Module, site_input: Callable[[], torch.Tensor], device: str, dtype: torch.dtype
+    def forward(self, module: nn.Module, site_input: Callable[[], torch.Tensor],
+                stream: Callable[[], torch.Tensor | None], activation: str, device: str, dtype: torch.dtype
                 ) -> Callable[..., torch.Tensor]:
         """A replacement for the experts module's forward(hidden_states, top_k_index, top_k_weights): the routed
-        output as the module computes it, and both views of every expert's units on the site's input (every
-        token, whatever the router chose) collected in `activations`."""
+        output as the module computes it, and the views of every expert's canonical units on the site's input (every
+        token, whatever the router chose) and on the residual ``stream`` collected in `activations`."""
         act = module.act_fn
 
         def run(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
             out = torch.zeros_like(hidden_states)
             x = site_input()
+            rows = stream()
+            rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
             for expert in range(self.site.experts):
                 w = self.weights(expert)
-                self.activations += site_activations(x, [w])
+                self.activations += site_activations(x, [w], activation=activation, stream=rows)
                 tokens, slot = torch.where(top_k_index == expert)
                 if tokens.numel():
                     gate, up, down = (t.to(device=device, dtype=dtype) for t in (w.gate, w.up, w.down))

@@ -5,12 +5,13 @@ plus what comparisons and screening need without the checkpoint: dims, depth, vo
 identity, the input set, per-tensor sha256 of the stored weights (exact copies), the parameter count and
 small permutation-invariant summaries. Comparing two models is then a computation on two files.
 
-The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up`, shaped (units, tokens), and
-`blocks.{layer}.{expert}.gate_scale|up_scale`, one per unit); the metadata is JSON under the header's `__metadata__`
-together with a sha256 over the tensors, checked on every read. Each unit's activation row is stored divided by its
-largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured effect on p-values), and
-that magnitude as float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output
-column is rescaled back) keeps its direction, where float16 values would flush it to zero or overflow.
+The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up|write`, shaped (units, tokens), and
+`blocks.{layer}.{expert}.gate_scale|up_scale|write_scale`, one per unit); the metadata is JSON under the header's
+`__metadata__` together with a sha256 over the tensors, checked on every read. Each unit's activation row is stored
+divided by its largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured effect on
+p-values; the write view as int8 steps of 1/127, a quarter more than the two read views), and that magnitude as
+float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output column is
+rescaled back) keeps its direction, where float16 values would flush it to zero or overflow.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from scanner import __version__
-from scanner.activations import MLPActivations
+from scanner.activations import WRITE_STEPS, MLPActivations
 from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import SiteWeights
@@ -49,11 +50,13 @@ from scanner.streaming import stream_blocks
 from scanner.validate import ValuesAsRead, validate_checkpoint
 from scanner.value_sample import block_sample
 
-#: 2: activations stored per unit at unit peak with float32 scales (no rescale of a unit under- or overflows float16);
-#: a plain MLP's second view is its write direction read on the residual stream, less what its first view
-#: predicts (scanner.activations.plain_views). Format-1 fingerprints are re-made.
-FINGERPRINT_FORMAT = 2
+#: 3: the views are those of each MLP's canonical units (scanner.canonical_mlp: units that compute one function
+#: combined, units that write nothing dropped), and every unit's write view is kept beside its read views, as int8
+#: steps of its peak. Fingerprints of an earlier format are re-made.
+FINGERPRINT_FORMAT = 3
 STORAGE_DTYPES = ("float16", "float32")
+#: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).
+STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale")
 #: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _META_KEY = "hubtrace_fingerprint"
@@ -301,7 +304,7 @@ def write_fingerprint(fp: Fingerprint, path: str | Path) -> str:
         for layer, experts in enumerate(fp.blocks)
         for expert, acts in enumerate(experts)
         for stored in [acts if acts.gate_scale is not None else stored_activations(acts, fp.meta.dtype)]
-        for part in ("gate", "up", "gate_scale", "up_scale")
+        for part in STORED_PARTS if getattr(stored, part) is not None
     }
     metadata = {_META_KEY: json.dumps(asdict(fp.meta), sort_keys=True), _CONTENT_KEY: _content_sha256(tensors)}
     handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -374,18 +377,24 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
     n_tokens = _token_count(meta)
     experts = []
     while _tensor_name(layer, len(experts), "gate") in tensors:
-        gate, up, gate_scale, up_scale = (tensors.pop(_tensor_name(layer, len(experts), p), None)
-                                          for p in ("gate", "up", "gate_scale", "up_scale"))
+        where = f"{path}: block {layer} expert {len(experts)}"
+        gate, up, gate_scale, up_scale, write, write_scale = (tensors.pop(_tensor_name(layer, len(experts), p), None)
+                                                              for p in STORED_PARTS)
         if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens or gate.shape[0] < 1 \
                 or any(s is None or s.shape != (gate.shape[0],) for s in (gate_scale, up_scale)):
-            raise FingerprintError(f"{path}: block {layer} expert {len(experts)} has malformed gate/up tensors")
+            raise FingerprintError(f"{where} has malformed gate/up tensors")
+        if (write is None) != (write_scale is None) or write is not None and (
+                write.shape != gate.shape or write.dtype != np.int8 or write_scale.shape != gate_scale.shape):
+            raise FingerprintError(f"{where} has a malformed write view (int8 rows beside the gate's, one scale each)")
         # a NaN would make every statistic NaN
-        if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)):
-            raise FingerprintError(f"{path}: block {layer} expert {len(experts)} holds NaN or Inf activations")
-        if (gate_scale < 0).any() or (up_scale < 0).any() or np.abs(gate).max() > 1 or np.abs(up).max() > 1:
-            raise FingerprintError(f"{path}: block {layer} expert {len(experts)} is not stored as unit-peak rows with "
-                                   "non-negative scales")
-        experts.append(MLPActivations(gate=gate, up=up, gate_scale=gate_scale, up_scale=up_scale))
+        if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)) or \
+                write_scale is not None and not np.isfinite(write_scale).all():
+            raise FingerprintError(f"{where} holds NaN or Inf activations")
+        if (gate_scale < 0).any() or (up_scale < 0).any() or np.abs(gate).max() > 1 or np.abs(up).max() > 1 or \
+                write is not None and ((write_scale < 0).any() or (write == -128).any()):
+            raise FingerprintError(f"{where} is not stored as unit-peak rows with non-negative scales")
+        experts.append(MLPActivations(gate=gate, up=up, gate_scale=gate_scale, up_scale=up_scale, write=write,
+                                      write_scale=write_scale))
     if not experts:
         raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
     return experts
@@ -402,7 +411,8 @@ def stored_activations(acts: MLPActivations, storage_dtype: str) -> MLPActivatio
     """As a fingerprint holds a unit's views: rows divided by their peak (within [-1, 1]) in the storage dtype, the
     peaks as float32 (see the module docstring)."""
     scaled = acts.normalised()
-    return replace(scaled, gate=_as_storage(scaled.gate, storage_dtype), up=_as_storage(scaled.up, storage_dtype))
+    return replace(scaled, gate=_as_storage(scaled.gate, storage_dtype), up=_as_storage(scaled.up, storage_dtype),
+                   write=None if scaled.write is None else _write_steps(scaled.write))
 
 
 def _as_storage(values: np.ndarray, storage_dtype: str) -> np.ndarray:
@@ -411,6 +421,11 @@ def _as_storage(values: np.ndarray, storage_dtype: str) -> np.ndarray:
     the rounding (to nearest even) is the same."""
     tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     return (tensor.half() if storage_dtype == "float16" else tensor).numpy()
+
+
+def _write_steps(rows: np.ndarray) -> np.ndarray:
+    """Unit-peak rows as int8 steps of 1/WRITE_STEPS (rounded to nearest; -128 never used, so -x is stored as -x)."""
+    return np.rint(np.asarray(rows, dtype=np.float32) * WRITE_STEPS).astype(np.int8)
 
 
 def _kurtosis(weights: torch.Tensor) -> float:
@@ -458,6 +473,8 @@ def _block_summary(experts: list[GLUWeights] | list[SiteWeights], activations: l
     kurtosis = {part: float(np.mean([_kurtosis(getattr(e, part)) for e in experts])) for part in parts}
     return {
         "kurtosis": kurtosis,
+        "canonical_units": [sum(a.gate.shape[0] + a.dead + a.combined for a in activations),
+                            sum(a.dead for a in activations), sum(a.combined for a in activations)],
         "activation_effective_rank": float(np.mean([activation_effective_rank(getattr(a, part))
                                                     for a in activations for part in ("gate", "up")])),
         "gate_rms_quantiles": np.quantile(rms["gate"], QUANTILES).tolist(),
@@ -474,6 +491,7 @@ def _summaries(per_block: list[dict[str, Any]]) -> dict[str, Any]:
         "up_weight_kurtosis": [b["kurtosis"]["up"] for b in per_block],
         "down_weight_kurtosis": [b["kurtosis"]["down"] for b in per_block],
         "activation_rms_quantiles": list(QUANTILES),
+        "canonical_units": [b["canonical_units"] for b in per_block],  # [units as stored, dead, combined] per block
         "gate_rms_quantiles": [b["gate_rms_quantiles"] for b in per_block],
         "up_rms_quantiles": [b["up_rms_quantiles"] for b in per_block],
     }

@@ -68,10 +68,11 @@ class BlockOutcome:
 
 @dataclass(frozen=True)
 class DesignOutcome:
-    """The blocks a pairing compared and its log10 p; ``settled_by`` the screening blocks when they settled it."""
+    """The blocks a pairing compared and its log10 p (None when no block could be tested); ``settled_by`` the
+    screening blocks when they settled it."""
 
     blocks: list[BlockOutcome]
-    log10_p: float
+    log10_p: float | None
     settled_by: list[int] | None = None
     compared_of: int = 0  # block pairs the pairing had
 
@@ -119,8 +120,10 @@ def compare_fingerprints(
     outcome, log10_p, by_map = by_index, by_index.log10_p, None
     if mapped:
         by_map = run_design(sorted({(int(x), int(y)) for x, y in block_map}), test, design)
-        outcome = by_map if by_map.log10_p < by_index.log10_p else by_index
-        log10_p = min(0.0, min(by_index.log10_p, by_map.log10_p) + math.log10(2.0))
+        tested = [o for o in (by_index, by_map) if o.log10_p is not None]
+        outcome = min(tested, key=lambda o: o.log10_p) if tested else by_index
+        # Bonferroni over the pairings that could be tested (which could is set by each side's units, not by a p)
+        log10_p = min(0.0, outcome.log10_p + math.log10(len(tested))) if tested else None
     layers = [block.result for block in outcome.blocks]
     return PairTestResult(
         model_a=a.meta.model,
@@ -132,6 +135,7 @@ def compare_fingerprints(
         inputs=a.meta.input_set,
         notes=plan_notes(a, b, statistic, mapped) + outcome_notes(outcome, a, b, mapped, outcome is by_map),
         closeness=mean_closeness(layers),
+        cannot_test=None if log10_p is not None else untestable_reason(layers),
     )
 
 
@@ -150,7 +154,8 @@ def plan_notes(a: Fingerprint, b: Fingerprint, statistic: str, mapped: bool) -> 
         notes.append(depth_note(len(a.blocks), len(b.blocks)))
     if statistic == "hidden":
         notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
-    return notes
+    canonical = canonical_note(a, b)
+    return notes + ([canonical] if canonical else [])
 
 
 # -- stage 2: pair -----------------------------------------------------------------------------------------------
@@ -218,27 +223,47 @@ def run_design(block_pairs: list[BlockPairing], test: Callable[[list[BlockPairin
     do not settle the test (scanner.stats.sequential keeps the reported p-value valid)."""
     screen = [block_pairs[i] for i in design.screen(len(block_pairs))] if design is not None else block_pairs
     blocks = test(screen)
-    log10_p = log10_fisher([block.result.log10_p for block in blocks])
+    log10_p = tested_fisher(blocks)
     if design is None or len(screen) == len(block_pairs):
         return DesignOutcome(blocks, log10_p, compared_of=len(block_pairs))
-    if design.stops(log10_p):
+    if log10_p is not None and design.stops(log10_p):
         return DesignOutcome(blocks, log10_p, [layer for layer, _ in screen], len(block_pairs))
     blocks = sorted([*blocks, *test([p for p in block_pairs if p not in screen])],
                     key=lambda block: block.result.layer_a)
-    log10_p = design.continued_log10_p(log10_fisher([block.result.log10_p for block in blocks]))
-    return DesignOutcome(blocks, log10_p, compared_of=len(block_pairs))
+    log10_p = tested_fisher(blocks)
+    return DesignOutcome(blocks, None if log10_p is None else design.continued_log10_p(log10_p),
+                         compared_of=len(block_pairs))
+
+
+def tested_fisher(blocks: list[BlockOutcome]) -> float | None:
+    """FISHER over the blocks that could be tested (None when none could: a block that cannot be tested is no
+    evidence either way, never a p-value of 1). Which blocks can be tested is set by each side's own units, so
+    leaving the others out keeps the combined p-value valid."""
+    tested = [block.result.log10_p for block in blocks if block.result.cannot_test is None]
+    return log10_fisher(tested) if tested else None
+
+
+def untestable_reason(layers: list[LayerResult]) -> str:
+    """Why no block of a pair could be tested: each block's reason."""
+    reasons = "; ".join(f"block {layer.layer_a}: {layer.cannot_test}" for layer in layers if layer.cannot_test)
+    return f"no block could be tested ({reasons or 'no block pairs'})"
 
 
 def block_result(
     layer_a: int, layer_b: int, tests: list[BlockTest], pairing: ExpertPairing | None = None
 ) -> LayerResult:
     """One block pair's result; an MoE block's experts are combined by FISHER, or by Bonferroni when they share
-    one dense MLP (rho is then undefined); closeness is the mean over the experts' matched units."""
+    one dense MLP (rho is then undefined), over the experts that could be tested; closeness is the mean over the
+    experts' matched units. A block none of whose MLPs could be tested says why (cannot_test)."""
     closeness = [t.closeness for t in tests if t.closeness is not None]
     mean = sum(closeness) / len(closeness) if closeness else None
+    tested = [t for t in tests if not t.cannot_test]
+    if not tested:
+        reason = "; ".join(sorted({t.cannot_test for t in tests}))
+        return LayerResult(layer_a, layer_b, 0.0, None, sum(t.n_units for t in tests), mean, cannot_test=reason)
     if len(tests) == 1:
         return LayerResult(layer_a, layer_b, tests[0].log10_p, tests[0].rho, tests[0].n_units, mean)
-    log10_p = pairing.combine([t.log10_p for t in tests]) if pairing is not None else fisher(tests)
+    log10_p = pairing.combine([t.log10_p for t in tested]) if pairing is not None else fisher(tested)
     return LayerResult(layer_a, layer_b, log10_p, None, sum(t.n_units for t in tests), mean)
 
 
@@ -305,6 +330,22 @@ def input_notes(tokenizer_hashes: tuple[str | None, str | None], id_ranges: tupl
             f"vocabularies differ ({id_ranges[0]} vs {id_ranges[1]} ids); inputs use the shared first {shared}"
         )
     return notes
+
+
+def canonical_note(a: Fingerprint, b: Fingerprint) -> str:
+    """What the canonical form did to either model's units as stored (scanner.canonical_mlp), "" when nothing: units
+    folded into another unit's function and units that write nothing, per block."""
+    parts = []
+    for side, fp in (("A", a), ("B", b)):
+        changed = [f"block {block}: {dead} of {stored} units write nothing, {combined} folded into others"
+                   for block, (stored, dead, combined) in enumerate(fp.meta.summaries.get("canonical_units", []))
+                   if dead or combined]
+        if changed:
+            parts.append(f"{side}: {'; '.join(changed)}")
+    if not parts:
+        return ""
+    return ("units that compute one function together were combined and units that write nothing dropped before "
+            f"any view was read (see scanner.canonical_mlp): {' | '.join(parts)}")
 
 
 def depth_note(depth_a: int, depth_b: int) -> str:

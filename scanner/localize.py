@@ -33,7 +33,7 @@ from scanner.errors import IncomparableError
 from scanner.inputs import InputSpec
 from scanner.replay import replay
 from scanner.stats.block_map import block_map, bonferroni_log10
-from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, merge_groups
+from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import phi_match_similarity
 from scanner.stats.matching import match_similarity, unit_rows
@@ -278,8 +278,8 @@ def _unit_blocks(blocks: list[list[MLPActivations]], device: str, up_sign_free: 
         for e in experts:
             screen = e.screen(up_sign_free)
             kept = np.flatnonzero(screen.informative)
-            gate, stored_up = (merge_groups(x, screen, flip) if screen.duplicated else x[kept]
-                               for x, flip in ((e.gate, False), (e.up, up_sign_free)))
+            gate = screen.gate if screen.gate is not None else e.gate[kept]
+            stored_up = screen.up if screen.up is not None else e.up[kept]
             rows = [unit_rows(x) for x in (gate, decoupled_up(gate, stored_up), stored_up)]
             if device != "cpu":
                 import torch

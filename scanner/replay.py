@@ -101,7 +101,8 @@ class _Model:
         weights = [
             GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts
         ]
-        return (out[0] if isinstance(out, tuple) else out), glu_activations(mlp_input, weights)
+        return (out[0] if isinstance(out, tuple) else out), glu_activations(
+            mlp_input, weights, activation=self.adapter.shape.hidden_act, stream=hidden)
 
 
 def residual_basis(

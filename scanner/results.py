@@ -19,11 +19,14 @@ class LayerResult:
     rho: float | None = None
     n_units: int | None = None
     closeness: float | None = None
+    cannot_test: str | None = None  # why the block could not be tested (its log10_p then counts for nothing)
 
 
 @dataclass(frozen=True)
 class PairTestResult:
-    """A whole-model test. log10_p is None only for a statistic without a valid null (then value holds it)."""
+    """A whole-model test. log10_p is None for a statistic without a valid null (then value holds it) and for a pair
+    that could not be tested (then cannot_test says why: too few units the test can read, never evidence of
+    independence)."""
 
     model_a: str
     model_b: str
@@ -37,6 +40,7 @@ class PairTestResult:
     closeness: float | None = None
     """phi_MATCH: mean of the blocks' closeness (1 = a copy). Descriptive, no p-value: it orders relatives already
     called dependent by nearness (family trees); it never decides dependence."""
+    cannot_test: str | None = None
 
     def __post_init__(self) -> None:
         for x in [self.log10_p, *(layer.log10_p for layer in self.layers)]:
@@ -44,6 +48,8 @@ class PairTestResult:
                 raise ValueError(f"a p-value of a finite statistic must be finite in log space, got {x}")
 
     def verdict(self, alpha: float = ALPHA) -> str:
+        if self.cannot_test is not None:
+            return f"CANNOT TEST: {self.cannot_test}; this says nothing about dependence either way"
         if self.log10_p is None:
             return "no p-value: this statistic has no calibrated null; read the raw value with care"
         if self.log10_p <= math.log10(alpha):
@@ -76,10 +82,9 @@ def render_table(result: PairTestResult) -> str:
         for layer in result.layers:
             rho = f"{layer.rho:8.4f}" if layer.rho is not None else f"{'-':>8}"
             units = f"{layer.n_units:6d}" if layer.n_units is not None else f"{'-':>6}"
-            lines.append(
-                f"{layer.layer_a:8d} {layer.layer_b:8d} {rho} {units} "
+            p_columns = f"{'cannot test':>25}" if layer.cannot_test else \
                 f"{layer.log10_p:12.2f} {format_p(layer.log10_p):>12}"
-            )
+            lines.append(f"{layer.layer_a:8d} {layer.layer_b:8d} {rho} {units} {p_columns}")
     lines.append("")
     if result.value is not None:
         lines.append(f"raw value = {result.value:.6g}")

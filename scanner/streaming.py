@@ -37,9 +37,7 @@ from transformers import PreTrainedModel
 from scanner.activations import (
     MLPActivations,
     check_sequence_length,
-    glu_activations,
     site_activations,
-    units_by_tokens,
 )
 from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.adapter import ModuleTreeAdapter
@@ -122,6 +120,7 @@ def stream_blocks(
                 projection.register_forward_hook(lambda _m, _a, out, part=part, sink=outputs: sink.update({part: out}))
                 for part, projection in projections.items()
             ]
+            stream = hidden  # the residual stream the block writes into, which the write view reads
             try:
                 out = module(hidden, *calls[layer].args, **calls[layer].kwargs)
             finally:
@@ -130,18 +129,15 @@ def stream_blocks(
                 module.to_empty(device="meta")
                 checkpoint.close()  # drop the block's memory maps too
             hidden = out[0] if isinstance(out, tuple) else out
-            if projections and outputs.keys() == projections.keys():
-                # what the block computed anyway: no second gate/up product
-                activations = [MLPActivations(*(units_by_tokens(outputs[p].reshape(-1, outputs[p].shape[-1]))
-                                                for p in ("gate", "up")))]
-            else:
-                mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-                on_device = [
-                    GLUWeights(*(w.to(device=device, dtype=dtype) for w in (e.gate, e.up, e.down))) for e in experts
-                ]
-                activations = glu_activations(mlp_input, on_device)
-                del mlp_input, on_device
-            del captured, outputs, out
+            # the gate and up outputs the block computed anyway, where it has them: no second product
+            computed = tuple(outputs[p].reshape(-1, outputs[p].shape[-1]) for p in ("gate", "up")) \
+                if projections and outputs.keys() == projections.keys() else None
+            mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
+            on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
+                         for e in experts]
+            activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
+                                           computed=computed)
+            del captured, outputs, out, mlp_input, on_device, computed, stream
         yield StreamedBlock(layer, experts, activations)
         del experts  # else this block's MLP weights stay alive while the next block is read
 
@@ -197,6 +193,7 @@ def _forward_layer_by_layer(
                          load_globals)
     ran: set[int] = set()
     blocks = {layer: block for block, layer in enumerate(adapter.block_layers)}
+    activation = adapter.shape.hidden_act
 
     def streamed(layer: int, forward: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -213,12 +210,13 @@ def _forward_layer_by_layer(
             handles = [module.get_submodule(path).register_forward_pre_hook(_first_input(captured, path),
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
+            stream = _layer_input(args, kwargs) if sites else None
             for site, experts_of_site in by_expert.items():
                 width = getattr(module.get_submodule(site.path), site.up).shape[-1]  # d (the param is on meta)
                 site_input = functools.partial(_site_input, captured, site, width)
                 module.get_submodule(site.path).forward = experts_of_site.forward(
-                    module.get_submodule(site.path), site_input, device, dtype)
-            stream = _layer_input(args, kwargs) if any(site.kind == "plain" for site in sites) else None
+                    module.get_submodule(site.path), site_input, _site_stream(stream, width), activation,
+                    device, dtype)
             try:
                 out = forward(*args, **kwargs)
                 activations, experts, weights = [], [], []
@@ -231,7 +229,7 @@ def _forward_layer_by_layer(
                         experts += by_expert[site].lazy()
                         continue
                     weights = site_weights(module, site)
-                    activations += _site_views(captured, site, weights, stream)
+                    activations += _site_views(captured, site, weights, stream, activation)
                     experts += [_on_cpu(w) for w in weights]
             finally:
                 for handle in handles:
@@ -315,26 +313,40 @@ def _site_input(captured: dict[str, torch.Tensor], site: MLPSite, width: int) ->
 
 
 def _layer_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """A copy of the residual stream a decoder layer is called with (its hidden states), which a plain MLP's second
-    view reads (scanner.activations.plain_views); a copy, since a layer may add to it in place."""
+    """A copy of the residual stream a decoder layer is called with (its hidden states), which the write views read
+    (scanner.activations.write_view) and a plain MLP's second view; a copy, since a layer may add to it in place."""
     hidden = args[0] if args else kwargs.get("hidden_states")
     return hidden.detach().clone() if isinstance(hidden, torch.Tensor) else None
 
 
 def _site_views(captured: dict[str, torch.Tensor], site: MLPSite, weights: list[SiteWeights],
-                stream: torch.Tensor | None) -> list[MLPActivations]:
+                stream: torch.Tensor | None, activation: str) -> list[MLPActivations]:
     """The views of one site's units (scanner.activations.site_activations), its input taken from what the hooks
-    caught and, for a plain site, the residual stream as rows of the width its MLP writes into."""
+    caught, and the residual stream as rows of the width its MLP writes into (a plain site's second view needs it;
+    every site's write view reads it)."""
     mlp_input = _site_input(captured, site, weights[0].up.shape[1])
-    if site.kind != "plain":
-        return site_activations(mlp_input, weights)
     width = weights[0].down.shape[0]
-    if stream is None or stream.shape[-1] != width or stream.numel() != mlp_input.shape[0] * width:
+    rows = _site_stream(stream, width)()
+    if rows is not None and rows.shape[0] != mlp_input.shape[0]:
+        rows = None
+    if rows is None and site.kind == "plain":
         shape = None if stream is None else tuple(stream.shape)
         raise CheckpointError(f"the decoder layer holding the MLP at {site.path or 'the layer'} was called with hidden "
                               f"states of shape {shape}, not one row of width {width} (the residual stream its MLP "
                               "writes into) per token of the MLP's input")
-    return site_activations(mlp_input, weights, stream.reshape(-1, width))
+    return site_activations(mlp_input, weights, activation=activation, stream=rows)
+
+
+def _site_stream(stream: torch.Tensor | None, width: int) -> Callable[[], torch.Tensor | None]:
+    """The residual stream a site writes into, as (tokens, width) rows, or None where the layer was called with
+    something else (a hybrid's layer may pass its MLP another stream): asked for when the site's views are made."""
+
+    def rows() -> torch.Tensor | None:
+        if stream is None or stream.shape[-1] != width:
+            return None
+        return stream.reshape(-1, width)
+
+    return rows
 
 
 def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:

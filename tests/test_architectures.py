@@ -295,7 +295,8 @@ def test_plain_statistic_p_values_are_uniform_for_independent_mlps_that_share_a_
             proj = torch.from_numpy(rng.standard_normal((32, 96))) + coupling * basis.T @ shared @ basis @ fc.T
             inputs = (x @ basis).float()
             views.append(site_activations(inputs, [SiteWeights(up=fc.float(), down=proj.float(),
-                                                               up_bias=torch.zeros(96))], inputs)[0])
+                                                               up_bias=torch.zeros(96))],
+                                          activation="gelu", stream=inputs)[0])
         a, b = views
         p_values.append(10 ** phi_match(a.gate, a.up, b.gate, b.up).log10_p)
     assert kstest(p_values, "uniform").pvalue >= 0.01

@@ -102,7 +102,8 @@ def _live_activations(folder: Path, ids: np.ndarray) -> list[list[MLPActivations
     checkpoint = open_checkpoint(folder)
     adapter = adapter_for(checkpoint)
     inputs = mlp_inputs(load_causal_lm(checkpoint), adapter, ids)
-    return [glu_activations(x, adapter.mlp(layer)) for layer, x in enumerate(inputs)]
+    return [glu_activations(x, adapter.mlp(layer), activation=adapter.shape.hidden_act)
+            for layer, x in enumerate(inputs)]
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES) + sorted(SLIDING))
@@ -368,7 +369,8 @@ def test_damaged_or_foreign_files_are_refused_in_one_line(
 def test_a_unit_of_any_scale_keeps_its_direction_in_float16_storage(tiny: Callable[[str], Path],
                                                                       tmp_path: Path) -> None:
     """Block 1's gate weights scaled by 1e6 give gate outputs beyond float16's 65504, and one up row scaled by 1e-10
-    gives outputs below its smallest subnormal (6e-8): each unit is stored as its row over its peak (float16) and the
+    (its output column by 1e10) gives outputs below its smallest subnormal (6e-8): each unit is stored as its row over
+    its peak (float16) and the
     peak (float32), so neither overflows nor flushes to zero; the directions are those of float32 storage to float16's
     precision, and `values` gives the activations back."""
     folder = tmp_path / "loud"
@@ -377,6 +379,7 @@ def test_a_unit_of_any_scale_keeps_its_direction_in_float16_storage(tiny: Callab
     weights = load_file(tiny("llama") / "model.safetensors")
     weights["model.layers.1.mlp.gate_proj.weight"] *= 1e6
     weights["model.layers.0.mlp.up_proj.weight"][3] *= 1e-10
+    weights["model.layers.0.mlp.down_proj.weight"][:, 3] *= 1e10  # the outputs as they were: a rescaled unit
     save_torch_file(weights, str(folder / "model.safetensors"))
 
     half = fingerprint_model(folder, inputs=SPEC)

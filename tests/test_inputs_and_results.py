@@ -60,4 +60,4 @@ def test_results_refuse_non_finite_pvalues_and_render_tiny_ones():
     assert "no evidence" in _result(-1.0).verdict()
     data = json.loads(json.dumps(result.to_json_dict()))
     assert data["layers"][0] == {"layer_a": 0, "layer_b": 0, "log10_p": -215.3, "rho": 1.0, "n_units": 128,
-                                 "closeness": None}
+                                 "closeness": None, "cannot_test": None}

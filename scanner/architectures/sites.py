@@ -85,19 +85,21 @@ def find_sites(layer: nn.Module) -> list[MLPSite]:
     return sorted(sites, key=lambda site: (site.experts == 0, site.shared, site.path))
 
 
-def site_weights(layer: nn.Module, site: MLPSite) -> list[SiteWeights]:
-    """The loaded weights of a site: one entry per routed expert, or one for a dense MLP."""
+def site_weights(layer: nn.Module, site: MLPSite, trainable: bool = False) -> list[SiteWeights]:
+    """The loaded weights of a site: one entry per routed expert, or one for a dense MLP. ``trainable``: views of
+    the parameters that carry their gradients (an attack that trains against the views, scanner.testing.adaptive),
+    not float32 copies."""
     if site.experts:
-        return _expert_weights(layer.get_submodule(site.path), site)
-    weight, bias = _linear(layer.get_submodule(_join(site.path, site.up)))
-    down, _ = _linear(layer.get_submodule(_join(site.path, site.down)))
+        return _expert_weights(layer.get_submodule(site.path), site, trainable)
+    weight, bias = _linear(layer.get_submodule(_join(site.path, site.up)), trainable)
+    down, _ = _linear(layer.get_submodule(_join(site.path, site.down)), trainable)
     if site.fused:
         gate, up = _split_fused(weight, site.fused)
         gate_bias, up_bias = _split_fused(bias, site.fused) if bias is not None else (None, None)
         return [SiteWeights(up=up, down=down, gate=gate, gate_bias=gate_bias, up_bias=up_bias)]
     if site.gate is None:
         return [SiteWeights(up=weight, down=down, up_bias=bias)]
-    gate, gate_bias = _linear(layer.get_submodule(_join(site.path, site.gate)))
+    gate, gate_bias = _linear(layer.get_submodule(_join(site.path, site.gate)), trainable)
     return [SiteWeights(up=weight, down=down, gate=gate, gate_bias=gate_bias, up_bias=bias)]
 
 
@@ -228,16 +230,21 @@ def _linear_shape(module: nn.Module) -> tuple[int, int]:
 # -- weights ---------------------------------------------------------------------------------------------------------
 
 
-def _linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = module.weight.detach().float()
+def _linear(module: nn.Module, trainable: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = _as_read(module.weight, trainable)
     bias = getattr(module, "bias", None)
-    return (weight.T if isinstance(module, Conv1D) else weight), (None if bias is None else bias.detach().float())
+    return (weight.T if isinstance(module, Conv1D) else weight), (None if bias is None else _as_read(bias, trainable))
 
 
-def _expert_weights(module: nn.Module, site: MLPSite) -> list[SiteWeights]:
-    up_all = _tensor(module, site.up).detach().float()
-    down_all = _tensor(module, site.down).detach().float()
-    gate_all = None if site.gate is None else _tensor(module, site.gate).detach().float()
+def _as_read(tensor: torch.Tensor, trainable: bool) -> torch.Tensor:
+    """A parameter as float32: a copy, or (``trainable``) a view that carries its gradient."""
+    return tensor.float() if trainable else tensor.detach().float()
+
+
+def _expert_weights(module: nn.Module, site: MLPSite, trainable: bool = False) -> list[SiteWeights]:
+    up_all = _as_read(_tensor(module, site.up), trainable)
+    down_all = _as_read(_tensor(module, site.down), trainable)
+    gate_all = None if site.gate is None else _as_read(_tensor(module, site.gate), trainable)
     if site.stacked:  # (E * h, d) each; down is stored (in, out) per expert
         up_all, gate_all = (t.reshape(site.experts, -1, t.shape[-1]) for t in (up_all, gate_all))
         down_all = down_all.reshape(site.experts, -1, down_all.shape[-1]).transpose(1, 2)
@@ -245,7 +252,7 @@ def _expert_weights(module: nn.Module, site: MLPSite) -> list[SiteWeights]:
     out = []
     for e in range(site.experts):
         up, down = (up_all[e].T, down_all[e].T) if site.transposed else (up_all[e], down_all[e])
-        bias = None if bias_all is None else bias_all[e].detach().float()
+        bias = None if bias_all is None else _as_read(bias_all[e], trainable)
         if site.fused is None:
             gate = None if gate_all is None else (gate_all[e].T if site.transposed else gate_all[e])
             out.append(SiteWeights(up=up, down=down, gate=gate, up_bias=bias))

@@ -12,7 +12,14 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from scanner.stats.degenerate import UnitScreen, describe, merge_groups, screen_units, too_few
+from scanner.stats.degenerate import (
+    MIN_INFORMATIVE_UNITS,
+    UnitScreen,
+    combined_rows,
+    describe,
+    screen_units,
+    too_few,
+)
 from scanner.stats.logp import log10_fisher, log10_matching_p, log10_permutation_p
 from scanner.stats.matching import (
     AssignmentSolver,
@@ -41,11 +48,14 @@ class BlockTest:
     n_units: int
     closeness: float | None = None
     set_aside: str = ""  # what scanner.stats.degenerate set aside (all-zero, duplicated units), or ""
+    cannot_test: str = ""  # why the block could not be tested ("" when it was): its log10_p counts for nothing
 
 
 def _no_p_value(a: UnitScreen, b: UnitScreen) -> BlockTest:
-    """A block with too few informative units: no evidence either way (p = 1), and why."""
-    return BlockTest(rho=0.0, log10_p=0.0, n_units=min(a.kept, b.kept), set_aside=describe(a, b))
+    """A block with too few informative units: it cannot be tested (no evidence either way), and why."""
+    kept = " and ".join(f"{side} has {s.kept}" for side, s in (("A", a), ("B", b)) if s.kept < MIN_INFORMATIVE_UNITS)
+    return BlockTest(rho=0.0, log10_p=0.0, n_units=min(a.kept, b.kept), set_aside=describe(a, b),
+                     cannot_test=f"too few informative units ({kept}; at least {MIN_INFORMATIVE_UNITS} needed)")
 
 
 def _identity_correlation(rows_a: np.ndarray, rows_b: np.ndarray, similarity: Callable[[], Any]) -> BlockTest:
@@ -156,30 +166,39 @@ def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None
         return _no_p_value(a, b)
     if not (a.set_aside or b.set_aside):
         return "", inputs
-    return describe(a, b), (_merged(gate_a, a, False), _merged(up_a, a, up_sign_free), _merged(gate_b, b, False),
-                            _merged(up_b, b, up_sign_free))
+    return describe(a, b), (_merged(gate_a, a, "gate"), _merged(up_a, a, "up"), _merged(gate_b, b, "gate"),
+                            _merged(up_b, b, "up"))
 
 
-def match_screen(gate: Any, up: Any, up_sign_free: bool) -> UnitScreen:
-    """The screen phi_MATCH reads one side through: its gate and up views, the up view up to sign where it is free."""
-    return screen_units(gate, up, sign_free=(False, up_sign_free))
+def match_screen(gate: Any, up: Any, up_sign_free: bool, write: Any = None,
+                 magnitude: np.ndarray | None = None) -> UnitScreen:
+    """The screen phi_MATCH reads one side through: its gate and up views, the up view up to sign where it is free;
+    each duplicate group's up row the read of its members' one function, from their ``write`` views and sizes
+    (``magnitude``: |write| |up| per unit) where given (scanner.stats.degenerate.combined_reads)."""
+    screen = screen_units(gate, up, sign_free=(False, up_sign_free), mass=magnitude)
+    if not screen.duplicated:
+        return screen
+    gates, ups = combined_rows(screen, gate, up, sign_free=up_sign_free, writes=write, magnitude=magnitude)
+    return replace(screen, gate=gates, up=ups)
 
 
-def _merged(view: Any, screen: UnitScreen, sign_free: bool) -> Any:
-    """The view's informative rows, a duplicate group's as its members' mean (scanner.stats.degenerate), kept where
-    the view lives: a pair worker's fingerprints are tensors on its GPU."""
+def _merged(view: Any, screen: UnitScreen, part: str) -> Any:
+    """The view's informative rows (each duplicate group's combined row, see match_screen), kept where the view
+    lives: a pair worker's fingerprints are tensors on its GPU."""
     on_gpu = hasattr(view, "cpu")  # a torch tensor (numpy 2 arrays have .device too)
-    if not screen.duplicated:  # no group of several units: the informative rows as they are
+    combined = getattr(screen, part)
+    if combined is not None:
         if on_gpu:
             import torch
 
-            return view[torch.as_tensor(screen.informative, device=view.device)]
-        return view[screen.informative]
+            return torch.as_tensor(combined, dtype=view.dtype if view.is_floating_point() else None,
+                                   device=view.device)
+        return combined.astype(np.float32)
     if on_gpu:
         import torch
 
-        return torch.as_tensor(merge_groups(view.float().cpu().numpy(), screen, sign_free), device=view.device)
-    return merge_groups(view, screen, sign_free)
+        return view[torch.as_tensor(screen.informative, device=view.device)]
+    return view[screen.informative]
 
 
 def _free_matrix_bytes(device: str | None) -> int:
@@ -234,8 +253,9 @@ def matched_closeness(similarity: Any, matching: Matching) -> float:
 
 
 def fisher(tests: list[BlockTest]) -> float:
-    """FISHER (Algorithm 3): one log10 p for blocks whose p-values are independent under the null."""
-    return log10_fisher([t.log10_p for t in tests])
+    """FISHER (Algorithm 3): one log10 p for blocks whose p-values are independent under the null (blocks that could
+    not be tested left out)."""
+    return log10_fisher([t.log10_p for t in tests if not t.cannot_test])
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,14 @@ MLP_VALUES_DDL: tuple[str, ...] = (
 for the verbatim share (scanner.stats.verbatim); NULL in profiles recorded before; migration 14."""
 
 
+CANNOT_TEST_DDL: tuple[str, ...] = (
+    "ALTER TABLE pair_tests ADD COLUMN IF NOT EXISTS cannot_test VARCHAR",
+    "CREATE OR REPLACE VIEW current_pair_tests AS SELECT * FROM pair_tests WHERE NOT superseded",
+)
+"""Why a pair could not be tested (too few units its statistic can read on either side), its log10_p then NULL: a
+pair that cannot be tested is never stored as p = 1; migration 15."""
+
+
 @dataclass(frozen=True)
 class Migration:
     """One step of the schema: its version number, what it adds, and its DDL (a callable, so a step's DDL is
@@ -237,6 +245,8 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda: STATISTIC_VERSION_DDL),
     Migration(14, "weight_profiles.mlp_values and mlp_layout: MLP weight values for the verbatim share",
               lambda: MLP_VALUES_DDL),
+    Migration(15, "pair_tests.cannot_test: why a pair could not be tested (its log10_p NULL, never p = 1)",
+              lambda: CANNOT_TEST_DDL),
 )
 """Append new steps at the end with the next version number; never edit or reorder a released step."""
 

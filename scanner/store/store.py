@@ -91,6 +91,7 @@ class PairTestRow:
     run_id: str | None = None
     closeness: float | None = None                      # phi_MATCH: mean cosine of matched activations (symmetric)
     value: float | None = None                          # a weight fingerprint's raw value (symmetric)
+    cannot_test: str | None = None                      # why the pair could not be tested (log10_p is then NULL)
 
     def normalized(self) -> PairTestRow:
         """The same test with the smaller (model, revision) first; per-block layer indices follow their model."""
@@ -99,7 +100,7 @@ class PairTestRow:
         layers = [{**d, "layer_a": d.get("layer_b"), "layer_b": d.get("layer_a")} for d in self.layers]
         return PairTestRow(self.model_b, self.revision_b, self.model_a, self.revision_a, self.statistic,
                            self.input_set, self.log10_p, self.n_layers, layers, list(self.notes), self.reason,
-                           self.run_id, self.closeness, self.value)
+                           self.run_id, self.closeness, self.value, self.cannot_test)
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -218,6 +219,7 @@ _PAIR_SCHEMA = pa.schema([
     ("statistic", pa.string()), ("input_set", pa.string()), ("log10_p", pa.float64()), ("n_layers", pa.int32()),
     ("layers", pa.string()), ("notes", pa.list_(pa.string())), ("reason", pa.string()), ("run_id", pa.string()),
     ("closeness", pa.float64()), ("value", pa.float64()), ("statistic_version", pa.int32()),
+    ("cannot_test", pa.string()),
 ])
 _PAIR_COLUMNS = ", ".join(_PAIR_SCHEMA.names)
 _CANDIDATE_SCHEMA = pa.schema([
@@ -590,6 +592,7 @@ class Store:
             "reason": [r.reason for r in batch], "run_id": [r.run_id for r in batch],
             "closeness": [r.closeness for r in batch], "value": [r.value for r in batch],
             "statistic_version": [statistic_version(r.statistic) for r in batch],
+            "cannot_test": [r.cannot_test for r in batch],
         }, schema=_PAIR_SCHEMA)
         with self.transaction() as con:
             con.register("_pair_batch", table)

@@ -17,6 +17,12 @@ MLP units (per dense MLP and per routed expert, read and written through `scanne
              only to second order: the copier's best way to make copies look unlike one another).
   dead       units appended whose input rows are random and whose output columns are zero (they compute, never write).
   zeros      units appended that are zero throughout.
+  split unlike   each unit split into parts that share its gate (input) row but are not copies of one another: up
+             rows u/k + v_j with one output column, output columns w/k + e_j with one up row, or three parts that
+             differ in both (w + e, u/2 + v), (w - e, u/2 - v), (-2e, v); the v_j (e_j) sum to zero and are
+             ``spread`` times the share's size, so each part looks like some other unit.
+  dead chain  units appended between every two units (in a random cycle), whose rows step from one unit's to the
+             next and whose output columns are zero; ``twins``: each step a pair of units whose writes cancel.
 Routed experts: `permute_experts` reorders experts with their router rows (and a router's per-expert biases);
 `duplicate_experts` appends copies of experts that the router never selects, where the router has a selection bias
 to make sure of that (DeepSeek-V3's and GLM-4.5's e_score_correction_bias). Under a softmax top-k router without one,
@@ -39,9 +45,8 @@ from transformers.pytorch_utils import Conv1D
 from scanner.architectures.module_tree import decoder_stack
 from scanner.architectures.names import ROUTER_NAMES
 from scanner.architectures.sites import MLPSite, SiteWeights, find_sites, site_weights
+from scanner.canonical_mlp import HOMOGENEOUS_DEGREE
 
-#: Activations with sigma(c x) = c^degree sigma(x) for c > 0 (transformers' ACT2FN names).
-HOMOGENEOUS_DEGREE = {"relu": 1, "leaky_relu": 1, "relu2": 2}
 #: Config keys holding the routed-expert count.
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 #: Selection bias given to a duplicated expert: far below any sigmoid score, so it is never among the top k.
@@ -156,6 +161,95 @@ def append_units(count: int, fresh: str = "random") -> Disguise:
     return disguise
 
 
+def split_unlike(parts: int = 2, spread: float = 3.0, differ: str = "reads") -> Disguise:
+    """Every unit split into ``parts`` units that share its gate row and are not copies (see the module): ``differ``
+    "reads" (up rows differ, one output column), "writes" (output columns differ, one up row; a plain MLP's only
+    kind) or "both" (three parts)."""
+    if differ not in ("reads", "writes", "both") or (differ == "both" and parts != 3):
+        raise ValueError(f"differ is reads, writes or both (both: 3 parts), got {differ!r} with {parts} parts")
+
+    def disguise(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
+        if _plain(model) and differ != "writes":
+            raise UnsupportedDisguise("a plain MLP's unit has one input row: only its output column can be split")
+
+        def change(w: SiteWeights, _degree: int | None) -> SiteWeights:
+            units = w.up.shape[0]
+            source = torch.arange(units).repeat_interleave(parts)
+            order = torch.randperm(units * parts, generator=generator)
+            up, down = w.up.double()[source], w.down.double()[:, source]
+            if differ == "both":
+                e = _zero_sum_noise(w.down.double().T, 1, spread, generator)[:, 0]  # one e per unit
+                v = _zero_sum_noise(w.up.double(), 1, spread, generator)[:, 0]
+                third = torch.arange(units) * 3
+                up[third], up[third + 1], up[third + 2] = w.up / 2 + v, w.up / 2 - v, v
+                down[:, third], down[:, third + 1], down[:, third + 2] = (w.down + e.T), (w.down - e.T), -2 * e.T
+            elif differ == "reads":
+                up = up / parts + _zero_sum_noise(w.up.double() / parts, parts, spread, generator).reshape(up.shape)
+            else:
+                noise = _zero_sum_noise(w.down.double().T / parts, parts, spread, generator)
+                down = down / parts + noise.reshape(-1, down.shape[0]).T
+
+            def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t[source][order]
+
+            gated = w.gate is not None
+            return SiteWeights(up=(up[order] if gated else w.up[source][order]).float(), down=down[:, order].float(),
+                               gate=rows(w.gate), gate_bias=rows(w.gate_bias), up_bias=rows(w.up_bias))
+
+        return _transform_sites(model, change, width=lambda h: h * parts)
+
+    return disguise
+
+
+def dead_chain(steps: int, twins: bool = False) -> Disguise:
+    """``steps`` units that write nothing between every two units of a random cycle through them, their rows stepping
+    from one unit's to the next (``twins``: each step two units whose output columns cancel; see the module)."""
+
+    def disguise(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
+        copies = 2 if twins else 1
+
+        def change(w: SiteWeights, _degree: int | None) -> SiteWeights:
+            units = w.up.shape[0]
+            cycle = torch.randperm(units, generator=generator)
+            start, end = cycle, cycle.roll(-1)
+            t = (torch.arange(1, steps + 1, dtype=torch.float64) / (steps + 1)).repeat(units)
+            a, b = start.repeat_interleave(steps), end.repeat_interleave(steps)
+
+            def between(m: torch.Tensor | None) -> torch.Tensor | None:
+                if m is None:
+                    return None
+                x = m.double()
+                step = x[a] * (1 - t[:, None] if x.ndim == 2 else 1 - t) + x[b] * (t[:, None] if x.ndim == 2 else t)
+                return torch.cat([x, step.repeat_interleave(copies, dim=0)]).float()
+
+            chain = units * steps * copies
+            if twins:
+                write = torch.randn(w.down.shape[0], units * steps, dtype=torch.float64, generator=generator)
+                write = write * w.down.double().norm(dim=0).mean() / math.sqrt(w.down.shape[0])
+                writes = torch.stack([write, -write], dim=2).reshape(w.down.shape[0], chain)
+            else:
+                writes = torch.zeros(w.down.shape[0], chain, dtype=torch.float64)
+            order = torch.randperm(units + chain, generator=generator)
+            down = torch.cat([w.down.double(), writes], dim=1)[:, order].float()
+            parts = [between(m) for m in (w.up, w.gate, w.gate_bias, w.up_bias)]
+            up, gate, gate_bias, up_bias = (None if m is None else m[order] for m in parts)
+            return SiteWeights(up=up, down=down, gate=gate, gate_bias=gate_bias, up_bias=up_bias)
+
+        return _transform_sites(model, change, width=lambda h: h * (1 + steps * copies))
+
+    return disguise
+
+
+def _zero_sum_noise(rows: torch.Tensor, parts: int, spread: float, generator: torch.Generator) -> torch.Tensor:
+    """(units, parts, dims): for each row, ``parts`` Gaussian vectors that sum to zero (one: any vector), scaled
+    together so that their mean length is ``spread`` times the row's."""
+    noise = torch.randn(rows.shape[0], parts, rows.shape[1], dtype=torch.float64, generator=generator)
+    if parts > 1:
+        noise = noise - noise.mean(dim=1, keepdim=True)
+    noise = noise / noise.norm(dim=2).mean(dim=1).clamp_min(1e-300)[:, None, None]
+    return noise * spread * rows.norm(dim=1)[:, None, None]
+
+
 @torch.no_grad()
 def permute_experts(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
     """Every MoE block's routed experts in a random order, with the router's rows (and per-expert biases)."""
@@ -267,11 +361,17 @@ def max_logit_change(before: PreTrainedModel, after: PreTrainedModel, ids: torch
 # -- MLP units -----------------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def _remap_units(model: PreTrainedModel, plan: Callable[[int, int | None], UnitPlan], generator: torch.Generator,
                  width: Callable[[int], int] | None = None) -> PreTrainedModel:
-    """Apply a unit plan to every MLP (dense, or each routed expert; one plan per MLP); rebuild the model from its
-    config when the widths change."""
+    """Apply a unit plan to every MLP (dense, or each routed expert; one plan per MLP)."""
+    return _transform_sites(model, lambda w, degree: _remapped(w, plan(w.up.shape[0], degree), generator), width)
+
+
+@torch.no_grad()
+def _transform_sites(model: PreTrainedModel, change: Callable[[SiteWeights, int | None], SiteWeights],
+                     width: Callable[[int], int] | None = None) -> PreTrainedModel:
+    """Every MLP's weights (dense, or each routed expert) replaced by ``change`` of them (given the activation's
+    homogeneity degree, None if it has none); the model rebuilt from its config when the widths change."""
     degree = HOMOGENEOUS_DEGREE.get(_activation(model))
     seen = False
     for layer in decoder_stack(model).layers:
@@ -279,8 +379,7 @@ def _remap_units(model: PreTrainedModel, plan: Callable[[int, int | None], UnitP
             if site.stacked:
                 raise UnsupportedDisguise("experts stacked by row (DBRX) are not remapped by this suite")
             seen = True
-            weights = site_weights(layer, site)
-            _write_site(layer, site, [_remapped(w, plan(w.up.shape[0], degree), generator) for w in weights])
+            _write_site(layer, site, [change(w, degree) for w in site_weights(layer, site)])
     if not seen:
         raise UnsupportedDisguise(f"{type(model).__name__} has no MLP the module tree finds")
     return model if width is None else _rebuilt(model, {key: width for key in WIDTH_KEYS})
@@ -678,7 +777,7 @@ def apply(disguise: Disguise, model: PreTrainedModel, seed: int) -> PreTrainedMo
 
 
 __all__: Sequence[str] = (
-    "Disguise", "UnsupportedDisguise", "UnitPlan", "append_units", "apply", "compose", "duplicate_experts",
-    "max_logit_change",
-    "permute_experts", "permute_units", "rescale_units", "rotate_residual", "split_units",
+    "Disguise", "UnsupportedDisguise", "UnitPlan", "append_units", "apply", "compose", "dead_chain",
+    "duplicate_experts", "max_logit_change", "permute_experts", "permute_units", "rescale_units", "rotate_residual",
+    "split_units", "split_unlike",
 )

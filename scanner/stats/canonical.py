@@ -1,0 +1,159 @@
+"""Units that together compute one function, found without thresholds a copier can chain and combined by algebra.
+
+A hidden unit of an MLP reads its input through one or two rows (a gated MLP's gate row k and up row r, a plain
+one's input row k) and writes through its output column w; a gated unit adds act(k x) (r x) w to the output. Units
+that share their gate row k therefore compute one function together, act(k x) M x with M = sum_j w_j r_j^T, whatever
+the parts look like: a copy split into parts that are not copies of one another (r/2 + v and r/2 - v with one output
+column), with different output columns, into any number of parts, or padded with a twin that writes -w, gives back
+the same M. The unit it was made from is M's rank-one factor; M = 0 is a unit that writes nothing. A plain unit
+(act(k x) w) combines the same way with M = sum_j w_j.
+
+Two rules keep a copier from steering this:
+
+* **Groups are bounded.** A group is a leader and the units within a fixed angle of it (`leader_groups`), never the
+  transitive closure of a similarity: a chain of units whose rows step from one unit to another cannot join units that
+  are far apart. Leaders are taken in an order that is a function of each unit's own values (its size, then a fixed
+  projection of its rows to break ties), so a permutation of the units permutes the groups and changes nothing else.
+* **Nothing depends on a sign or a sum the copier picks.** M is the function's own sum; its factors are the singular
+  vectors of M (unique up to one joint sign, which neither the function nor the views read), computed from the
+  members' small Gram matrices (`rank_one_factors`).
+
+Everything here is a function of one model's units alone, so the null argument of phi_MATCH holds for any rule built
+on it: it selects and combines units, and never looks at the other model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Candidate pairs come from a sketch of each row in `_SKETCH` dimensions (a fixed Gaussian projection), checked in
+#: full; `_SKETCH_MARGIN` below the bar keeps every pair at the bar but for a chance below 1e-4 (the sketch's cosine
+#: errs by about (1 - c^2) / sqrt(_SKETCH)); `_CHUNK` rows at a time bound the memory.
+_SKETCH, _SKETCH_MARGIN, _CHUNK, _SEED = 32, 0.25, 2048, 20261126
+
+
+@dataclass(frozen=True)
+class RowView:
+    """Unit-length rows of one view of a model's units (zero rows stay zero), and whether a view's sign carries no
+    identity (a gated unit's up row: negating it and the output column keeps the function)."""
+
+    rows: np.ndarray  # (units, dims)
+    sign_free: bool = False
+
+
+def close_pairs(views: Sequence[RowView], cosine: float) -> tuple[np.ndarray, np.ndarray]:
+    """(first, second) with first < second: every pair of units whose rows agree to ``cosine`` in every view (up to
+    sign in a sign-free view). Candidates from a sketch of the first view, each checked in full in every view, so
+    memory stays at `_CHUNK` rows times the units."""
+    units = views[0].rows.shape[0]
+    if units < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    import torch
+
+    sketches = [_sketch(view.rows) for view in views]
+    bar = cosine - _SKETCH_MARGIN
+    firsts, seconds = [], []
+    first = torch.from_numpy(sketches[0])
+    for start in range(0, units, _CHUNK):  # torch: its threaded products and comparisons are several times numpy's
+        similarity = first[start:start + _CHUNK] @ first.T
+        found = torch.nonzero((similarity.abs_() if views[0].sign_free else similarity) >= bar).numpy()
+        rows, cols = found[:, 0] + start, found[:, 1]
+        later = cols > rows
+        rows, cols = rows[later], cols[later]
+        for view in views:
+            exact = np.einsum("ij,ij->i", view.rows[rows], view.rows[cols])
+            keep = (np.abs(exact) if view.sign_free else exact) >= cosine
+            rows, cols = rows[keep], cols[keep]
+        firsts.append(rows)
+        seconds.append(cols)
+    return np.concatenate(firsts), np.concatenate(seconds)
+
+
+def leader_order(mass: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Units by decreasing ``mass`` (how much each contributes), exact ties broken by a fixed projection of their
+    ``rows``: an order that depends on each unit's own values only, never on its index."""
+    tie = _sketch(rows, dims=1)[:, 0].astype(np.float64) if rows.shape[1] else np.zeros(rows.shape[0])
+    return np.lexsort((tie, -np.asarray(mass, dtype=np.float64)))
+
+
+def leader_groups(units: int, first: np.ndarray, second: np.ndarray, order: np.ndarray,
+                  eligible: np.ndarray | None = None) -> np.ndarray:
+    """For each unit, the leader of its group (-1 for units not ``eligible``): in ``order``, each unit not yet in a
+    group leads a new one, joined by every unit not yet in a group that is a close pair with it (``first``,
+    ``second``). Every member is close to its leader itself, so no chain of close pairs joins units further apart."""
+    leader = np.full(units, -1, dtype=np.int64)
+    allowed = np.ones(units, dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
+    keep = allowed[first] & allowed[second]
+    first, second = first[keep], second[keep]
+    ends = np.concatenate([first, second])
+    others = np.concatenate([second, first])
+    by_unit = np.argsort(ends, kind="stable")
+    ends, others = ends[by_unit], others[by_unit]
+    starts = np.searchsorted(ends, np.arange(units + 1))
+    for unit in order:
+        if not allowed[unit] or leader[unit] >= 0:
+            continue
+        leader[unit] = unit
+        neighbours = others[starts[unit]:starts[unit + 1]]
+        free = neighbours[leader[neighbours] < 0]
+        leader[free] = unit
+    return leader
+
+
+@dataclass(frozen=True)
+class Factors:
+    """The rank-one factors of a group's M = sum_j c_j w_j r_j^T: M = sum_k writes[k] reads[k]^T, each write of unit
+    length, strongest first. ``members[k, j]`` is member j's share of factor k's read (reads[k] = sum_j members[k, j]
+    r_j), so a caller applies the same combination to anything linear in the reads, such as their activations."""
+
+    writes: np.ndarray  # (factors, write dims)
+    reads: np.ndarray  # (factors, read dims)
+    members: np.ndarray  # (factors, members)
+
+
+#: A factor of M whose singular value is below this fraction of sum_j |c_j| |w_j| |r_j| (a bound on the sum of all
+#: of M's singular values) is the rounding left by parts that cancel, not a function: float32 weights resolve about
+#: 6e-8 of a value, and a copier who hides a unit under parts a million times larger computes it with 10% noise in
+#: float32 himself.
+CANCELLED = 1e-6
+
+
+def rank_one_factors(writes: np.ndarray, reads: np.ndarray, coefficients: np.ndarray,
+                     tolerance: float = CANCELLED) -> Factors:
+    """M's factors for a group's members (one row of ``writes`` and of ``reads`` per member), in float64: with the
+    thin QR w^T = Q T of the writes, M M^T = Q (T C R R^T C T^T) Q^T, whose small eigenproblem gives the write
+    directions a_k = Q p_k; factor k's read is M^T a_k = sum_j c_j (w_j . a_k) r_j."""
+    w = np.asarray(writes, dtype=np.float64)
+    r = np.asarray(reads, dtype=np.float64)
+    c = np.asarray(coefficients, dtype=np.float64)
+    directions = _write_directions(w, r, c, tolerance)
+    members = (directions @ w.T) * c[None, :]
+    return Factors(directions, members @ r, members)
+
+
+def _write_directions(w: np.ndarray, r: np.ndarray, c: np.ndarray, tolerance: float) -> np.ndarray:
+    """M's left singular vectors (rows, unit length, strongest first) whose singular values pass the tolerance."""
+    bound = float(np.sum(np.abs(c) * np.linalg.norm(w, axis=1) * np.linalg.norm(r, axis=1)))
+    if bound == 0.0:
+        return np.zeros((0, w.shape[1]))
+    q, t = np.linalg.qr(w.T)  # w.T = q t: (dims, m) and (m, m)
+    core = t @ (c[:, None] * (r @ r.T) * c[None, :]) @ t.T
+    energy, vectors = np.linalg.eigh((core + core.T) / 2.0)
+    singular = np.sqrt(np.clip(energy, 0.0, None))
+    keep = singular > tolerance * bound
+    order = np.argsort(-singular[keep], kind="stable")
+    return (q @ vectors[:, keep][:, order]).T
+
+
+def _sketch(rows: np.ndarray, dims: int = _SKETCH) -> np.ndarray:
+    """Rows projected to ``dims`` dimensions by a fixed Gaussian matrix and brought to unit length (float32)."""
+    values = np.asarray(rows, dtype=np.float32)
+    rng = np.random.default_rng(_SEED)
+    projected = values @ rng.standard_normal((values.shape[1], dims)).astype(np.float32)
+    if dims == 1:
+        return projected
+    norms = np.linalg.norm(projected, axis=1, keepdims=True)
+    return projected / np.where(norms > 0, norms, 1.0)
