@@ -254,6 +254,7 @@ class Store:
             raise StoreError(f"no scan database at {self.path} (run a scan first, or check --db)")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        recovering = not read_only and self._wal.exists()
         self._con = self._connect()
         self._depth = 0
         try:
@@ -263,12 +264,19 @@ class Store:
                 self._check_version()
             else:
                 self._migrate()
+            if recovering:  # what a killed writer left in the log goes into the file now, not at some later close
+                self.checkpoint()
         except duckdb.Error as exc:  # a damaged file can fail any first read
             self._con.close()
             raise StoreError(f"{self.path} is not a readable scan database: {without_sql_excerpt(exc)}") from exc
         except BaseException:
             self._con.close()
             raise
+
+    @property
+    def _wal(self) -> Path:
+        """DuckDB's write-ahead log beside the file: changes committed but not yet written into it."""
+        return self.path.with_name(self.path.name + ".wal")
 
     @property
     def _sealed(self) -> bool:
@@ -309,7 +317,7 @@ class Store:
         in the file, so the used ones need at least that many blocks after the headers (free blocks at the end may
         have been cut off by DuckDB itself). A write-ahead log beside the file may hold blocks not yet in it, so
         the check waits until there is none."""
-        if self.path.with_name(self.path.name + ".wal").exists() or not self.path.is_file():
+        if self._wal.exists() or not self.path.is_file():
             return
         (block_size, used), = self._rows("SELECT block_size, used_blocks FROM pragma_database_size() "
                                          "WHERE database_name = current_database()")
@@ -450,12 +458,20 @@ class Store:
         return run_id
 
     def finish_run(self, run_id: str, status: str, summary: dict) -> None:
+        """Record the run's end and write everything into the file (`checkpoint`): a run ends with a whole file."""
         _check(status, RUN_STATUSES, "run status")
         updated = self._rows(
             "UPDATE scan_runs SET finished_at = ?, status = ?, summary = ? WHERE run_id = ? RETURNING run_id",
             [_now(), status, json.dumps(summary, default=str), run_id])
         if not updated:
             raise StoreError(f"no scan run {run_id!r} in {self.path}")
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Write every committed change into the database file and empty its write-ahead log, so the file alone is
+        the whole database (people copy and move a database as one file). DuckDB does this when the last
+        connection closes; a run that ends, or a log a killed writer left, should not wait for that."""
+        self._con.execute("CHECKPOINT")
 
     # models and fingerprints ----------------------------------------------------------------------------------
     def known_revision(self, model_id: str) -> str | None:
