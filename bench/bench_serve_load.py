@@ -1,12 +1,13 @@
-"""`hubtrace serve` under load: 50 clients reading pages while others run slow SQL and walk away from it.
+"""`hubtrace serve` under load: 50 clients reading pages while others run slow SQL and walk away from it, or hold
+downloads they read slowly or not at all.
 
-    PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 2 x 60 s of load
+    PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 3 x 60 s of load
     PYTHONPATH=. python bench/bench_serve_load.py --models 2000 --big-family 300 --seconds 30
     PYTHONPATH=. python bench/bench_serve_load.py --serve --sql-slots 1 --query-seconds 10
 
 The database is bench/bench_serve.py's synthetic hub, built once under .hubtrace-cache/bench-load/. One real server
-process with its default bounds (jobs.web.limits; --serve passes other options) is loaded twice for --seconds each,
-so the second phase's difference is the slow SQL's doing whatever else the machine runs:
+process with its default bounds (jobs.web.limits; --serve passes other options) is loaded three times for --seconds
+each, so each later phase's difference is its clients' doing whatever else the machine runs:
 
 1. pages alone: --page-clients threads (default 50), each fetching the front page, model pages, family views,
    searches and discrepancies in a loop, every response read whole, waiting --think seconds (default 5) before the
@@ -14,11 +15,16 @@ so the second phase's difference is the slow SQL's doing whatever else the machi
 2. the same, while --sql-clients threads (default 4) run a statement that would work for hours (a 10^12-row cross
    join) again and again, which the server stops at its time limit or turns away (503) when its SQL lanes are
    taken, and one more client sends the statement and hangs up at once, every two seconds (the server must stop it,
-   not run it for nobody).
+   not run it for nobody);
+3. the same pages, while --idle-clients connections (default 40) send half a request line and nothing more,
+   --stalled-clients (default 8) ask for the biggest table and the biggest SQL answer as CSV and read nothing (the
+   server cuts each off after --write-seconds of nothing taken, and they ask again), and --slow-clients (default 4)
+   download the biggest table at 64 KB/s.
 
-Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst), what became of the SQL
-requests, and the server's resident memory (sampled every 0.2 s from /proc: before, peak, after). Goals (issue 34):
-pages p95 <= 1 s while the slow SQL runs, and the server's memory bounded.
+Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst), what became of the SQL and
+download requests, and the server's resident memory (sampled every 0.2 s from /proc: before, peak, after). Goals:
+pages p95 <= 1 s while the slow SQL runs (issue 34), and pages answered within a second while any number of
+downloads are open (issue 44), the server's memory bounded.
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ from urllib.parse import urlsplit
 
 from bench_serve import cached_database
 
-from tests.serve_support import Server, page_url, serving
+from tests.serve_support import Server, page_url, serving, unread
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache" / "bench-load"
 SLOW = "SELECT sum(a.range * b.range) AS s FROM range(1000000) a, range(1000000) b"
+BIG_TABLE = "pair_tests"
+BIG_SQL = "SELECT * FROM pair_tests t JOIN models m ON m.model_id = t.model_a"
 
 
 def rss_mb(pid: int) -> float:
@@ -61,13 +69,17 @@ class Phase:
     latencies: list[list[float]]
     failures: Counter = field(default_factory=Counter)
     sql: Counter = field(default_factory=Counter)
+    downloads: Counter = field(default_factory=Counter)
     memory: list[float] = field(default_factory=list)
 
 
-def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int) -> Phase:
-    """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any)."""
+def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int = 0,
+         downloads: bool = False) -> Phase:
+    """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any; and the idle,
+    stalled and slow download clients, if ``downloads``)."""
     phase = Phase([[] for _ in pages])
     stop = threading.Event()
+    table, answer = page_url(server.url, f"/tables/{BIG_TABLE}.csv"), page_url(server.url, "/sql.csv", q=BIG_SQL)
 
     def pages_client(offset: int) -> None:
         i = offset
@@ -106,6 +118,31 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
             phase.sql["sent and left"] += 1
             stop.wait(2.0)
 
+    def idle_client() -> None:
+        parts = urlsplit(server.url)
+        with socket.create_connection((parts.hostname, parts.port)) as client:
+            client.sendall(b"GET / HT")  # half a request line, then nothing
+            stop.wait()
+
+    def stalled_client(url: str) -> None:
+        while not stop.is_set():  # asks, reads nothing for --stall seconds, hangs up, asks again
+            with unread(url):
+                phase.downloads["stalled: asked and read nothing"] += 1
+                stop.wait(args.stall)
+
+    def slow_client() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(table, timeout=300) as download:
+                    phase.downloads[f"slow {download.status}"] += 1
+                    while not stop.is_set() and download.read(16384):
+                        stop.wait(0.25)  # 64 KB/s
+            except urllib.error.HTTPError as error:
+                phase.downloads[f"slow {error.code}"] += 1
+                stop.wait(1.0)
+            except (urllib.error.URLError, OSError) as error:
+                phase.downloads[f"slow {type(error).__name__}"] += 1
+
     def sampler() -> None:
         while not stop.is_set():
             phase.memory.append(rss_mb(server.process.pid))
@@ -115,10 +152,15 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
     if sql_clients:
         background += [threading.Thread(target=sql_client) for _ in range(sql_clients)]
         background.append(threading.Thread(target=leaving_client))
+    if downloads:
+        background += [threading.Thread(target=idle_client) for _ in range(args.idle_clients)]
+        background += [threading.Thread(target=stalled_client, args=(table if k % 2 else answer,))
+                       for k in range(args.stalled_clients)]
+        background += [threading.Thread(target=slow_client) for _ in range(args.slow_clients)]
     for thread in background:
         thread.start()
-    if sql_clients:
-        time.sleep(2.0)  # the slow statements are running before the pages start
+    if sql_clients or downloads:
+        time.sleep(2.0)  # the slow statements and downloads are running before the pages start
     readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
     for thread in readers:
         thread.start()
@@ -149,6 +191,8 @@ def report(title: str, phase: Phase, pages: list[tuple[str, dict]], seconds: flo
     print(f"page failures: {dict(phase.failures) or 'none'}")
     if phase.sql:
         print(f"SQL requests: {dict(phase.sql)}")
+    if phase.downloads:
+        print(f"download clients: {dict(phase.downloads)}")
     print(f"server memory (RSS) peak: {max(phase.memory, default=float('nan')):.0f} MB")
 
 
@@ -160,6 +204,10 @@ def main() -> None:
     parser.add_argument("--page-clients", type=int, default=50)
     parser.add_argument("--sql-clients", type=int, default=4)
     parser.add_argument("--think", type=float, default=5.0, help="seconds each page client waits between pages")
+    parser.add_argument("--idle-clients", type=int, default=40, help="connections that send half a request")
+    parser.add_argument("--stalled-clients", type=int, default=8, help="downloads asked for and never read")
+    parser.add_argument("--slow-clients", type=int, default=4, help="downloads read at 64 KB/s")
+    parser.add_argument("--stall", type=float, default=40.0, help="seconds a stalled client holds its connection")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[],
                         help="options for hubtrace serve, e.g. --serve --sql-slots 1 --threads 2")
     args = parser.parse_args()
@@ -171,8 +219,9 @@ def main() -> None:
         for path, params in pages:  # warm: the first model and family pages read their tables once
             urllib.request.urlopen(page_url(server.url, path, **params)).read()
         before = rss_mb(server.process.pid)
-        alone = load(server, pages, args, sql_clients=0)
+        alone = load(server, pages, args)
         loaded = load(server, pages, args, sql_clients=args.sql_clients)
+        held = load(server, pages, args, downloads=True)
         time.sleep(1.0)
         after = rss_mb(server.process.pid)
         stopped = (Path(tmp) / "stderr.txt").read_text().count("stopped a statement")
@@ -181,8 +230,10 @@ def main() -> None:
     report("pages alone", alone, pages, args.seconds)
     report(f"pages while {args.sql_clients} clients run slow SQL and one sends it and leaves", loaded, pages,
            args.seconds)
+    report(f"pages while {args.idle_clients} idle connections, {args.stalled_clients} downloads nobody reads and "
+           f"{args.slow_clients} read at 64 KB/s are open", held, pages, args.seconds)
     print(f"\nstatements the server stopped: {stopped}; server memory (RSS): {before:.0f} MB before, "
-          f"{max(alone.memory + loaded.memory):.0f} MB peak, {after:.0f} MB after")
+          f"{max(alone.memory + loaded.memory + held.memory):.0f} MB peak, {after:.0f} MB after")
 
 
 if __name__ == "__main__":

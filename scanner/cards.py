@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 
-from scanner.declared_fields import first_line, optional_string
+from scanner.declared_fields import YamlTooLarge, first_line, load_yaml, optional_string
 from scanner.files import NotRegularFileError, open_regular_file
 
 FROM_SCRATCH_TAG = "from-scratch"
@@ -25,6 +25,10 @@ FROM_SCRATCH_TAG = "from-scratch"
 HUB_RELATION_VALUES = frozenset({"adapter", "finetune", "merge", "quantized"})
 # Front matter sits at the top; reading more of a huge README would only cost memory.
 MAX_CARD_BYTES = 1 << 20
+#: Declared bases a model keeps (a merge names a handful; more only makes its page long and its plan wide).
+MAX_DECLARED_BASES = 100
+#: Tags a model keeps (Hub models carry a few dozen).
+MAX_TAGS = 1000
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,9 @@ def parse_card(text: str) -> Card:
     if match is None:
         return Card(notes=("model card has no YAML front matter",))
     try:
-        meta = yaml.safe_load(match.group(2))
+        meta = load_yaml(match.group(2))
+    except YamlTooLarge as e:
+        return Card(notes=(f"model card front matter refused: {e}",))
     except (yaml.YAMLError, RecursionError, ValueError) as e:
         return Card(notes=(f"model card front matter is not valid YAML: {first_line(e)}",))
     return card_from_metadata(meta)
@@ -78,14 +84,15 @@ def card_from_metadata(meta: Any) -> Card:
     notes: list[str] = []
     license_id = optional_string(meta.get("license"), "license", notes)
     relation = meta.get("base_model_relation")
-    if relation is not None and relation not in HUB_RELATION_VALUES:
+    if relation is not None and not (isinstance(relation, str) and relation in HUB_RELATION_VALUES):
         notes.append(f"base_model_relation {str(relation)[:80]!r} is not one of {sorted(HUB_RELATION_VALUES)}; ignored")
         relation = None
     tags = _strings(meta.get("tags"), "tags", notes)
     tag_bases, tag_relation = declared_by_tags(tags)
+    tags = kept_tags(tags, notes)
     return Card(
         license=license_id,
-        base_model=_strings(meta.get("base_model"), "base_model", notes) or tag_bases,
+        base_model=kept_bases(_strings(meta.get("base_model"), "base_model", notes) or tag_bases, notes),
         base_model_relation=relation or tag_relation,
         tags=tags,
         notes=tuple(notes),
@@ -101,8 +108,8 @@ def adapter_card(card: Card, base: str) -> Card:
 
 def declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
     """Bases and relation from ``base_model:<id>`` and ``base_model:<relation>:<id>`` tags (the first relation
-    named wins; ids in the order the tags give them)."""
-    bases: list[str] = []
+    named wins; ids in the order the tags give them, each once: linear in the tags, however many repeat)."""
+    bases: dict[str, None] = {}
     relation = None
     for tag in tags:
         if not tag.startswith("base_model:"):
@@ -115,9 +122,27 @@ def declared_by_tags(tags: tuple[str, ...]) -> tuple[tuple[str, ...], str | None
             continue
         else:
             relation = relation or kind
-        if model and model not in bases:
-            bases.append(model)
+        if model:
+            bases[model] = None
     return tuple(bases), relation
+
+
+def kept_bases(bases: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
+    """At most `MAX_DECLARED_BASES` declared bases, saying so when more were named (a card can list thousands, and
+    every one becomes a row to show and a pair to plan)."""
+    if len(bases) <= MAX_DECLARED_BASES:
+        return bases
+    notes.append(f"{len(bases):,} base models declared; the first {MAX_DECLARED_BASES} kept")
+    return bases[:MAX_DECLARED_BASES]
+
+
+def kept_tags(tags: tuple[str, ...], notes: list[str]) -> tuple[str, ...]:
+    """At most `MAX_TAGS` tags (the from-scratch claim kept wherever it stood), saying so when there were more."""
+    if len(tags) <= MAX_TAGS:
+        return tags
+    notes.append(f"{len(tags):,} tags; the first {MAX_TAGS} kept")
+    kept = tags[:MAX_TAGS]
+    return kept + (FROM_SCRATCH_TAG,) if FROM_SCRATCH_TAG in tags and FROM_SCRATCH_TAG not in kept else kept
 
 
 def _strings(value: Any, field: str, notes: list[str]) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import CONFIG_MAPPING
 
+from scanner.config_counts import check_config_counts
 from scanner.errors import CheckpointError, UnsafeCheckpointError
 from scanner.files import NotRegularFileError, open_regular_file, stream_sha256
 
@@ -271,7 +272,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{config_file} must hold a JSON object, not {type(config).__name__}")
     check_config_names(config_file, config)
     notes = _remote_code_policy(config_file, config)
-    return Checkpoint(folder, config, _weight_entries(folder), notes)
+    entries = _weight_entries(folder)
+    check_config_counts(config_file, config, (entry.shape for entry in entries.values()))
+    return Checkpoint(folder, config, entries, notes)
 
 
 def check_config_names(source: Path, config: dict[str, Any]) -> None:

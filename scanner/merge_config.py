@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from scanner.declared_fields import first_line, optional_string
+from scanner.declared_fields import YamlTooLarge, first_line, load_yaml, optional_string
 from scanner.files import NotRegularFileError, open_regular_file
 
 MERGE_CONFIG = "mergekit_config.yml"
@@ -102,7 +102,9 @@ def read_merge_config(model_dir: Path) -> MergeDeclaration | None:
 def parse_merge_config(text: str) -> MergeDeclaration:
     """The declaration in a merge config's text; what is malformed is left out with a note."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except YamlTooLarge as e:
+        return MergeDeclaration(notes=(f"{MERGE_CONFIG} refused: {e}",))
     except (yaml.YAMLError, RecursionError, ValueError) as e:
         return MergeDeclaration(notes=(f"{MERGE_CONFIG} is not valid YAML: {first_line(e)}",))
     if not isinstance(data, dict):

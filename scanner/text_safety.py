@@ -43,7 +43,16 @@ def _escape_char(match: re.Match[str]) -> str:
 
 def visible(text: object, *, keep: str = "") -> str:
     """str(text) with invisible and reordering characters written as ``\\xNN``/``\\uNNNN`` (those in keep left)."""
-    return _INVISIBLE.sub(lambda m: m.group() if m.group() in keep else _escape_char(m), str(text))
+    text = str(text)
+    if _plain(text):
+        return text
+    return _INVISIBLE.sub(lambda m: m.group() if m.group() in keep else _escape_char(m), text)
+
+
+def _plain(text: str) -> bool:
+    """Printable ASCII, which holds no invisible character: told at C speed (the pattern scans at ~12 MB/s, and a
+    download of wide text cells goes through it)."""
+    return text.isascii() and text.isprintable()
 
 
 def reversible(text: object, *, keep: str = "") -> str:
@@ -66,6 +75,8 @@ def json_visible(text: str) -> str:
     """JSON text with every invisible or reordering character inside its strings as a ``\\uXXXX`` escape: the same
     JSON value, safe to print on a terminal (json.dumps escapes C0 controls but not C1 or bidi overrides)."""
     # json.dumps escapes C0 inside strings, so a raw newline or tab is indentation and stays
+    if _plain(text):
+        return text
     return _INVISIBLE.sub(lambda m: m.group() if m.group() in "\t\n\r" else _json_escape(m.group()), text)
 
 

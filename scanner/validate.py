@@ -53,16 +53,18 @@ def validate_checkpoint(
     (`tensor_hashes`, for the fingerprint): a model is read from disk once to be checked and once to be run
     (`fingerprint_model` given no hashes folds the check into its forward pass instead: `ValuesAsRead`).
     `check_values=False` skips it (`tensor_hashes` is then None). `follow_links` accepts links that lead out of
-    the folder (a person's own tree of linked downloads); links into the folder are always fine. A PEFT LoRA
-    adapter folder is read through its base, which `bases` says where to find (default: around the adapter,
-    `BaseLocator.around`); the base's folder is checked as the adapter's is.
+    the folder (a person's own tree of linked downloads), and an adapter's base path that leads out of its hub;
+    links into the folder are always fine. A PEFT LoRA adapter folder is read through its base, which `bases` says
+    where to find (default: around the adapter, `BaseLocator.around`); the base's folder is checked as the
+    adapter's is.
     """
     target = _real_path(Path(path))
     base = None
     if target.is_dir():
         _check_entries(target, follow_links)
         if is_adapter_folder(target):
-            base = _real_path(locate_base(target, read_adapter_config(target), bases or BaseLocator.around(target)))
+            bases = bases or BaseLocator.around(target, outside_paths=follow_links)
+            base = _real_path(locate_base(target, read_adapter_config(target), bases))
             _check_entries(base, follow_links)
     checkpoint = open_model_checkpoint(target, base=base)
     adapter = adapter_for(checkpoint)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -60,14 +61,28 @@ class Answer:
     text: str
 
 
-def get(url: str, *, headers: dict[str, str] | None = None, method: str = "GET") -> Answer:
-    """One request, any status (urllib raises on 4xx and 5xx; this returns them)."""
+def get(url: str, *, headers: dict[str, str] | None = None, method: str = "GET",
+        timeout: float | None = None) -> Answer:
+    """One request, any status (urllib raises on 4xx and 5xx; this returns them). ``timeout``: seconds a socket
+    operation may wait (a guard against a server that never answers, not a speed limit)."""
     request = urllib.request.Request(url, headers=headers or {}, method=method)
     try:
-        with urllib.request.urlopen(request) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return Answer(response.status, dict(response.headers), response.read().decode("utf-8"))
     except urllib.error.HTTPError as error:
         return Answer(error.code, dict(error.headers), error.read().decode("utf-8"))
+
+
+@contextmanager
+def unread(url: str) -> Iterator[socket.socket]:
+    """A client that asks for ``url`` and then reads nothing (its receive buffer fills, then the server's send
+    buffer), until the block ends."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting, so the window stays small
+        client.connect((parts.hostname, parts.port))
+        client.sendall(f"GET {parts.path}?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        yield client
 
 
 def page_url(base: str, path: str, **params: str) -> str:

@@ -170,15 +170,21 @@ def test_pickle_only_and_mismatched_adapters_are_refused(tmp_path: Path) -> None
 
 def test_the_base_is_found_in_the_hub_a_folder_or_the_cache_and_a_downloaded_adapter_names_no_path(
         tmp_path: Path) -> None:
-    """Where the base is looked for: the adapter's own hub root, a local folder it names (a folder of the user's
-    own), and a Hugging Face cache (the real client's layout, filled from the loopback Hub); a cached adapter that
-    names a local path is never led there."""
+    """Where the base is looked for: the adapter's own hub root, a local folder it names (inside that hub, or
+    anywhere when the operator lets links lead out), and a Hugging Face cache (the real client's layout, filled from
+    the loopback Hub); a cached adapter that names a local path is never led there."""
     base = tiny_llama(tmp_path / "elsewhere" / "base", seed=0)
     adapter = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]))
     save_adapter(adapter, tmp_path / "hub" / "org" / "by-path", str(tmp_path / "elsewhere" / "base"))
-    checked = validate_checkpoint(tmp_path / "hub" / "org" / "by-path")
+    with pytest.raises(MissingBaseError, match="a path outside the scanned hub"):
+        validate_checkpoint(tmp_path / "hub" / "org" / "by-path")
+    checked = validate_checkpoint(tmp_path / "hub" / "org" / "by-path", follow_links=True)
     assert isinstance(checked.checkpoint, LoraCheckpoint)
     assert checked.checkpoint.base_path == (tmp_path / "elsewhere" / "base").resolve()
+    shutil.copytree(tmp_path / "elsewhere" / "base", tmp_path / "hub" / "org" / "base")
+    save_adapter(adapter, tmp_path / "hub" / "org" / "by-relative-path", "../base")  # inside the hub: followed
+    inside = validate_checkpoint(tmp_path / "hub" / "org" / "by-relative-path").checkpoint
+    assert inside.base_path == (tmp_path / "hub" / "org" / "base").resolve()
 
     with FakeHub() as hub:
         hub.add_folder("acme/base", tmp_path / "elsewhere" / "base")

@@ -245,3 +245,58 @@ def test_a_busy_sql_box_says_so_and_pages_still_answer(db: Path, tmp_path: Path)
         assert busy.status == 503 and "answering 1 other statements" in busy.text
         assert get(page_url(server.url, "/")).status == 200  # while the lane is taken
         slow.join()
+
+
+# issue 44: what the parser does not know, and values polars cannot hold ----------------------------------------
+
+UNKNOWN_TO_PYTHON = {
+    "UPDATE EXTENSIONS": "a kind of statement hubtrace does not know",  # StatementType 29: no member in the enum
+    "SELECT " + "abs(" * 400 + "1" + ")" * 400: "nests expressions or queries too deeply",  # RecursionError
+}
+
+
+@pytest.mark.parametrize("sql", list(UNKNOWN_TO_PYTHON), ids=["update-extensions", "nested-400-deep"])
+def test_a_statement_python_cannot_read_is_refused_in_one_line(db: Path, server: Server, sql: str) -> None:
+    """Once a traceback: ValueError (29 is not a valid StatementType) and RecursionError, rc 1 in `hubtrace query`
+    and 500 in serve."""
+    said = UNKNOWN_TO_PYTHON[sql]
+    result = CliRunner().invoke(app, ["query", "--db", str(db), sql])
+    assert result.exit_code == 2 and result.stderr.startswith("hubtrace: error: this statement refused: ")
+    assert said in result.stderr and result.stderr.count("\n") == 1
+    status, text = sql_page(server, sql)
+    assert status == 400 and "Refused." in text and said in text
+    assert get(page_url(server.url, "/sql.csv", q=sql), timeout=60).status == 400
+
+
+def test_the_sql_box_names_none_of_the_servers_own_folders(server: Server) -> None:
+    """Once its errors showed the server's home directory (DuckDB looks for extensions there) and its private
+    temporary folder (a query may name it: DuckDB lets SQL read it)."""
+    def error(sql: str) -> str:
+        status, text = sql_page(server, sql)
+        assert status == 400, text
+        return text.split('<p class="error"', 1)[1].split("</p>", 1)[0]  # (the statement is shown above as typed)
+
+    home = str(Path.home())
+    said = error("SELECT * FROM duckdb_extensions()")
+    assert "~/.duckdb" in said and home + "/" not in said
+    setting = get(page_url(server.url, "/sql.json", q="SELECT current_setting('temp_directory') AS t"), timeout=60)
+    temp = json.loads(setting.text)[0]["t"]  # a result may name it (a setting is data); an error does not
+    said = error(f"SELECT * FROM '{temp}/missing.csv'")
+    assert "&lt;temporary folder&gt;/missing.csv" in said and temp not in said
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT DATE '5881580-07-10' AS d", "SELECT TIMESTAMP '290000-01-01' AS t", "SELECT * FROM test_all_types()",
+], ids=["date", "timestamp", "test_all_types"])
+def test_values_polars_cannot_hold_are_answered_as_text_on_the_page_and_in_downloads(server: Server, sql: str) -> None:
+    """Once the client waited for ever: polars panics (PanicException, a BaseException) turning such a value into
+    Python, and the page's thread died with the request unanswered."""
+    page = get(page_url(server.url, "/sql", q=sql), timeout=60)
+    assert page.status == 200 and "rows" in page.text and "Traceback" not in page.text
+    as_csv = get(page_url(server.url, "/sql.csv", q=sql), timeout=60)
+    assert as_csv.status == 200 and len(as_csv.text.splitlines()) >= 2
+    as_json = json.loads(get(page_url(server.url, "/sql.json", q=sql), timeout=60).text)
+    assert as_json and all(isinstance(row, dict) for row in as_json)
+    if "5881580" in sql:
+        assert "5881580-07-10" in page.text and "5881580-07-10" in as_csv.text and as_json[0]["d"] == "5881580-07-10"
+    assert get(page_url(server.url, "/"), timeout=60).status == 200 and server.process.poll() is None

@@ -15,9 +15,10 @@ from jobs.web.limits import ServeLimits
 from scanner.engine_limits import EngineLimits
 from scanner.text_safety import terminal
 
-THREADS = 8
-"""Requests answered at once (each worker thread has its own read-only connection); the SQL box takes at most
-``--sql-slots`` of them, so pages keep answering while slow statements run."""
+PAGE_THREADS = 6
+"""Requests answered at once besides the slow ones (each worker thread has its own read-only connection). The
+server has one more thread for each SQL-box lane and each download lane, so pages keep answering whatever the
+statements and downloads do."""
 
 
 def serve_command(
@@ -31,9 +32,17 @@ def serve_command(
                                          "stopped.")] = ServeLimits.query_seconds,
     download_rows: Annotated[int, typer.Option(
         "--download-rows", min=1, help="Rows a SQL-box download carries at most.")] = ServeLimits.download_rows,
+    download_mb: Annotated[int, typer.Option(
+        "--download-mb", min=1, help="MiB a SQL-box download carries at most.")] = ServeLimits.download_bytes >> 20,
     sql_slots: Annotated[int, typer.Option(
-        "--sql-slots", min=1, max=THREADS - 1, help="SQL-box statements run at once; more are asked to come back "
-                                                   "later.")] = ServeLimits.sql_slots,
+        "--sql-slots", min=1, max=16, help="SQL-box statements run at once; more are asked to come back "
+                                           "later.")] = ServeLimits.sql_slots,
+    download_slots: Annotated[int, typer.Option(
+        "--download-slots", min=1, max=16, help="Table downloads made at once; more are asked to come back later.")
+    ] = ServeLimits.download_slots,
+    write_seconds: Annotated[float, typer.Option(
+        "--write-seconds", min=1, help="Seconds a response waits for a client that takes none of it; then the "
+                                       "connection is closed.")] = ServeLimits.write_seconds,
     memory_limit: Annotated[str, typer.Option(
         "--memory-limit", help="Memory DuckDB may use for all requests together (e.g. 1GB, 500MB).")
     ] = EngineLimits.memory,
@@ -45,21 +54,28 @@ def serve_command(
 ) -> None:
     """Browse a scan database in a web browser: families, models, pair evidence, a read-only SQL box, downloads."""
     from waitress import create_server
+    from waitress.server import BaseWSGIServer, MultiSocketServer
 
     from jobs.web.app import LOCAL_NAMES, create_app
-    from jobs.web.bounds import EXTENSION as GATE
+    from jobs.web.bounds import DOWNLOADS, SQL
+    from jobs.web.channel import write_timeout_channel
     from jobs.web.database import EXTENSION
 
     local = _loopback(host)
-    limits = ServeLimits(query_seconds, download_rows, sql_slots, EngineLimits(memory_limit, threads, spill))
+    limits = ServeLimits(query_seconds, download_rows, download_mb << 20, sql_slots, download_slots, write_seconds,
+                         EngineLimits(memory_limit, threads, spill))
     # a missing, locked, outdated or newer database, or a limit DuckDB cannot read: a StoreError, one line
     app = create_app(db, host_names=LOCAL_NAMES | {host} if local else None, limits=limits)
     try:
         # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen
-        server = create_server(app, host=host, port=port, threads=THREADS, ident="hubtrace",
-                               channel_request_lookahead=1)
+        server = create_server(app, host=host, port=port, threads=PAGE_THREADS + sql_slots + download_slots,
+                               ident="hubtrace", channel_request_lookahead=1)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    channel = write_timeout_channel(write_seconds)
+    for listener in server.map.values() if isinstance(server, MultiSocketServer) else [server]:  # one per address
+        if isinstance(listener, BaseWSGIServer):
+            listener.channel_class = channel
     if not local:
         typer.echo(f"hubtrace: warning: listening on {host}: anyone who can reach this address can read the whole "
                    "database", err=True)
@@ -73,7 +89,8 @@ def serve_command(
         pass
     finally:
         server.close()
-        app.extensions[GATE].close()
+        for gate in (SQL, DOWNLOADS):
+            app.extensions[gate].close()
         app.extensions[EXTENSION].close()
 
 

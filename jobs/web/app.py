@@ -4,7 +4,8 @@ stylesheet (no script, no frame, no other site). Served by waitress (jobs/cli/se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,7 +15,6 @@ from jinja2 import StrictUndefined
 from werkzeug.exceptions import HTTPException
 
 from jobs.web import bounds, text
-from jobs.web.bounds import SqlGate
 from jobs.web.database import EXTENSION, Database
 from jobs.web.limits import ServeLimits
 from jobs.web.views import discrepancies, family, home, model, pair, search, sql, tables
@@ -47,14 +47,59 @@ def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES,
         app.before_request(_addressed_to(frozenset(host_names)))
     app.before_request(_not_from_another_site)
     database = app.extensions[EXTENSION] = Database(Path(db), limits.engine)
-    app.extensions[bounds.EXTENSION] = SqlGate(limits, database)
+    app.extensions.update(bounds.sql_and_download_gates(limits, database))
     app.jinja_env.filters.update(text.FILTERS)
     app.jinja_env.globals["database_name"] = Path(db).name
     for view in (home, discrepancies, search, model, pair, family, sql, tables):
         app.register_blueprint(view.blueprint)
     app.after_request(_headers)
     app.register_error_handler(HTTPException, _error_page)
+    app.wsgi_app = _guarded(app.wsgi_app)
     return app
+
+
+class _Panicked(RuntimeError):
+    """A BaseException that is not an Exception (polars' PanicException) raised while answering a request."""
+
+
+_PASSED_THROUGH = (Exception, GeneratorExit, KeyboardInterrupt, SystemExit)
+
+
+@contextmanager
+def _panics_as_errors() -> Iterator[None]:
+    """Turn a BaseException that is no Exception (polars' PanicException, raised in Rust) into an error: Flask and
+    waitress handle only Exception, and one that escapes them leaves the request unanswered, its client waiting
+    for ever. An error is answered with 500, or ends a streamed response early."""
+    try:
+        yield
+    except _PASSED_THROUGH:
+        raise
+    except BaseException as exc:
+        raise _Panicked(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _guarded(wsgi_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """The app, with `_panics_as_errors` around each response, while it is made and while it is streamed."""
+    def guarded(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        with _panics_as_errors():
+            return _GuardedBody(wsgi_app(environ, start_response))
+    return guarded
+
+
+class _GuardedBody:
+    """A response body iterated under `_panics_as_errors`."""
+
+    def __init__(self, body: Iterable[bytes]) -> None:
+        self._body = body
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _panics_as_errors():
+            yield from self._body
+
+    def close(self) -> None:
+        close = getattr(self._body, "close", None)
+        if close is not None:
+            close()
 
 
 def _addressed_to(names: frozenset[str]) -> Callable[[], None]:

@@ -1,15 +1,19 @@
-"""Bounded work per request: what one visitor of the SQL box can make the server do.
+"""Bounded work per request: what one visitor of the SQL box or the downloads can make the server do.
 
 Without bounds, four requests of one slow statement froze every page a minute after their clients had gone, and
-one grew the server past 6 GB. So the SQL box runs a statement:
+one grew the server past 6 GB; eight table downloads whose clients never read held every page thread. So slow work
+runs:
 
-* in one of a few lanes (`ServeLimits.sql_slots`), each a thread of its own with its own reader, at a lower CPU
-  priority than the threads that answer pages (on Linux): a request that finds every lane taken is told to come
-  back (503), and pages keep answering while statements run;
-* for at most `ServeLimits.query_seconds` of DuckDB's time, and only while its client is there: a watchdog thread
-  interrupts the statement (DuckDB's ``interrupt()``) when the time is up or waitress says the client went away;
+* in one of a few lanes, each a thread of its own with its own reader, at a lower CPU priority than the threads that
+  answer pages (on Linux): the SQL box has its lanes (`ServeLimits.sql_slots`), the table downloads theirs
+  (`ServeLimits.download_slots`); a request that finds every lane of its kind taken is told to come back (503), and
+  the server has a thread for each lane beside the page threads, so pages keep answering whatever the lanes do;
+* for at most `ServeLimits.query_seconds` of DuckDB's time (a SQL-box statement), and only while its client is
+  there: a watchdog thread interrupts the statement (DuckDB's ``interrupt()``) when the time is up or waitress says
+  the client went away;
 * on an engine of bounded memory, threads and spill space (`EngineLimits`, set when the database opens);
-* and a download streams at most `ServeLimits.download_rows` rows, a batch at a time.
+* and a download streams a few megabytes at a time (jobs.web.downloads), to a client that must keep reading
+  (jobs.web.channel).
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from jobs.web.database import Database
 from jobs.web.limits import ServeLimits
 from scanner.store import Store
 
-EXTENSION = "hubtrace_limits"
-"""The key of the app's `SqlGate` in ``app.extensions``."""
+SQL = "hubtrace_sql_lanes"
+"""The key of the app's SQL-box `Gate` in ``app.extensions``."""
+DOWNLOADS = "hubtrace_download_lanes"
+"""The key of the app's table-download `Gate` in ``app.extensions``."""
 POLL_S = 0.05
 """How often the watchdog looks at the clock and the client."""
 LANE_NICENESS = 10
@@ -45,11 +51,11 @@ class QueryStopped(Exception):
 
 
 class Lane:
-    """One SQL-box thread with its own reader of the database; a statement runs on it while the request's own
-    thread waits, so the lane's lower priority is the statement's."""
+    """One thread with its own reader of the database; slow work (a statement, a download's batches) runs on it while
+    the request's own thread waits, so the lane's lower priority is the work's."""
 
-    def __init__(self, database: Database, number: int) -> None:
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hubtrace-sql-{number}",
+    def __init__(self, database: Database, name: str) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hubtrace-{name}",
                                           initializer=_lower_priority)
         self.store: Store = self._thread.submit(database.store).result()
 
@@ -68,25 +74,25 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + LANE_NICENESS))
 
 
-class SqlGate:
-    """The SQL box's lanes and watchdog for one app."""
+class Gate:
+    """The lanes of one kind of slow work (SQL-box statements, or table downloads) and their watchdog, for one app.
+    ``busy``: what a request that finds every lane taken is told."""
 
-    def __init__(self, limits: ServeLimits, database: Database) -> None:
-        self.limits = limits
-        self._lanes = [Lane(database, number) for number in range(limits.sql_slots)]
+    def __init__(self, limits: ServeLimits, database: Database, slots: int, busy: str, name: str) -> None:
+        self.limits, self.busy = limits, busy
+        self._lanes = [Lane(database, f"{name}-{number}") for number in range(slots)]
         self._free: queue.SimpleQueue[Lane] = queue.SimpleQueue()
         for lane in self._lanes:
             self._free.put(lane)
 
     @contextmanager
     def lane(self) -> Iterator[Lane]:
-        """A free lane for the request's statement; with none free, refuse at once (503) instead of queueing
-        behind slow statements."""
+        """A free lane for the request's work; with none free, refuse at once (503) instead of queueing behind slow
+        work."""
         try:
             lane = self._free.get_nowait()
         except queue.Empty:
-            abort(503, description=f"The SQL box is answering {self.limits.sql_slots} other statements; try again "
-                                   "in a moment (the other pages answer meanwhile).")
+            abort(503, description=self.busy)
         try:
             yield lane
         finally:
@@ -94,8 +100,9 @@ class SqlGate:
 
     def run(self, lane: Lane, work: Callable[[], T], interrupt: Callable[[], None],
             seconds: float | None = None) -> T:
-        """``work()`` on the lane under the watchdog: ``interrupt()`` when ``seconds`` (default: the query limit)
-        are up or the client went away, and `QueryStopped` saying which instead of DuckDB's interruption."""
+        """``work()`` on the lane under the watchdog: ``interrupt()`` when ``seconds`` (default: the query limit;
+        infinity: none) are up or the client went away, and `QueryStopped` saying which instead of DuckDB's
+        interruption."""
         seconds = self.limits.query_seconds if seconds is None else seconds
         gone = request.environ.get("waitress.client_disconnected", lambda: False)
         why: list[str] = []
@@ -133,6 +140,21 @@ class SqlGate:
             lane.close()
 
 
-def gate() -> SqlGate:
-    """The app's gate (inside a request)."""
-    return current_app.extensions[EXTENSION]
+def sql_and_download_gates(limits: ServeLimits, database: Database) -> dict[str, Gate]:
+    """The app's two gates, by their ``app.extensions`` keys."""
+    return {
+        SQL: Gate(limits, database, limits.sql_slots, f"The SQL box is answering {limits.sql_slots} other statements; "
+                  "try again in a moment (the other pages answer meanwhile).", "sql"),
+        DOWNLOADS: Gate(limits, database, limits.download_slots, f"{limits.download_slots} table downloads are "
+                        "running; try again in a moment (the other pages answer meanwhile).", "download"),
+    }
+
+
+def gate() -> Gate:
+    """The app's SQL-box gate (inside a request)."""
+    return current_app.extensions[SQL]
+
+
+def download_gate() -> Gate:
+    """The app's table-download gate (inside a request)."""
+    return current_app.extensions[DOWNLOADS]

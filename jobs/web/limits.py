@@ -1,5 +1,5 @@
-"""The bounds of `hubtrace serve` (jobs.web.bounds applies them), light enough for the command line to name their
-defaults without loading Flask or DuckDB."""
+"""The bounds of `hubtrace serve` (jobs.web.bounds and jobs.web.downloads apply them), light enough for the command
+line to name their defaults without loading Flask or DuckDB."""
 
 from __future__ import annotations
 
@@ -14,5 +14,8 @@ class ServeLimits:
 
     query_seconds: float = 30.0
     download_rows: int = 1_000_000
+    download_bytes: int = 1 << 30
     sql_slots: int = 2
+    download_slots: int = 2
+    write_seconds: float = 30.0
     engine: EngineLimits = field(default_factory=EngineLimits)

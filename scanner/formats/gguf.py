@@ -26,6 +26,7 @@ from gguf.quants import dequantize
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
 from scanner.checkpoint import Checkpoint, _TensorEntry, open_regular
+from scanner.config_counts import check_config_counts
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
 from scanner.formats.gguf_file import GGUFContents, GGUFTensor, read_gguf_layout
 
@@ -173,6 +174,7 @@ def open_gguf(file: str | Path) -> GGUFCheckpoint:
     for qtype in sorted({t.qtype for t in contents.tensors.values()}):
         _check_dequantizable(qtype, path)
     config = gguf_config(contents, path)
+    check_config_counts(path, config, (t.shape for t in contents.tensors.values()))
     notes = (f"read from GGUF ({', '.join(sorted({t.qtype.name for t in contents.tensors.values()}))}), "
              "dequantized to float32",)
     return GGUFCheckpoint(path, contents, config, notes)

@@ -48,6 +48,8 @@ UNREAD_OPTIONS: dict[str, str] = {
     "use_bdlora": "BD-LoRA's block-diagonal factors",
     "megatron_config": "Megatron-parallel LoRA layers",
 }
+#: The longest base name read: a Hub id is at most 96 characters, a path at most 4096 bytes (PATH_MAX on Linux).
+MAX_BASE_NAME_CHARS = 4096
 #: Characters that make a key of alpha_pattern a regular expression (PEFT matches its keys as regexes; hubtrace reads
 #: module-name suffixes only, so a hostile pattern cannot cost exponential time).
 _PATTERN_CHARS = set("^$*+?{}[]\\|()")
@@ -106,6 +108,9 @@ def read_adapter_config(folder: Path) -> LoraSpec:
     if not isinstance(base, str) or not base.strip():
         raise CheckpointError(f"{where} names no base model (base_model_name_or_path is empty), so there is nothing "
                               "to apply the adapter to")
+    if len(base) > MAX_BASE_NAME_CHARS:
+        raise CheckpointError(f"{where}: base_model_name_or_path is {len(base):,} characters long, longer than any "
+                              f"model id or path ({MAX_BASE_NAME_CHARS:,} at most): {base[:60]!r}...")
     alpha = data.get("lora_alpha", 8)
     patterns = data.get("alpha_pattern") or {}
     if not _is_number(alpha) or not isinstance(patterns, dict) or not all(
@@ -261,8 +266,8 @@ def _plan(folder: Path, spec: LoraSpec, base: Checkpoint, adapter: Checkpoint
     for module, parts in sorted(pairs.items()):
         a, b = parts.get("A"), parts.get("B")
         if a is None or b is None:
-            raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: {module} has lora_{'B' if a else 'A'} without "
-                                  f"lora_{'A' if a else 'B'}")
+            have, lacks = ("A", "B") if a is not None else ("B", "A")
+            raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: {module} has lora_{have} without lora_{lacks}")
         target = _base_tensor(base, f"{module}.weight")
         if target is None:
             unstored.append(f"{module}.weight")
@@ -271,6 +276,9 @@ def _plan(folder: Path, spec: LoraSpec, base: Checkpoint, adapter: Checkpoint
         (rank, fan_in), (fan_out, rank_b) = _matrix(adapter, a), _matrix(adapter, b)
         if rank != rank_b:
             raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: {module}'s lora_A has rank {rank}, lora_B {rank_b}")
+        if rank == 0:  # its scaling, alpha / r, has no value
+            raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: {module}'s lora_A and lora_B have rank 0, so the "
+                                  "adapter's scaling (lora_alpha / r) is undefined")
         if stored != (fan_out, fan_in) and stored != (fan_in, fan_out):
             raise CheckpointError(f"{folder}: the LoRA update of {module} is {[fan_out, fan_in]} but the base weight "
                                   f"is {list(stored)}")

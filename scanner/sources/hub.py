@@ -27,7 +27,14 @@ from huggingface_hub.errors import (
 from huggingface_hub.repocard_data import CardData
 from huggingface_hub.utils import validate_repo_id
 
-from scanner.cards import FROM_SCRATCH_TAG, HUB_RELATION_VALUES, card_from_metadata, declared_by_tags
+from scanner.cards import (
+    FROM_SCRATCH_TAG,
+    HUB_RELATION_VALUES,
+    card_from_metadata,
+    declared_by_tags,
+    kept_bases,
+    kept_tags,
+)
 from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES, read_json_file
 from scanner.errors import CheckpointError, UnsafeCheckpointError, one_line
 from scanner.formats.lora import ADAPTER_CONFIG, ADAPTER_PICKLE, ADAPTER_WEIGHTS, read_adapter_config
@@ -83,21 +90,22 @@ def hub_record(info: ModelInfo, endpoint: str) -> ModelRecord | SourceFailure:
     hub_tags = tuple(t for t in info.tags or () if isinstance(t, str))
     tag_bases, tag_relation = declared_by_tags(hub_tags)
     listed_bases, listed_relation = _declared_by_base_models(getattr(info, "base_models", None))
-    tags = hub_tags + tuple(t for t in card.tags if t not in hub_tags)
+    notes = list(card.notes)
+    tags = kept_tags(tuple(dict.fromkeys(hub_tags + card.tags)), notes)  # linear, however many tags repeat
     license_tags = [t.removeprefix("license:") for t in hub_tags if t.startswith("license:")]
     return ModelRecord(
         model_id=info.id,
         revision=info.sha,
         source="hub",
         location=location,
-        base_models=card.base_model or listed_bases or tag_bases,
+        base_models=kept_bases(card.base_model or listed_bases or tag_bases, notes),
         base_model_relation=card.base_model_relation or listed_relation or tag_relation,
         claims_from_scratch=FROM_SCRATCH_TAG in tags,
         license=card.license or (license_tags[0] if license_tags else None),
         tags=tags,
         created_at=info.created_at,
         last_modified=info.last_modified,
-        notes=card.notes,
+        notes=tuple(notes),
     )
 
 
@@ -227,4 +235,4 @@ def _declared_by_base_models(value: object) -> tuple[tuple[str, ...], str | None
     ids = tuple(m["id"] for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)) \
         if isinstance(models, list) else ()
     relation = value.get("relation")
-    return ids, relation if relation in HUB_RELATION_VALUES else None
+    return ids, relation if isinstance(relation, str) and relation in HUB_RELATION_VALUES else None

@@ -81,7 +81,7 @@ def _record(real_root: Path, model_id: str, model_dir: Path, follow_links: bool)
         digest.update(f"{rel}\0{size}\0{mtime_ns}\n".encode())
     newest = max((mtime_ns for _, _, mtime_ns in files), default=None)
     card = read_card(model_dir)
-    base = adapter_base(model_dir)
+    base = adapter_base(model_dir, outside_paths=follow_links)
     if base is not None:  # a LoRA adapter is the model its base and it make: a changed or added base changes it too
         digest.update(f"base\0{base.model_id}\0{base.folder}\n".encode())
         for rel, size, mtime_ns in _file_stats(real_root, base.folder, True) if base.folder else ():

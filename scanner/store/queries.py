@@ -579,13 +579,14 @@ def tables(store: Store) -> pl.DataFrame:
     return frame.with_columns(pl.Series("rows", counts, dtype=pl.Int64))
 
 
-def table_batches(store: Store, table: str, *, batch_rows: int = 10_000) -> AnswerStream:
+def table_batches(store: Store, table: str, *, as_text: bool = False, batch_rows: int = 10_000) -> AnswerStream:
     """Every row of one of `tables` (``KeyError`` at once for any other name) in frames of about ``batch_rows`` (at
     least one, empty for an empty table, so its columns are known), read on a connection of its own: an export of a
-    big table never holds all of it in memory, and the store's connection stays free for other reads meanwhile."""
+    big table never holds all of it in memory, and the store's connection stays free for other reads meanwhile.
+    ``as_text``: every column as DuckDB's text (`Store.stream_as_text`)."""
     if table not in set(store.query(TABLES_SQL)["name"]):
         raise KeyError(table)
-    return store.stream_as_text(f"SELECT * FROM {_identifier(table)}", batch_rows=batch_rows)
+    return store.stream_as_text(f"SELECT * FROM {_identifier(table)}", every_column=as_text, batch_rows=batch_rows)
 
 
 def _identifier(name: str) -> str:

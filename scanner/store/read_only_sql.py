@@ -27,6 +27,7 @@ from typing import Any
 
 import duckdb
 
+from scanner.errors import one_line
 from scanner.store.store import StoreError
 
 ALLOWED = "SELECT, WITH, FROM, VALUES, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN of one of these"
@@ -104,7 +105,7 @@ def check_read_only(connection: duckdb.DuckDBPyConnection, sql: str, *, local_fi
     statements = connection.extract_statements(sql)
     if len(statements) != 1:
         raise StoreError(f"give exactly one SQL statement; got {len(statements)}")
-    kind = statements[0].type
+    kind = _kind(statements[0])
     if kind == duckdb.StatementType.SELECT:
         _check_functions(connection, sql, local_files)
         return
@@ -113,21 +114,36 @@ def check_read_only(connection: duckdb.DuckDBPyConnection, sql: str, *, local_fi
                          f"scans alone")
     inner = _explained(sql)
     inner_statements = connection.extract_statements(inner) if inner is not None else []
-    if inner is None or len(inner_statements) != 1 or inner_statements[0].type != duckdb.StatementType.SELECT:
+    if inner is None or len(inner_statements) != 1 or _kind(inner_statements[0]) != duckdb.StatementType.SELECT:
         raise StoreError(f"this EXPLAIN refused: EXPLAIN ANALYZE runs the statement it explains, and hubtrace query "
                          f"explains only queries ({ALLOWED})")
     _check_functions(connection, inner, local_files)
 
 
+def _kind(statement: Any) -> duckdb.StatementType:
+    """The statement's type; one DuckDB's Python enum does not name (UPDATE EXTENSIONS is type 29, and reading it
+    raises ValueError) is refused as what it is: not a query."""
+    try:
+        return statement.type
+    except ValueError as exc:
+        raise StoreError(f"this statement refused: DuckDB parses it as a kind of statement hubtrace does not know "
+                         f"({one_line(exc)}); hubtrace query only reads ({ALLOWED})") from exc
+
+
 def _check_functions(connection: duckdb.DuckDBPyConnection, sql: str, local_files: bool) -> None:
     """Refuse the first function ``sql`` calls that may act (the module's docstring says which may run)."""
     (serialized,), = connection.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()
-    tree = json.loads(serialized)
-    if tree.get("error"):
-        raise StoreError(f"this statement refused: its functions cannot be checked ({tree.get('error_message')}); "
-                         "write it as a plain SELECT (a PIVOT with an IN list, or GROUP BY)")
-    built_in = built_in_functions(connection)
-    for name, as_table in _calls(tree["statements"]):
+    try:
+        tree = json.loads(serialized)
+        if tree.get("error"):
+            raise StoreError(f"this statement refused: its functions cannot be checked ({tree.get('error_message')}); "
+                             "write it as a plain SELECT (a PIVOT with an IN list, or GROUP BY)")
+        built_in = built_in_functions(connection)
+        calls = list(_calls(tree["statements"]))
+    except RecursionError as exc:  # the parse tree is deeper than Python reads: nobody writes such SQL by hand
+        raise StoreError("this statement refused: it nests expressions or queries too deeply for its functions to be "
+                         "checked; write it with fewer levels (a CTE for each)") from exc
+    for name, as_table in calls:
         why = _refusal(name, as_table, built_in, local_files)
         if why is not None:
             raise StoreError(f"{name}() refused: {why}")

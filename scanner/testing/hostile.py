@@ -190,6 +190,8 @@ HOSTILE_FOLDERS: tuple[HostileFolder, ...] = (
     HostileFolder("deep-json", "is not valid JSON", _config_text("[" * 100_000)),
     HostileFolder("wrong-type", "hidden_size", _config_edit(lambda c: c.update(hidden_size="sixty-four"))),
     HostileFolder("zero-head-dim", "could not build the model", _config_edit(lambda c: c.update(head_dim=0))),
+    HostileFolder("billion-layers", "num_hidden_layers is 1,000,000,000, more than its weights can hold",
+                  _config_edit(lambda c: c.update(num_hidden_layers=10**9))),
     HostileFolder("string-rope-factor", "could not build the model",
                   _config_edit(lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": "2"}))),
     HostileFolder("architectures-dict", "architectures must be a list",

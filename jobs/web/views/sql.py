@@ -5,18 +5,16 @@ runs within the bounds of jobs.web.bounds (a slot, a time limit, its client stil
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 
 import duckdb
-import polars as pl
-from flask import Blueprint, Response, abort, render_template, request, stream_with_context
+from flask import Blueprint, Response, abort, render_template, request
 
-from jobs.exports import csv_chunks, json_chunks
-from jobs.web.bounds import Lane, QueryStopped, SqlGate, gate
+from jobs.web.bounds import QueryStopped, gate
+from jobs.web.downloads import RENDERING_ERRORS, Download
 from scanner.errors import without_sql_excerpt
 from scanner.store import Store, StoreError, queries
+from scanner.store.store import AnswerStream, private_folders_hidden
 
 blueprint = Blueprint("sql", __name__)
 ROWS_SHOWN = 500
@@ -39,97 +37,54 @@ REFUSALS = (StoreError, duckdb.Error, QueryStopped)
 @blueprint.get("/sql")
 def page() -> tuple[str, int]:
     sql = request.args.get("q", "")
-    frame, error, stopped = None, None, False
+    columns, rows, error, stopped = None, [], None, False
     if sql.strip():
         sql_gate = gate()
         try:
             with sql_gate.lane() as lane:
-                frame = sql_gate.run(lane, lambda: answer(lane.store, sql, limit=ROWS_SHOWN + 1),
-                                     lane.store.connection.interrupt)
+                columns, rows = sql_gate.run(lane, lambda: answer(lane.store, sql, limit=ROWS_SHOWN + 1),
+                                             lane.store.connection.interrupt)
         except REFUSALS as exc:
             error, stopped = message(exc), isinstance(exc, QueryStopped)
-    return render_template("sql.html", sql=sql, frame=frame, rows=frame.head(ROWS_SHOWN).rows() if frame is not None
-                           else [], error=error, stopped=stopped, examples=EXAMPLES, rows_shown=ROWS_SHOWN,
+    return render_template("sql.html", sql=sql, columns=columns, rows=rows[:ROWS_SHOWN], more=len(rows) > ROWS_SHOWN,
+                           error=error, stopped=stopped, examples=EXAMPLES, rows_shown=ROWS_SHOWN,
                            limits=gate().limits), 400 if error else 200
 
 
 @blueprint.get("/sql.<any(csv, json):fmt>")
 def download(fmt: str) -> Response:
-    """The answer, up to the row cap, streamed: one slot held and the time limit counted while DuckDB works on a
-    batch (not while the client reads it), and the statement interrupted if the client goes away."""
+    """The answer, up to the row and byte caps, streamed: one slot held and the time limit counted while DuckDB works
+    on a batch (not while the client reads it), and the statement interrupted if the client goes away."""
     sql = request.args.get("q", "")
     sql_gate = gate()
+    limits = sql_gate.limits
     held = ExitStack()
     lane = held.enter_context(sql_gate.lane())
+    def answer_stream(as_text: bool) -> AnswerStream:
+        return queries.read_only_stream(lane.store, sql, as_text=as_text, limit=limits.download_rows,
+                                        batch_rows=EXPORT_ROWS)
+
     try:
-        frames = _Frames(sql, sql_gate, lane)
+        body = Download(sql_gate, lane, held, answer_stream, fmt, max_bytes=limits.download_bytes)
     except REFUSALS as exc:
-        held.close()
         abort(400, description=message(exc))
-    except BaseException:
-        held.close()
-        raise
-    chunks = csv_chunks if fmt == "csv" else json_chunks
-    return Response(stream_with_context(chunks(frames.streamed(held))),
-                    mimetype="text/csv" if fmt == "csv" else "application/json",
-                    headers={"Content-Disposition": f'attachment; filename="query.{fmt}"',
-                             "X-Hubtrace-Row-Cap": str(sql_gate.limits.download_rows)})
+    return body.response(f"query.{fmt}", {"X-Hubtrace-Row-Cap": str(limits.download_rows),
+                                          "X-Hubtrace-Byte-Cap": str(limits.download_bytes)})
 
 
-class _Frames:
-    """A download's frames, each read on the request's lane: the first before the response starts (so a refusal
-    is still a 400, and values polars cannot hold make the whole answer text, as the page does), the rest as the
-    client takes them, DuckDB's time on each counted against the statement's limit."""
-
-    def __init__(self, sql: str, sql_gate: SqlGate, lane: Lane) -> None:
-        self.gate, self.lane, self.seconds_left = sql_gate, lane, sql_gate.limits.query_seconds
-        try:
-            self._open(sql, as_text=False)
-        except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
-            self._open(sql, as_text=True)
-
-    def _open(self, sql: str, *, as_text: bool) -> None:
-        self.stream = queries.read_only_stream(self.lane.store, sql, as_text=as_text,
-                                               limit=self.gate.limits.download_rows, batch_rows=EXPORT_ROWS)
-        self._frames = iter(self.stream)
-        try:
-            self.first = self._next()
-        except BaseException:
-            self.stream.close()
-            raise
-
-    def _next(self) -> pl.DataFrame | None:
-        """The next frame (None after the last)."""
-        started = time.monotonic()
-        try:
-            return self.gate.run(self.lane, lambda: next(self._frames, None), self.stream.interrupt,
-                                 max(self.seconds_left, 0.0))
-        finally:
-            self.seconds_left -= time.monotonic() - started
-
-    def streamed(self, held: ExitStack) -> Iterator[pl.DataFrame]:
-        """Every frame; the lane (``held``) and the cursor released however the response ends. A statement stopped
-        midway ends the response early: the file is then visibly cut, as a failed download."""
-        try:
-            frame = self.first
-            while frame is not None:
-                yield frame
-                frame = self._next()
-        finally:
-            self.stream.close()
-            held.close()
-
-
-def answer(reader: Store, sql: str, limit: int | None = None) -> pl.DataFrame:
-    """The statement's answer (its first ``limit`` rows), as `hubtrace query` gets it: values polars cannot hold
-    come as text."""
+def answer(reader: Store, sql: str, limit: int | None = None) -> tuple[list[str], list[tuple]]:
+    """The statement's columns and rows (its first ``limit``), as `hubtrace query` gets them: when some values
+    polars cannot hold or turn into Python values (a date past year 9999), every column as DuckDB's text."""
     try:
-        return queries.read_only_query(reader, sql, limit=limit)
-    except (pl.exceptions.PolarsError, pl.exceptions.PanicException):
-        return queries.read_only_query(reader, sql, as_text=True, limit=limit)
+        frame = queries.read_only_query(reader, sql, limit=limit)
+        return frame.columns, frame.rows()
+    except RENDERING_ERRORS:
+        frame = queries.read_only_query(reader, sql, as_text=True, limit=limit)
+        return frame.columns, frame.rows()
 
 
 def message(error: Exception) -> str:
-    """The refusal on one line, without DuckDB's ``LINE 1: ... ^`` excerpt."""
+    """The refusal on one line, without DuckDB's ``LINE 1: ... ^`` excerpt, and without the server's own folders (its
+    home directory, DuckDB's temporary folder), which DuckDB names in some errors (``duckdb_extensions()``)."""
     text = without_sql_excerpt(error)
-    return text if isinstance(error, StoreError | QueryStopped) else f"SQL: {text}"
+    return private_folders_hidden(text if isinstance(error, StoreError | QueryStopped) else f"SQL: {text}")

@@ -1,13 +1,19 @@
 """Every table and view of the database (``/tables``) and each one whole as CSV or JSON
-(``/tables/NAME.csv``, ``/tables/NAME.json``), streamed a batch of rows at a time."""
+(``/tables/NAME.csv``, ``/tables/NAME.json``), made on a download lane a few megabytes at a time
+(jobs.web.downloads): a download never holds a page thread, and a third one at once is asked to come back."""
 
 from __future__ import annotations
 
+import math
+from contextlib import ExitStack
+
 from flask import Blueprint, Response, abort, render_template
 
-from jobs.exports import csv_chunks, json_chunks
+from jobs.web.bounds import download_gate
 from jobs.web.database import store
+from jobs.web.downloads import Download
 from scanner.store import queries
+from scanner.store.store import AnswerStream
 
 blueprint = Blueprint("tables", __name__)
 
@@ -19,10 +25,14 @@ def page() -> str:
 
 @blueprint.get("/tables/<name>.<any(csv, json):fmt>")
 def download(name: str, fmt: str) -> Response:
-    try:
-        batches = queries.table_batches(store(), name)
+    downloads = download_gate()
+    held = ExitStack()
+    lane = held.enter_context(downloads.lane())
+    def table_stream(as_text: bool) -> AnswerStream:
+        return queries.table_batches(lane.store, name, as_text=as_text)
+
+    try:  # a whole table: no time limit on reading it, and no byte cap but the table's own size
+        body = Download(downloads, lane, held, table_stream, fmt, seconds=math.inf)
     except KeyError:
         abort(404, description=f"No table {name!r} in this database (the tables page lists them).")
-    chunks = csv_chunks if fmt == "csv" else json_chunks
-    return Response(chunks(batches), mimetype="text/csv" if fmt == "csv" else "application/json",
-                    headers={"Content-Disposition": f'attachment; filename="{name}.{fmt}"'})
+    return body.response(f"{name}.{fmt}")

@@ -1,0 +1,113 @@
+"""Downloads (``/sql.csv``, ``/sql.json``, ``/tables/NAME.csv``, ``/tables/NAME.json``) made on a lane and
+streamed within bounds.
+
+A download's rows come from DuckDB a few megabytes at a time (`Store.stream_as_text`), are written as CSV or JSON
+on the same lane (at its lower CPU priority, never on a page thread), and go to waitress a megabyte at a time, so a
+download's memory does not grow with its size; a client that stops reading is cut off (jobs.web.channel). A
+download ends before the row that would take it past its byte cap (`ServeLimits.download_bytes`, the SQL box's
+downloads), a JSON one still a whole array. Values polars cannot hold (a date past year 262143 or 9999, DuckDB's
+``test_all_types()``) make the whole answer DuckDB's text, as on the SQL page: the first frame decides, before the
+response starts; a later frame that still cannot be written ends the download early, visibly cut.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import polars as pl
+from flask import Response, stream_with_context
+
+from jobs.exports import FORMATS
+from jobs.web.bounds import Gate, Lane
+from scanner.store.store import AnswerStream
+
+CHUNK_BYTES = 1 << 20
+"""Bytes handed to waitress at a time."""
+MIMETYPES = {"csv": "text/csv", "json": "application/json"}
+RENDERING_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, ValueError, OverflowError)
+"""What turning DuckDB's values into Python values and text can raise (polars' PanicException, which it raises on a
+date past its range, derives from BaseException, so it is named here)."""
+
+
+class Download:
+    """One download: its first frame read and written before the response starts (so a refusal is still a 400), the
+    rest as the client takes them, each read under the gate's watchdog (DuckDB's time counted against ``seconds``,
+    default the query limit) and written on the lane. ``held`` (the lane) is released however it ends.
+    ``stream_of(as_text)`` opens the answer, run on the lane."""
+
+    def __init__(self, gate: Gate, lane: Lane, held: ExitStack, stream_of: Callable[[bool], AnswerStream],
+                 fmt: str, *, seconds: float | None = None, max_bytes: int | None = None) -> None:
+        self.gate, self.lane, self._held, self._fmt = gate, lane, held, fmt
+        self.max_bytes = max_bytes
+        self.seconds_left = gate.limits.query_seconds if seconds is None else seconds
+        try:
+            try:
+                self._first = self._start(stream_of, as_text=False)
+            except RENDERING_ERRORS:
+                self._first = self._start(stream_of, as_text=True)
+        except BaseException:
+            held.close()
+            raise
+
+    def _start(self, stream_of: Callable[[bool], AnswerStream], *, as_text: bool) -> list[bytes]:
+        self.text, self.sent, self.cut = FORMATS[self._fmt](), 0, False
+        self.stream = self.lane.run(lambda: stream_of(as_text))
+        self._frames = iter(self.stream)
+        try:
+            first = self._next()
+            return self._written(first, opening=True) if first is not None else []
+        except BaseException:
+            self.stream.close()
+            raise
+
+    def _next(self) -> pl.DataFrame | None:
+        """The next frame (None after the last), read under the watchdog."""
+        started = time.monotonic()
+        try:
+            return self.gate.run(self.lane, lambda: next(self._frames, None), self.stream.interrupt,
+                                 max(self.seconds_left, 0.0))
+        finally:
+            self.seconds_left -= time.monotonic() - started
+
+    def _written(self, frame: pl.DataFrame, *, opening: bool = False) -> list[bytes]:
+        """The frame's rows as encoded chunks, written on the lane; short of the byte cap (``cut`` says so)."""
+        def work() -> list[bytes]:
+            chunks, part, size = [], [], 0
+            closing = len(self.text.closing.encode())
+            for text in itertools.chain([self.text.opening(frame.columns)] if opening else [], self.text.rows(frame)):
+                data = text.encode()
+                if self.max_bytes is not None and self.sent + len(data) + closing > self.max_bytes:
+                    self.cut = True
+                    break
+                part.append(data)
+                size, self.sent = size + len(data), self.sent + len(data)
+                if size >= CHUNK_BYTES:
+                    chunks.append(b"".join(part))
+                    part, size = [], 0
+            return chunks + [b"".join(part)] if part else chunks
+
+        return self.lane.run(work)
+
+    def response(self, filename: str, headers: dict[str, str] | None = None) -> Response:
+        """The download as a streamed response, saved under ``filename`` (a name the app made)."""
+        return Response(stream_with_context(self.chunks()), mimetype=MIMETYPES[self._fmt],
+                        headers={"Content-Disposition": f'attachment; filename="{filename}"', **(headers or {})})
+
+    def chunks(self) -> Iterator[bytes]:
+        """The whole download; the cursor and the lane released however the response ends. A statement stopped
+        midway ends the response early: the file is then visibly cut, as a failed download."""
+        try:
+            yield from self._first
+            while not self.cut:
+                frame = self._next()
+                if frame is None:
+                    break
+                yield from self._written(frame)
+            if self.text.closing:
+                yield self.text.closing.encode()
+        finally:
+            self.stream.close()
+            self._held.close()
