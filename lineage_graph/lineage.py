@@ -8,6 +8,8 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+import networkx as nx
+
 from lineage_graph.block_maps import copied_sources, map_closeness, one_width
 from lineage_graph.direction import (
     MERGE_BLIND,
@@ -168,6 +170,7 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
     mapped = {m for pair in block_maps for m in pair if m in members}
     closeness = {e.pair: whole_model_closeness(e.test, models, block_maps.get(e.pair)) for e in inside
                  if e.pair in block_maps or not _unmapped_depth_change(e.pair, models, mapped)}
+    _reconnect(closeness, members, [e.test for e in inside if e.pair not in closeness], models)
     ancestors = declared_ancestry(models.values())
     log_odds, merge_log_odds, plain_log_odds = {}, {}, {}
     weak: dict[str, dict[tuple[str, str], float]] = {signal: {} for signal in sorted(NOT_ALONE)}
@@ -204,6 +207,19 @@ def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo
         return False  # no map could be made for it: the by-index estimate is all there is
     deeper = pair[0] if a.n_layers > b.n_layers else pair[1]
     return deeper in mapped
+
+
+def _reconnect(closeness: dict[tuple[str, str], float], members: frozenset[str], left_out: list[PairTest],
+               models: Mapping[str, ModelInfo]) -> None:
+    """Add back, nearest first, the by-index estimates of pairs left out (_unmapped_depth_change) that the family's
+    distances need to connect its members: a rough distance places a model, where none leaves the tree undrawn."""
+    parts = nx.utils.UnionFind(members)
+    for a, b in closeness:
+        parts.union(a, b)
+    for test in sorted(left_out, key=lambda t: (-float(t.closeness), t.model_a, t.model_b)):
+        if parts[test.model_a] != parts[test.model_b]:
+            closeness[(test.model_a, test.model_b)] = whole_model_closeness(test, models)
+            parts.union(test.model_a, test.model_b)
 
 
 def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo], block_map: BlockMap | None = None

@@ -279,14 +279,22 @@ def family_phylogeny(
         ha, hb = head[a], head[b]
         if ha != hb:
             distance[_key(ha, hb)] = min(distance.get(_key(ha, hb), math.inf), 1.0 - c)
+    bases = {h: sorted({head[b] for m in members if head[m] == h
+                        for b in (*confirmed.get(m, ()), *(copied or {}).get(m, ())) if b in members} - {h})
+             for h in heads}
+    everything = nx.Graph([*distance, *((h, b) for h, found in bases.items() for b in found)])
+    everything.add_nodes_from(heads)
+    if not nx.is_connected(everything):
+        return None
+    # A declared link whose pair has no closeness (a depth-changed pair left without a block map) is linked all the
+    # same, as far apart as the family's farthest measured pair: it places nothing else near it.
+    unmeasured = max(distance.values(), default=1.0)
     between = {pair: merge_distance(1.0 - d) for pair, d in distance.items()}
     head_odds = _group_odds(log_odds, head)
     head_merge_odds = _group_odds(log_odds if merge_log_odds is None else merge_log_odds, head)
     head_plain_odds = _group_odds(log_odds if corroborating_log_odds is None else corroborating_log_odds, head)
-    bases = {h: sorted({head[b] for m in members if head[m] == h
-                        for b in (*confirmed.get(m, ()), *(copied or {}).get(m, ())) if b in members} - {h})
-             for h in heads}
-    declared_merges = {h: tuple(b) for h, b in bases.items() if len(b) >= 2}
+    declared_merges = {h: tuple(sorted(b, key=lambda p: (_key(h, p) not in distance, p)))
+                       for h, b in bases.items() if len(b) >= 2}
     geometry = math.log(MERGE_BONUS / (1 - MERGE_BONUS))
 
     def merge_score(m: str, *sources: str) -> float:
@@ -306,8 +314,8 @@ def family_phylogeny(
         return True
 
     merged = merges(heads, between, declared_merges, plausible, shape)
-    near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
     pinned = {h for h, b in bases.items() if len(b) == 1}
+    near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
     # A model nearest to a merge that the votes put below it (a fine-tune of the merge) is placed after the merges,
     # under it: left in the first tree it would stand between the merge's parents. (The base of the merge's sources
     # is as near it, and older.)
@@ -324,16 +332,15 @@ def family_phylogeny(
             declared = any(len(bases[c]) == 1 and bases[c][0] == p for c, p in (pair, pair[::-1]))
             # A confirmed declaration is linked before any distance; otherwise Kruskal takes the nearest first.
             graph.add_edge(*pair, weight=-1.0 if declared else d, distance=d)
-    everything = nx.Graph(list(distance))
-    everything.add_nodes_from(heads)
-    if not nx.is_connected(everything):
-        return None
+    for child in pinned - aside:
+        if bases[child][0] not in aside and _key(child, bases[child][0]) not in distance:
+            graph.add_edge(child, bases[child][0], weight=-1.0, distance=unmeasured)
     tree = nx.minimum_spanning_tree(graph, weight="weight", algorithm="kruskal")  # a forest if merges joined parts
     for h, g in near_head.items():
-        if g != h and h not in merged:
-            tree.add_edge(g, h, distance=distance[_key(g, h)])
+        if g != h and h not in merged:  # in one group of near copies, if perhaps through a third
+            tree.add_edge(g, h, distance=distance.get(_key(g, h), 1.0 - NEAR_COPY_CLOSENESS))
     tree.add_nodes_from(later)
-    _hang_merges(tree, merged, distance, pinned)
+    _hang_merges(tree, merged, distance, pinned, unmeasured)
     _join_parts(tree, distance, merged)
     for m, (x, *others) in merged.items():
         for odds in (head_odds, head_plain_odds):  # its own votes are in merge_score, the rank left out
@@ -364,22 +371,29 @@ def family_phylogeny(
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
-        confidence[(parent, child)] = sigmoid(keep - flip)  # >= 0.5: the root, the best placement, is on this side
+        # >= 0.5: the root, the best placement (to rounding: ties within 1e-9 go to the nearest member), is on this side
+        confidence[(parent, child)] = sigmoid(max(keep - flip, 0.0))
         agreeing = [_leans(x, side) for x in weak_leans]
-        if (1.0 - distance[_key(parent, child)] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects
+        if (1.0 - tree.edges[parent, child]["distance"] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects
                 or (parent, child) in swappable):
             # near copies: which of them the shape puts first is noise; a possible merge of its neighbour sits where
             # the neighbour's child would, with a parent's rank and scale; ends the distances cannot order leave the
             # shape nothing to say: only the other evidence can
             agreeing = []
         corroborated[(parent, child)] = _leans(strong_lean, side) or sum(agreeing) >= 2
+    drawn = nx.DiGraph([(p, c) for c, p in parent_of.items()])
     for m, (x, *others) in merged.items():
         if parents.get(m, [(None, "")])[0][0] != x:
             continue  # the evidence put the merge above its first parent after all: it is no merge of them
         for y in others:
+            if m in drawn and y in drawn and nx.has_path(drawn, m, y):
+                continue  # declarations that name each other: y is drawn below m already, so it is no parent of m
+            drawn.add_edge(y, m)
             parents[m].append((y, "merge"))
-            confidence[(y, m)] = sigmoid(merge_score(m, x, y))  # > 0.5: merges() took only plausible ones
-            corroborated[(y, m)] = True  # the geometry (or the declaration) and the votes
+            # merges() took only plausible ones; a declared merge whose votes lean the other way is left undecided
+            score = merge_score(m, x, y)
+            confidence[(y, m)] = sigmoid(max(score, 0.0))
+            corroborated[(y, m)] = score > 0  # the geometry (or the declaration) and the votes
     notes = _alternatives(tree, root, parents, distance, confidence, set(merged))
     for link, note in swappable.items():
         notes[link] = f"{notes[link]}; {note}" if link in notes else note
@@ -529,13 +543,16 @@ def _join_parts(tree: nx.Graph, distance: Mapping[tuple[str, str], float], merge
 
 
 def _hang_merges(tree: nx.Graph, merged: Mapping[str, tuple[str, ...]], distance: Mapping[tuple[str, str], float],
-                 pinned: set[str]) -> None:
-    """Hang each merge under its nearer parent (its second parent is linked beside the tree), then move under it
-    every member whose nearest relative it is and that is not on the path between its parents (an ancestor of its
-    parents cannot derive from it): a model derived from a merge hangs under the merge, with what derives from it.
-    A member ``pinned`` to a parent (a confirmed declaration, blocks copied verbatim) stays where it is."""
+                 pinned: set[str], unmeasured: float) -> None:
+    """Hang each merge under its first parent (its other parents are linked beside the tree; a declared one whose
+    pair has no distance is ``unmeasured`` apart), then move under it every member whose nearest relative it is and
+    that is not on the path between its parents (an ancestor of its parents cannot derive from it): a model derived
+    from a merge hangs under the merge, with what derives from it. A member ``pinned`` to a parent (a confirmed
+    declaration, blocks copied verbatim) stays where it is."""
     for m, (x, *_) in merged.items():
-        tree.add_edge(x, m, distance=distance[_key(x, m)])
+        if m in tree and x in tree and nx.has_path(tree, x, m):
+            continue  # merges declared of each other in a circle: the last is hung by its own nearest links
+        tree.add_edge(x, m, distance=distance.get(_key(x, m), unmeasured))
     for m, (x, *others) in merged.items():
         between = {x, *others, *(n for y in others if nx.has_path(tree, x, y) for n in nx.shortest_path(tree, x, y))}
         for c in sorted(tree.nodes):
@@ -570,6 +587,8 @@ def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, 
                 continue
             if q != parent_of.get(p) and 1.0 - d_pq < NEAR_COPY_CLOSENESS:
                 continue  # a sibling of the child: only a near copy of p is a candidate parent beside p
+            if (child, "alternative") in parents.get(q, ()):
+                continue  # two near copies of p below it, each a candidate for the other: one link between them
             if d_cq - d_cp < max(PLACEMENT_MARGIN * d_pq, CLOSENESS_NOISE):
                 unsure.append((1.0 - d_pq >= NEAR_COPY_CLOSENESS, (d_cq - d_cp) / d_pq, q, d_pq, d_cp, d_cq))
         if not unsure:
