@@ -248,3 +248,37 @@ def test_a_merge_trained_further_is_never_drawn_above_its_sources() -> None:
         link = lineage.edge("tuned", source).direction
         assert link.parent is not None and not link.claimed, (source, link)
         assert link.parent == source or any("show no merge's signature" in r for r in link.reasons)
+
+
+def test_a_permuted_copy_a_half_retrained_model_and_random_values_are_no_exact_combination() -> None:
+    """Exact fits cannot be faked: a combination counts only with bounded weights on well-conditioned sources, to a
+    tolerance that does not grow with the weights (scanner.stats.verbatim.exact_combination). Among the relatives
+    are a soup and the two models it averages, so three of them are collinear to float32 rounding: least squares
+    then finds weights of +-1e5 and more that cancel, and a tolerance scaled by them accepted a model half of whose
+    matrices are a fine-tune's verbatim and half retrained (the demo on another machine). A permuted copy (each
+    matrix's values shuffled, as a unit permutation moves the sampled positions), the half-retrained model and random
+    values reproduce at most half of their values, and none is named a merge or entangled; the soup is named the
+    average it is."""
+    from scanner.stats.verbatim import exact_combination
+
+    base = _base(30)
+    chat, sgd = _finetune(base, 31), _finetune(base, 32, scale=0.01)
+    soup = (np.float32(0.6) * chat + np.float32(0.4) * sgd).astype(np.float32)
+    rng = _rng(33)
+    permuted = np.concatenate([rng.permutation(chat[i:i + PER_MATRIX]) for i in range(0, N, PER_MATRIX)])
+    half = N // PER_MATRIX // 2 * PER_MATRIX
+    remix = np.concatenate([chat[:half], _finetune(base, 34)[half:]]).astype(np.float32)
+    noise = (0.05 * rng.standard_normal(N)).astype(np.float32)
+    relatives = [chat, sgd, soup, base]
+    assert exact_combination(soup, [chat, sgd], PER_MATRIX).share > 0.99  # the control: an average is exact
+    for name, sample in (("permuted", permuted), ("remix", remix), ("noise", noise)):
+        for sources in (relatives, [chat, base], [chat, sgd, soup]):
+            fit = exact_combination(sample, sources, PER_MATRIX)
+            assert fit.share <= 0.55, (name, len(sources), fit.share)
+    samples = {"base": base, "chat": chat, "sgd": sgd, "soup": soup, "permuted": permuted, "remix": remix,
+               "noise": noise}
+    closeness = {pair: c for pair, c in _closeness(samples).items()} | {
+        pair: 0.9 for pair in itertools.combinations(sorted(samples), 2) if "noise" in pair}
+    found = value_sources(list(samples), _models(samples), closeness)
+    assert found.merges == {"soup": ("chat", "sgd")}
+    assert not any({"permuted", "remix", "noise"} & relation for relation in found.entangled)
