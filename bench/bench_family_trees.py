@@ -46,7 +46,7 @@ from lineage_graph.persist import activation_scale
 from scanner.fingerprint import fingerprint_model, read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.stats.sequential import SequentialDesign
-from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, tool_zoo
+from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, method_zoo, tool_zoo
 from tests.lineage_support import (
     seed_zoo,
     true_parent_links,
@@ -128,6 +128,9 @@ def _zoo_inputs(build: Callable[[], Zoo]) -> Callable[[], Inputs]:
 def recipe(model: ZooModel) -> str:
     """The recipe a zoo model was made by, as the per-recipe table names it."""
     tool = model.details.get("tool")
+    if "recipe" in model.details:  # the method zoos name each model's recipe family
+        parents = f", {len(model.parents)} parents" if model.relation == "merge" and len(model.parents) > 2 else ""
+        return model.details["recipe"] + parents
     if model.relation == "merge":
         parents = f", {len(model.parents)} parents" if len(model.parents) > 2 else ""
         return f"merge: {model.details.get('method', 'average')}{parents}" + (" (mergekit)" if tool else "")
@@ -175,9 +178,12 @@ def groups() -> dict[str, list[tuple[str, Callable[[], Inputs]]]]:
     fitted = [("zoo (seed 0)", _zoo_inputs(lambda: build_zoo(CACHE / "zoo"))),
               *((f"small zoo seed {s}", _zoo_inputs(lambda s=s: seed_zoo(CACHE, s))) for s in (1, 2, 3)),
               ("chain of 3, seed 0", _zoo_inputs(lambda: build_chain(CACHE / "chain", spec=ChainSpec(length=3))))]
+    methods = [(f"method zoo seed {s}", _zoo_inputs(lambda s=s: method_zoo.build_method_zoo(
+        CACHE / f"method-zoo-seed{s}", spec=method_zoo.MethodZooSpec(seed=s)))) for s in method_zoo.SEEDS]
     return {"fitted": fitted + recipe_sets(held_out.FITTED_SEEDS, (4, 5), tool_zoo.FITTED_SEEDS),
             "held-out": recipe_sets(held_out.HELD_OUT_SEEDS, HELD_OUT_SMALL_SEEDS, tool_zoo.HELD_OUT_SEEDS),
-            "final": recipe_sets(held_out.FINAL_SEEDS, FINAL_SMALL_SEEDS, tool_zoo.FINAL_SEEDS)}
+            "final": recipe_sets(held_out.FINAL_SEEDS, FINAL_SMALL_SEEDS, tool_zoo.FINAL_SEEDS),
+            "methods": methods}
 
 
 @contextmanager
@@ -279,8 +285,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-real", action="store_true", help="leave out the SmolLM2 family")
     parser.add_argument("--ablations", action="store_true", help="also remove each evidence source in turn")
-    parser.add_argument("--groups", nargs="+", choices=("fitted", "held-out", "final"),
-                        default=["fitted", "held-out", "final"], help="which groups of zoos (default: all)")
+    parser.add_argument("--groups", nargs="+", choices=("fitted", "held-out", "final", "methods"),
+                        default=["fitted", "held-out", "final", "methods"], help="which groups of zoos (default: all)")
     parser.add_argument("--level", type=float, default=DEFAULT_MIN_DIRECTION_CONFIDENCE,
                         help="lineage.min_direction_confidence (default: hubtrace's)")
     args = parser.parse_args()

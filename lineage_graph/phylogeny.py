@@ -55,7 +55,7 @@ SUSPECT_RATIO = 1.10
 the weak signals cast no vote between it and them, and the link is decided only by strong evidence. DARE merges
 measured 0.98-1.02 between their two sources on the fitted merge zoos, and 1.07 on held-out seed 23, after which this
 was raised from 1.05 (so seed 23 is not out of sample for it; the final seeds are)."""
-MERGE_NEIGHBOURS = 10
+MERGE_NEIGHBOURS = 16
 """A merge is among the nearest relatives of each of its parents: only a member's this many nearest (of its shape)
 are tried as its parents, so finding merges costs n * MERGE_NEIGHBOURS^2 ratios, not n^3."""
 PLACEMENT_MARGIN = 0.3
@@ -263,9 +263,10 @@ def family_phylogeny(
     widths): only models of one shape can be averaged, so only they are tried as a merge and its parents;
     weak_log_odds: signal -> its own log-odds, for each signal that may not decide alone (what log_odds holds beyond
     corroborating_log_odds): a link is corroborated by the other votes, or by two of these and the shape;
-    no_merge(m, sources): whether other evidence rules out that m is a merge of these as made (the weight values: a
-    model that shows no merge's signature is none, lineage_graph.value_sources): the distances then do not make m their
-    merge, and a link from m to one of them drawn below it is left to the strong evidence (_trained_merge_doubts).
+    no_merge(m, sources): whether other evidence rules out that m is a merge of these by a known method (the weight
+    values: a model that shows no known merge's signature, lineage_graph.value_sources): the distances then make m
+    their merge only where the merge-blind signals read it as an average of them (_reads_as_average); any member left
+    between two others as a merge would be is drawn above them only on strong evidence (_possible_merge_doubts).
     """
     if len(members) == 1:
         only = next(iter(members))
@@ -303,17 +304,15 @@ def family_phylogeny(
         return (0.0 if m in declared_merges else geometry) + sum(_lo(head_merge_odds, p, m) for p in sources)
 
     shape = (lambda m: None) if shapes is None else (lambda m: shapes.get(m))
-    ruled_out: list[tuple[str, str, str]] = []
+    weak_by_head = [_group_odds(odds, head) for odds in (weak_log_odds or {}).values()]
 
     def plausible(m: str, x: str, y: str) -> bool:
-        if merge_score(m, x, y) <= 0:
-            return False
-        if no_merge(m, (x, y)):
-            ruled_out.append((m, x, y))
-            return False
-        return True
+        # A member whose values show no merge's signature is no merge of a known method; it is taken for one of
+        # another method only where the merge-blind signals read it as an average of both (above each of them)
+        return merge_score(m, x, y) > 0 and (not no_merge(m, (x, y)) or _reads_as_average(weak_by_head, m, x, y))
 
     merged = merges(heads, between, declared_merges, plausible, shape)
+    possible = _possible_merges(heads, between, shape)
     pinned = {h for h, b in bases.items() if len(b) == 1}
     near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
     # A model nearest to a merge that the votes put below it (a fine-tune of the merge) is placed after the merges,
@@ -366,21 +365,27 @@ def family_phylogeny(
     confidence: dict[tuple[str, str], float] = {}
     corroborated: dict[tuple[str, str], bool] = {}
     swappable = _swappable(parent_of, distance, set(merged))
-    swappable |= _trained_merge_doubts(parent_of, ruled_out)
+    doubts = _possible_merge_doubts(parent_of, possible, merged)
     for child, [(parent, _)] in list(parents.items()):
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
         # >= 0.5: the root, the best placement (to rounding: ties within 1e-9 go to the nearest member), is on this side
         confidence[(parent, child)] = sigmoid(max(keep - flip, 0.0))
-        agreeing = [_leans(x, side) for x in weak_leans]
         if (1.0 - tree.edges[parent, child]["distance"] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects
-                or (parent, child) in swappable):
+                or (parent, child) in swappable or (parent, child) in doubts):
             # near copies: which of them the shape puts first is noise; a possible merge of its neighbour sits where
             # the neighbour's child would, with a parent's rank and scale; ends the distances cannot order leave the
-            # shape nothing to say: only the other evidence can
-            agreeing = []
-        corroborated[(parent, child)] = _leans(strong_lean, side) or sum(agreeing) >= 2
+            # drawn tree nothing to say: not its shape, nor where other links' strong votes put its root (the order
+            # of the two follows from the tree's topology only where that topology is right): the pair's own
+            # strong votes alone can
+            corroborated[(parent, child)] = _lo(head_plain_odds, parent, child) > 0
+        else:
+            corroborated[(parent, child)] = _leans(strong_lean, side) or sum(_leans(x, side) for x in weak_leans) >= 2
+        if _lo(head_plain_odds, parent, child) < 0 or sum(_lo(w, parent, child) < 0 for w in head_weak) >= 2:
+            # the pair's own evidence points the other way, as it may decide: the tree's orientation (from where other
+            # links' votes put the root) is not claimed against it (a topology joined wrongly orients it wrongly)
+            corroborated[(parent, child)] = False
     drawn = nx.DiGraph([(p, c) for c, p in parent_of.items()])
     for m, (x, *others) in merged.items():
         if parents.get(m, [(None, "")])[0][0] != x:
@@ -395,7 +400,7 @@ def family_phylogeny(
             confidence[(y, m)] = sigmoid(max(score, 0.0))
             corroborated[(y, m)] = score > 0  # the geometry (or the declaration) and the votes
     notes = _alternatives(tree, root, parents, distance, confidence, set(merged))
-    for link, note in swappable.items():
+    for link, note in (*swappable.items(), *doubts.items()):
         notes[link] = f"{notes[link]}; {note}" if link in notes else note
     for q, c in notes:
         if (q, c) in corroborated:
@@ -509,22 +514,49 @@ def _swappable(parent_of: Mapping[str, str], distance: Mapping[tuple[str, str], 
     return out
 
 
-def _trained_merge_doubts(parent_of: Mapping[str, str], ruled_out: list[tuple[str, str, str]]
-                          ) -> dict[tuple[str, str], str]:
-    """Tree links (m, e) from a member m that lies between two others as their merge would, though ``no_merge`` says
-    it is none, to one of those two ends e drawn as its child, each with its note. Such an m is the middle of one
-    line of training (x -> m -> e: a later checkpoint of one run lies on the line beyond an earlier one) or a merge of
-    x and e trained further (then e came first): the distances and the values fit both, so the shape says nothing of
-    the link."""
+def _reads_as_average(weak: list[Mapping[tuple[str, str], float]], m: str, x: str, y: str) -> bool:
+    """Whether the merge-blind signals put m above both x and y, as averaging does (it spreads activations and shrinks
+    their scale): each of x and y has a signal that puts m above it and none that puts it below. A later checkpoint's
+    predecessor lies between the two ends of its line as an average would, but below one of them."""
+    return all(any(_lo(odds, m, e) > 0 for odds in weak) and not any(_lo(odds, m, e) < 0 for odds in weak)
+               for e in (x, y))
+
+
+def _possible_merges(heads: list[str], between: Mapping[tuple[str, str], float], shape: Callable[[str], object]
+                     ) -> dict[str, dict[str, str]]:
+    """Members that lie between two others of their shape as a merge of them would (MERGE_RATIO, among their
+    MERGE_NEIGHBOURS nearest): member -> each such end -> the other end. A member the tree takes for no merge may yet
+    be one, of a method that leaves no signature in the values (SCE, NuSLERP, a Karcher mean), or the middle of one
+    line of training (an earlier checkpoint); a merge found of some relatives may be made of such an end too (a
+    source the search did not name, not a fine-tune of it: that would lie beyond it, at a ratio near 1). Either way
+    it may be made of the ends, so it is drawn as the parent of one of them only on that pair's own strong
+    evidence."""
+    out: dict[str, dict[str, str]] = {}
+    for m in heads:
+        near = sorted((o for o in heads if o != m and _key(m, o) in between and shape(o) == shape(m)),
+                      key=lambda o: (between[_key(m, o)], o))[:MERGE_NEIGHBOURS]
+        for i, x in enumerate(near):
+            for y in near[i + 1:]:
+                if (r := merge_ratio(between, x, m, y)) is not None and r <= MERGE_RATIO:
+                    out.setdefault(m, {}).setdefault(x, y)
+                    out[m].setdefault(y, x)
+    return out
+
+
+def _possible_merge_doubts(parent_of: Mapping[str, str], possible: Mapping[str, Mapping[str, str]],
+                           merged: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], str]:
+    """Tree links (m, e) from a possible merge m (_possible_merges) to one of the ends it lies between, drawn as its
+    child, each with its note (a merge's link to its own first parent is its geometry's)."""
     out = {}
-    for m, x, y in ruled_out:
-        for end, other in ((x, y), (y, x)):
-            if parent_of.get(end) == m:
-                out[(m, end)] = (
-                    f"{m} lies between {other} and {end} as their merge would, but its weight values show no merge's "
-                    f"signature: either {end} was trained on from {m} (a later checkpoint of one run), or {m} is a "
-                    f"merge of {other} and {end} trained further, so which of {m} and {end} came first the distances "
-                    "and the shape cannot say")
+    for end, m in parent_of.items():
+        if m in merged.get(end, ()) or end not in possible.get(m, {}):
+            continue
+        other = possible[m][end]
+        out[(m, end)] = (
+            f"{m} lies between {other} and {end} as their merge would: it may be a merge of them by a method that "
+            f"leaves no known signature in the weight values, or {end} may have been trained on from {m} (a later "
+            f"checkpoint of one run); the rank, the scale and the tree's shape cannot tell the two apart, so {m} is "
+            f"drawn as the parent of {end} only on their own strong evidence")
     return out
 
 

@@ -219,7 +219,7 @@ def test_a_later_checkpoint_of_one_run_is_no_merge_of_its_neighbours() -> None:
     assert _parents(read)["first"] == {"base"} and _parents(read)["later"] == {"first"}
     link = read.edge("first", "later").direction
     assert link.parent == "first" and not link.claimed
-    assert any("show no merge's signature" in r for r in link.reasons)
+    assert any("no known signature" in r for r in link.reasons)
     found = value_sources(list(samples), _models(samples), closeness)
     assert found.rules_out_merge("first", ("base", "later"))
     average = (0.5 * base + 0.5 * later).astype(np.float32)
@@ -232,9 +232,12 @@ def test_a_later_checkpoint_of_one_run_is_no_merge_of_its_neighbours() -> None:
 
 
 def test_a_merge_trained_further_is_never_drawn_above_its_sources() -> None:
-    """A merge of two siblings trained a little further is plain (it keeps no value and is no exact average), so it is
-    no longer taken for their merge; it still lies between them, and the tree, which cannot tell it from the middle of
-    a line of training, claims no link between it and either of them (both links undecided with the reason)."""
+    """A merge of two siblings trained a little further is plain (it keeps no value and is no exact average), so the
+    values name no merge; it still lies between them. Where its activations read as neither an average of the two
+    nor their parent (the rank tells it from neither), the tree, which cannot tell it from the middle of a line of
+    training, claims no link between it and either of them (both links undecided with the reason); where they read
+    as an average of both (a higher rank than either, as averaging gives), it is drawn as their merge, of a method
+    that leaves no known signature, below both."""
     base = _base(80)
     x, y, other = _finetune(base, 81), _finetune(base, 82), _finetune(base, 83)
     tuned = (0.5 * x + 0.5 * y + 0.002 * _rng(84).standard_normal(N)).astype(np.float32)
@@ -242,12 +245,17 @@ def test_a_merge_trained_further_is_never_drawn_above_its_sources() -> None:
     closeness = {("base", "x"): 0.70, ("base", "y"): 0.70, ("x", "y"): 0.50, ("tuned", "x"): 0.80,
                  ("tuned", "y"): 0.80, ("base", "tuned"): 0.78, ("base", "other"): 0.72, ("other", "x"): 0.50,
                  ("other", "y"): 0.50, ("other", "tuned"): 0.55}
-    lineage = _lineage(samples, closeness, rank={"tuned": 30.0})
     assert value_sources(list(samples), _models(samples), closeness).rules_out_merge("tuned", ("x", "y"))
+    lineage = _lineage(samples, closeness)
     for source in ("x", "y"):
         link = lineage.edge("tuned", source).direction
         assert link.parent is not None and not link.claimed, (source, link)
-        assert link.parent == source or any("show no merge's signature" in r for r in link.reasons)
+        assert link.parent == source or any("no known signature" in r for r in link.reasons)
+    averaged = _lineage(samples, closeness, rank={"tuned": 30.0})
+    assert _parents(averaged)["tuned"] == {"x", "y"}
+    for source in ("x", "y"):
+        link = averaged.edge("tuned", source).direction
+        assert link.parent == source, (source, link)
 
 
 def test_a_permuted_copy_a_half_retrained_model_and_random_values_are_no_exact_combination() -> None:

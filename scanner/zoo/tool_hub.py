@@ -2,7 +2,8 @@
 uploaded twice (PEFT's adapter-only folder, and the same LoRA merged into its base), SLERP, TIES and linear merges
 and a passthrough frankenmerge that stacks blocks of a fine-tune and then of the base (a deeper model whose blocks past
 the first few match the base's only out of line, so that the base is not among the four nearest relatives it is
-block-mapped onto), each merge folder keeping the ``mergekit_config.yml`` mergekit wrote, and a fine-tune of the SLERP merge.
+block-mapped onto), each merge folder keeping the ``mergekit_config.yml`` mergekit wrote, and a fine-tune of the
+SLERP merge.
 
 It is the shape of hub that ended a scan in a traceback (issue 47: a frankenmerge declaring a parent whose distance
 the tree's table lacked), made small: tiny Llama models, seconds of training each. Every folder's README.md is removed
