@@ -33,13 +33,13 @@ import argparse
 import itertools
 import pickle
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import networkx as nx
 
-from lineage_graph import direction, phylogeny
+from lineage_graph import phylogeny
+from lineage_graph.direction import DEFAULT_WEIGHING
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockMap, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.persist import activation_scale
@@ -186,21 +186,6 @@ def groups() -> dict[str, list[tuple[str, Callable[[], Inputs]]]]:
             "methods": methods}
 
 
-@contextmanager
-def without(source: str | None):
-    """Remove one evidence source for the duration: a vote signal or the shape prior."""
-    saved, shape = dict(direction.RELIABILITY), phylogeny.SHAPE_PRIOR
-    if source == "shape":
-        phylogeny.SHAPE_PRIOR = False
-    elif source:
-        direction.RELIABILITY[source] = 0.5
-    try:
-        yield
-    finally:
-        direction.RELIABILITY.update(saved)
-        phylogeny.SHAPE_PRIOR = shape
-
-
 def _bin(confidence: float) -> int:
     return next(k for k in range(len(BINS) - 1) if confidence < BINS[k + 1] or k == len(BINS) - 2)
 
@@ -305,9 +290,9 @@ def main() -> None:
         for label, source in sets:
             inputs = source()
             for name, dropped in runs:
-                with without(dropped):
-                    lineage = compute_lineage(withhold_cards(inputs.models), inputs.tests,
-                                              min_direction_confidence=args.level, block_maps=inputs.block_maps)
+                weighing = DEFAULT_WEIGHING.without(dropped) if dropped else DEFAULT_WEIGHING
+                lineage = compute_lineage(withhold_cards(inputs.models), inputs.tests, weighing=weighing,
+                                          min_direction_confidence=args.level, block_maps=inputs.block_maps)
                 tallies = score(lineage, inputs)
                 t = total(tallies)
                 totals[(group, name)] = totals.get((group, name), Tally()) + t

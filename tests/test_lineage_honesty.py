@@ -19,7 +19,7 @@ import pytest
 
 from lineage_graph import phylogeny
 from lineage_graph.block_maps import copied_sources, map_closeness, reading
-from lineage_graph.direction import RELIABILITY, combine, orient
+from lineage_graph.direction import SIGNALS, combine, orient
 from lineage_graph.discrepancies import ACCUSATIONS, CANNOT_TELL
 from lineage_graph.evidence import BlockLink, ModelInfo, PairTest
 from lineage_graph.kinship import describe
@@ -89,7 +89,7 @@ def test_a_three_parent_merge_gets_every_parent_and_a_merge_child_hangs_under_th
     assert links["m3-ft"] == (("m3", "tree"),)
     for parent in "abc":
         d = lineage.edge(parent, "m3").direction
-        assert (d.parent, d.child) == (parent, "m3") and d.confidence >= RELIABILITY["activation_rank"]
+        assert (d.parent, d.child) == (parent, "m3") and d.confidence >= SIGNALS["activation_rank"].reliability
     ratio = phylogeny.merge_ratio({k: -math.log(v) for k, v in closeness.items()}, "a", "m3", "b")
     assert ratio < phylogeny.MERGE_RATIO - 0.1  # found far inside the threshold
 
@@ -177,7 +177,7 @@ def test_the_block_map_tells_a_depth_up_scaling_from_a_prune() -> None:
     base, deep = ModelInfo("o/base", **SHAPE), ModelInfo("o/up", **{**SHAPE, "n_layers": 6})
     up = orient(base, deep, {}, upscale)
     assert (up.parent, up.child) == ("o/base", "o/up") and up.reasons[0].startswith("block_map:")
-    assert up.confidence == pytest.approx(RELIABILITY["block_map"]) and up.corroborated
+    assert up.confidence == pytest.approx(SIGNALS["block_map"].reliability) and up.corroborated
     shallow = ModelInfo("o/lite", **{**SHAPE, "n_layers": 3})
     assert orient(base, shallow, {}, prune).parent == "o/base"
     assert orient(base, deep, {}).reasons[0].startswith("depth:")  # no map: the depth vote, below the level
