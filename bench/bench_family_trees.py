@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -270,7 +271,7 @@ def reliability_table(totals: dict[str, Tally]) -> list[str]:
 def recipe_family(recipe_name: str) -> str:
     """The family a recipe belongs to for held-out-recipe figures: its method or derivation, whatever the number of
     its parents (a NuSLERP merge with and without a base is one family)."""
-    return recipe_name.split(", ", 1)[0]
+    return re.sub(r", \d+ parents", "", recipe_name)
 
 
 def weak_votes(inputs: Inputs) -> list[tuple[str, str, bool]]:
@@ -322,7 +323,6 @@ def held_out_recipes(sets: list[tuple[str, Inputs]], level: float) -> dict[str, 
                 if recipe_family(recipe_name) == family:
                     tally = tally + t
         out[family] = (tally, weighing)
-        print(row(family, "held out", tally), flush=True)
     return out
 
 
