@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from lineage_graph.link_routes import link_bends
 from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn, link_kind
 from scanner.text_safety import html_text, script_json, visible
 
@@ -65,7 +66,7 @@ function draw() {
     g.addEventListener('click', () => select(n.id)); byId[n.id] = g;
   }
 }
-// A link the layout bends (past the boxes between its ends: export.link_bends): the same quadratic curve as the
+// A link the layout bends (past the boxes between its ends: link_routes.link_bends): the same quadratic curve as the
 // PNG's, its middle control point `bend` layout units across the line, drawn between the two boxes.
 function bent(a, b, bend) {
   const len = Math.hypot(b[0] - a[0], b[1] - a[1]) || 1;
@@ -153,9 +154,7 @@ def _legend() -> str:
 
 def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: str = "hubtrace lineage") -> str:
     """The page as one string: graph data as inline JSON, drawing and interaction in inline script. Links the layout
-    bends past other boxes (export.link_bends) carry their bend, drawn as the PNG draws them."""
-    from lineage_graph.export import link_bends
-
+    bends past other boxes (link_routes.link_bends) carry their bend, drawn as the PNG draws them."""
     bends = link_bends(graph, pos)
     data = {
         "nodes": [{"id": n, **{k: v for k, v in a.items() if k != "label"}} for n, a in sorted(graph.nodes(data=True))],
