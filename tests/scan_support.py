@@ -45,9 +45,15 @@ def query(db: Path, sql: str, params: list | None = None) -> pl.DataFrame:
 
 
 def scan_subset(zoo: Zoo, models: tuple[str, ...], root: Path) -> Path:
-    """These zoo models as a finished scan leaves them (models, fingerprint files, every pair's test, the lineage
-    rebuilt), written by the scan's own discovery, fingerprinting, storing, planning and lineage steps; the pairs
-    compared in this process (the scan's compare_batch would start Ray). Returns the database."""
+    """These zoo models as a finished scan leaves them (scan_folder on a copy of them under ``root/hub``)."""
+    return scan_folder(copy_models(zoo, models, root / "hub"), root)
+
+
+def scan_folder(hub: Path, root: Path) -> Path:
+    """The models of the hub folder ``hub`` as a finished scan leaves them (models, fingerprint files, every pair's
+    test, the lineage rebuilt, the exports written), by the scan's own discovery, fingerprinting, storing, planning
+    and lineage steps, its output under ``root/out``; the pairs compared in this process (the scan's compare_batch
+    would start Ray). Returns the database."""
     from rich.console import Console
 
     from jobs.actors import fingerprint_record
@@ -56,7 +62,7 @@ def scan_subset(zoo: Zoo, models: tuple[str, ...], root: Path) -> Path:
     from scanner.fingerprint_compare import compare_fingerprints
     from scanner.fingerprint_store import FingerprintStore
 
-    config = scan_config(copy_models(zoo, models, root / "hub"), root / "out")
+    config = scan_config(hub, root / "out")
     config.db_path.parent.mkdir(parents=True)
     with Store(config.db_path) as store:
         fingerprints = FingerprintStore(config.fingerprint_location)
