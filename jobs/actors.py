@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from scanner.fingerprint import FingerprintMeta
     from scanner.pair_worker import PairWorker
     from scanner.sources import ModelRecord
-    from scanner.stats.matching import AssignmentSolver
+    from scanner.stats.matching import MatchingRule
     from scanner.stats.sequential import SequentialDesign
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class FingerprintWorker:
 
 
 def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
-                  workers: int = 1, solver: AssignmentSolver = "auto", cache: DiskCacheSpec | None = None,
+                  workers: int = 1, rule: MatchingRule = "greedy", cache: DiskCacheSpec | None = None,
                   probe: StoreProbe | None = None) -> list[PairOutcome]:
     """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
     gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing
@@ -236,8 +236,8 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     if unreachable is not None:
         return [PairOutcome(job, error=unreachable) for job in jobs]
     device = pick_device()
-    worker = (_resident_pair_worker(device, statistic, design, workers, solver, cache) if device != "cpu"
-              else PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver,
+    worker = (_resident_pair_worker(device, statistic, design, workers, rule, cache) if device != "cpu"
+              else PairWorker(device, statistic=statistic, design=design, workers=workers, rule=rule,
                               disk_cache=_disk_cache(cache)))
     out = []
     for job in jobs:
@@ -276,10 +276,10 @@ def _disk_cache(spec: DiskCacheSpec | None) -> FingerprintCache | None:
 
 @functools.cache
 def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int,
-                          solver: AssignmentSolver, cache: DiskCacheSpec | None) -> PairWorker:
+                          rule: MatchingRule, cache: DiskCacheSpec | None) -> PairWorker:
     from scanner.pair_worker import PairWorker
 
-    return PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver,
+    return PairWorker(device, statistic=statistic, design=design, workers=workers, rule=rule,
                       disk_cache=_disk_cache(cache))
 
 

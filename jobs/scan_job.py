@@ -310,10 +310,10 @@ class _Scan:
         sequential = self.config.pairs.sequential
         design = sequential.design() if sequential is not None else None
         workers = max(1, int(self.config.ray.cpus_per_pair_task))  # blocks compared at once: the task's CPUs
-        solver = self.config.devices.assignment_solver
+        rule = self.config.pairs.matching
         cache = None if self.fingerprints.is_local else DiskCacheSpec(self.config.fingerprint_cache.dir,
                                                                       self.config.fingerprint_cache.max_bytes)
-        args = (self.config.statistic, design, workers, solver, cache, self.probe)
+        args = (self.config.statistic, design, workers, rule, cache, self.probe)
         unreachable: list[PairJob] = []   # pairs sent to a late-joining node that cannot reach the store
         for _batch, ref in windowed(work, lambda b: task.remote(b, *args), shape.max_in_flight):
             outcomes: list[PairOutcome] = ray.get(ref)

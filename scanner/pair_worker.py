@@ -25,7 +25,7 @@ from scanner.fingerprint_cache import FingerprintCache
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.fingerprint_store import LazyBlocks, is_url, open_fingerprint_at, read_fingerprint_at
 from scanner.results import PairTestResult
-from scanner.stats.matching import AssignmentSolver
+from scanner.stats.matching import MatchingRule
 from scanner.stats.sequential import SequentialDesign
 
 HOST_CACHE_BYTES = 2 << 30
@@ -47,11 +47,11 @@ class PairWorker:
         statistic: str = "match",
         design: SequentialDesign | None = None,
         workers: int = 1,
-        solver: AssignmentSolver = "auto",
+        rule: MatchingRule = "greedy",
         cache_bytes: int | None = None,
         disk_cache: FingerprintCache | None = None,
     ) -> None:
-        self.device, self.statistic, self.design, self.workers, self.solver = device, statistic, design, workers, solver
+        self.device, self.statistic, self.design, self.workers, self.rule = device, statistic, design, workers, rule
         self.cache_bytes = _default_cache_bytes(device) if cache_bytes is None else cache_bytes
         self.disk_cache = disk_cache
         self._cache: OrderedDict[str, Fingerprint] = OrderedDict()
@@ -63,7 +63,7 @@ class PairWorker:
         (``sha256_*``: the files' recorded sha256, the disk cache's key besides the address)."""
         result = compare_fingerprints(self.fingerprint(address_a, sha256_a), self.fingerprint(address_b, sha256_b),
                                       self.statistic, device=self.device, design=self.design, workers=self.workers,
-                                      block_map=block_map or None, solver=self.solver)
+                                      block_map=block_map or None, rule=self.rule)
         self._evict()  # lazily opened fingerprints have grown by the blocks the test fetched
         return result
 
