@@ -52,49 +52,80 @@ def greedy_matching(similarity: Any, *, candidates: int = CANDIDATES) -> np.ndar
     free_column = torch.ones(m, dtype=torch.bool, device=s.device)
     rows = torch.arange(n, device=s.device)
     while rows.numel():
-        if rows.numel() == n:
-            values, positions = torch.topk(s, min(candidates, m), dim=1)
-            columns = positions
+        if rows.numel() == n:  # the first stage: every row, every column
+            values, columns = torch.topk(s, min(candidates, m), dim=1)
         else:
             free = torch.nonzero(free_column).flatten()
             values, positions = torch.topk(s[rows][:, free], min(candidates, free.numel()), dim=1)
             columns = free[positions]
         if not bool(torch.isfinite(values).all()):
             raise ValueError("similarity contains NaN or infinite entries")
-        matched = _mutual_best_rounds(rows, values, columns, free_column)
-        column[rows] = matched
-        rows = rows[matched < 0]
+        matched = _mutual_best_rounds(values, columns, free_column)
+        column[rows] = torch.as_tensor(matched, device=s.device)
+        rows = rows[column[rows] < 0]
     return column.cpu().numpy()
 
 
-def _mutual_best_rounds(rows: Any, values: Any, columns: Any, free_column: Any) -> Any:
-    """The greedy matching of the candidate graph (rows[i] may take columns[i, c] at values[i, c]): each row's
-    column, -1 for a row whose candidates were all taken. Marks the taken columns in ``free_column``."""
-    import torch
+def _mutual_best_rounds(values: Any, columns: Any, free_column: Any) -> Any:
+    """The greedy matching of the candidate graph (row i may take column columns[i, c] at values[i, c]): each row's
+    column, -1 for a row whose candidates were all taken. Marks the taken columns in ``free_column``.
 
-    out = torch.full((rows.numel(),), -1, dtype=torch.int64, device=rows.device)
-    index = torch.arange(rows.numel(), device=rows.device)  # positions in ``out`` of the rows still in play
-    width = free_column.numel()
-    while index.numel():
-        offered = torch.where(free_column[columns], values, torch.full_like(values, -torch.inf))
-        best, at = offered.max(dim=1)
-        live = best > -torch.inf
-        if not bool(live.all()):  # rows whose candidates were all taken leave the rounds
-            index, values, columns, offered, best, at = (x[live] for x in (index, values, columns, offered, best, at))
-            if index.numel() == 0:
-                break
-        column_best = torch.full((width,), -torch.inf, dtype=offered.dtype, device=offered.device)
-        column_best.scatter_reduce_(0, columns.flatten(), offered.flatten(), "amax")
-        chosen = columns.gather(1, at[:, None])[:, 0]
-        mutual = best == column_best[chosen]
-        # an exact tie of two rows for one column: the lower row is matched, the other tries again next round
-        first = torch.full((width,), out.numel(), dtype=torch.int64, device=index.device)
-        first.scatter_reduce_(0, chosen[mutual], index[mutual], "amin")
-        mutual &= first[chosen] == index
-        if not bool(mutual.any()):  # impossible: the largest candidate entry left is always mutual-best
+    The candidate entries are kept as flat arrays, and every step is a gather or a scatter over them (a reduction
+    over each row's few candidates is many times slower). On a CPU the rounds run in numpy: torch's CPU kernels for
+    arrays this small cost 5-25 times numpy's (its threads wait on each other on a busy machine)."""
+    ops = _Ops(values.device)
+    if ops.numpy:
+        values, columns, free_column_here = values.numpy(), columns.numpy(), free_column.numpy()
+    else:
+        free_column_here = free_column
+    (n, k), width = values.shape, free_column_here.shape[0]
+    out = ops.full(n, -1)
+    owner = ops.repeat(n, k)  # each entry's row
+    columns, values = columns.reshape(-1), values.reshape(-1)
+    unmatched = ops.full(n, True)
+    while True:
+        live = free_column_here[columns] & unmatched[owner]  # entries whose row and column are both free
+        owner, columns, values = owner[live], columns[live], values[live]
+        if owner.shape[0] == 0:
+            return out
+        row_best = ops.reduce(n, owner, values, "max")
+        column_best = ops.reduce(width, columns, values, "max")
+        mutual = (values == row_best[owner]) & (values == column_best[columns])
+        # exact ties: one entry per column (the lower row), then one per row (the lower column)
+        for key, other, size in ((columns, owner, width), (owner, columns, n)):
+            mutual &= other == ops.reduce(size, key[mutual], other[mutual], "min")[key]
+        if not bool(mutual.any()):  # impossible: the largest entry left is always mutual-best
             raise RuntimeError("the greedy matching made no progress")
-        out[index[mutual]] = chosen[mutual]
-        free_column[chosen[mutual]] = False
-        keep = ~mutual
-        index, values, columns = index[keep], values[keep], columns[keep]
-    return out
+        out[owner[mutual]] = columns[mutual]
+        free_column_here[columns[mutual]] = False
+        unmatched[owner[mutual]] = False
+
+
+class _Ops:
+    """The few array operations of the rounds, for numpy (a CPU) or torch (any other device)."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch, self.device, self.numpy = torch, device, device.type == "cpu"
+
+    def full(self, size: int, value: int | bool) -> Any:
+        if self.numpy:
+            return np.full(size, value)
+        return self.torch.full((size,), value, device=self.device)
+
+    def repeat(self, n: int, k: int) -> Any:
+        """0, ..., 0, 1, ..., 1, ...: each of n rows k times."""
+        if self.numpy:
+            return np.repeat(np.arange(n), k)
+        return self.torch.arange(n, device=self.device).repeat_interleave(k)
+
+    def reduce(self, size: int, index: Any, values: Any, how: str) -> Any:
+        """out[j] = max (or min) of values[index == j]; -inf (max) or a value above any index (min) where none."""
+        start = -np.inf if how == "max" else np.iinfo(np.int64).max
+        if self.numpy:
+            out = np.full(size, start, dtype=values.dtype)
+            (np.maximum if how == "max" else np.minimum).at(out, index, values)
+            return out
+        out = self.torch.full((size,), start, dtype=values.dtype, device=self.device)
+        return out.scatter_reduce_(0, index, values, "amax" if how == "max" else "amin")
