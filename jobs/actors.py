@@ -37,6 +37,7 @@ REASON_CHARS = 4000
 
 if TYPE_CHECKING:
     from scanner.fingerprint import FingerprintMeta
+    from scanner.pair_block_map import BlockMap
     from scanner.pair_worker import PairWorker
     from scanner.sources import ModelRecord
     from scanner.stats.matching import MatchingRule
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 class WorkFailure:
     """Why one model (or pair) failed: the stage it reached, the exception type and a one-line reason."""
 
-    stage: str        # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "worker" | "discover" | "store"
+    # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "block_map" | "worker" | "discover" | "store"
+    stage: str
     error_type: str
     reason: str
 
@@ -96,9 +98,14 @@ class PairJob:
 
 @dataclass(frozen=True)
 class PairOutcome:
+    """A pair's test (or the error that stopped it) and, for a related pair whose depths differ, its block map (or
+    the error that stopped the map alone: the test stands)."""
+
     job: PairJob
     result: PairTestResult | None = None
     error: WorkFailure | None = None
+    block_map: BlockMap | None = None
+    map_error: WorkFailure | None = None
 
 
 def _failed(record: ModelRecord, stage: str, error: BaseException, started: float) -> FingerprintOutcome:
@@ -229,7 +236,8 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     remote fingerprints (scanner.fingerprint_cache), shared by every pair task on the node; None: no disk cache.
     ``probe``: on a node that joined after the scan started, the store probe runs first (once per node); if the
     node cannot reach the store, every pair of the batch comes back as a ``store`` error (the driver retries them
-    on a node probed at start)."""
+    on a node probed at start). A related pair whose depths differ gets its block map on the same worker, right after
+    its test (scanner.pair_block_map)."""
     from scanner.pair_worker import PairWorker
 
     unreachable = _unreachable_store(probe)
@@ -242,10 +250,18 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     out = []
     for job in jobs:
         try:
-            out.append(PairOutcome(job, result=worker.compare(job.path_a, job.path_b, job.block_map,
-                                                              sha256_a=job.sha256_a, sha256_b=job.sha256_b)))
+            result = worker.compare(job.path_a, job.path_b, job.block_map, sha256_a=job.sha256_a,
+                                    sha256_b=job.sha256_b)
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e, REASON_CHARS))))
+            continue
+        try:
+            links = worker.block_map(job.path_a, job.path_b, result, sha256_a=job.sha256_a, sha256_b=job.sha256_b)
+        except Exception as e:  # noqa: BLE001 - the map alone is lost; the lineage reads the pair without one
+            out.append(PairOutcome(job, result=result,
+                                   map_error=WorkFailure("block_map", type(e).__name__, one_line(e, REASON_CHARS))))
+            continue
+        out.append(PairOutcome(job, result=result, block_map=links))
     return out
 
 

@@ -283,7 +283,7 @@ def _unit_blocks(blocks: list[list[MLPActivations]], device: str, up_sign_free: 
             screen = e.screen(up_sign_free)
             kept = np.flatnonzero(screen.informative)
             gate, stored_up = (merge_groups(x, screen, flip) if screen.duplicated else x[kept]
-                               for x, flip in ((e.gate, False), (e.up, up_sign_free)))
+                               for x, flip in ((_on_host(e.gate), False), (_on_host(e.up), up_sign_free)))
             rows = [unit_rows(x) for x in (gate, decoupled_up(gate, stored_up), stored_up)]
             if device != "cpu":
                 import torch
@@ -292,6 +292,11 @@ def _unit_blocks(blocks: list[list[MLPActivations]], device: str, up_sign_free: 
             units.append(Units(*rows, kept, e.gate.shape[0]))
         out.append(units)
     return out
+
+
+def _on_host(view: Any) -> np.ndarray:
+    """A view as a numpy array (a pair worker on a GPU holds its fingerprints there as torch tensors)."""
+    return view.float().cpu().numpy() if hasattr(view, "cpu") else np.asarray(view)
 
 
 def _on_cpu(block: list[Units]) -> list[tuple[np.ndarray, np.ndarray]]:
