@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy.stats import kstest
 
+from scanner.stats.assignment import greedy
 from scanner.stats.assignment.greedy import greedy_matching
 from scanner.stats.independence import phi_match
 from scanner.stats.logp import log10_matching_p
@@ -65,6 +66,21 @@ def test_a_torch_matrix_gives_the_numpy_matching() -> None:
     similarity = _gaussian(np.random.default_rng(4), 256, 300)
     np.testing.assert_array_equal(greedy_matching(torch.from_numpy(similarity.copy()), candidates=2),
                                   greedy_matching(similarity, candidates=2))
+
+
+def test_the_rounds_a_gpu_runs_in_torch_give_the_rounds_a_cpu_runs_in_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rule on every device: the torch rounds (run here on the CPU in place of a GPU) give the numpy ones'
+    matching, over several stages."""
+    similarity = _gaussian(np.random.default_rng(10), 300, 360)
+    on_numpy = greedy_matching(similarity, candidates=2)
+
+    class TorchRounds(greedy._Ops):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(device)
+            self.numpy = False
+
+    monkeypatch.setattr(greedy, "_Ops", TorchRounds)
+    np.testing.assert_array_equal(greedy_matching(similarity, candidates=2), on_numpy)
 
 
 def test_non_finite_entries_are_refused() -> None:
