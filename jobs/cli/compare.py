@@ -48,8 +48,8 @@ def test_command(
         "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
     ] = False,
     matching: Annotated[str, typer.Option(
-        help="How MATCH pairs units (--stat match, up, hidden): greedy (default) or exact, the paper's maximum-weight "
-             "assignment (slower on unrelated models; for disputes).")] = "greedy",
+        help="How MATCH pairs units (--stat match, up, hidden): auction (default: the candidate auction) or exact (the "
+             "paper's maximum-weight assignment, certified; slower on unrelated models; for disputes).")] = "auction",
 ) -> None:
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
@@ -96,7 +96,7 @@ def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> dict[PairK
 
 
 def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,
-                  follow_links: bool = False, rule: MatchingRule = "greedy") -> PairTestResult:
+                  follow_links: bool = False, rule: MatchingRule = "auction") -> PairTestResult:
     """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints (files, or URLs of an object store read
     through scanner.fingerprint_store), computing any side given as a folder."""
     from scanner.errors import IncomparableError

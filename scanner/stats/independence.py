@@ -60,13 +60,13 @@ def _identity_correlation(rows_a: np.ndarray, rows_b: np.ndarray, similarity: Ca
                      set_aside=describe(a, b))
 
 
-def phi_u(up_a: np.ndarray, up_b: np.ndarray, *, rule: MatchingRule = "greedy") -> BlockTest:
+def phi_u(up_a: np.ndarray, up_b: np.ndarray, *, rule: MatchingRule = "auction") -> BlockTest:
     """phi_U: Spearman between MATCH of the up-projection weights (h, d) and the identity."""
     return _identity_correlation(up_a, up_b, lambda ka, kb: cosine_similarity_matrix(up_a[ka], up_b[kb]), rule)
 
 
 def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = None,
-          rule: MatchingRule = "greedy") -> BlockTest:
+          rule: MatchingRule = "auction") -> BlockTest:
     """phi_H: Spearman between MATCH of the down-projection inputs (h, tokens) and the identity."""
     return _identity_correlation(
         hidden_a, hidden_b, lambda ka, kb: cosine_similarity_matrix(hidden_a[ka], hidden_b[kb], device=device), rule
@@ -75,7 +75,7 @@ def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = No
 
 def phi_match(
     gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray, *, device: str | None = None,
-    up_sign_free: bool = False, rule: MatchingRule = "greedy",
+    up_sign_free: bool = False, rule: MatchingRule = "auction",
 ) -> BlockTest:
     """Robust phi_MATCH: Spearman between the gate-activation and the up-activation matchings.
 
@@ -92,7 +92,7 @@ def phi_match(
 
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any, stored_up: tuple[Any, Any],
-                         up_sign_free: bool = False, rule: MatchingRule = "greedy") -> BlockTest:
+                         up_sign_free: bool = False, rule: MatchingRule = "auction") -> BlockTest:
     """phi_MATCH from the two precomputed cosine matrices (gate, and up as the test reads it: decoupled_up), each
     shaped (units_a, units_b); ``stored_up``: both sides' up rows as stored, in the matrices' unit order, which the
     closeness reads (paired_cosine)."""
@@ -106,7 +106,7 @@ MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def phi_match_many(
-    blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "greedy",
+    blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "auction",
     max_matrix_bytes: int | None = None, up_sign_free: bool = False,
     screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None,
 ) -> list[BlockTest]:
@@ -115,7 +115,7 @@ def phi_match_many(
     units again that a caller screened before.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
-    GPU memory) are built there in one go and matched there (the greedy rule; the exact rule selects candidates
+    GPU memory) are built there in one go and matched there (the auction; the exact rule selects candidates
     there and solves on the host). On the host one block's matrices are held at a time.
     """
     if max_matrix_bytes is None:

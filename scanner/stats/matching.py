@@ -1,9 +1,10 @@
 """MATCH (Algorithm 2): align the hidden units of two layers on the cosine similarity of their rows.
 
-The paper matches by the maximum-weight assignment; hubtrace's default is the greedy matching
-(scanner.stats.assignment.greedy), which keeps what the p-values need (a function of one similarity matrix, the same
-whatever order the units come in) at about the cost of the matrix itself. ``rule="exact"`` gives the paper's
-assignment, certified optimal (scanner.stats.assignment), for disputes.
+The paper matches by the maximum-weight assignment; hubtrace's default is an auction over each unit's 16 best
+candidates with a bounded number of rounds (scanner.stats.assignment.auction), which keeps what the p-values need (a
+function of one similarity matrix, the same whatever order the units come in), comes within about 3e-4 of the
+optimum per unit, and costs about as much as the matrix itself, on the matrix's own device. ``rule="exact"`` gives
+the paper's assignment, certified optimal (scanner.stats.assignment), for disputes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from scanner.stats.assignment import max_weight_assignment
-from scanner.stats.assignment.greedy import greedy_matching
+from scanner.stats.assignment.auction import auction_matching
 
 _NORM_FLOOR = 1e-12
 
@@ -93,8 +94,8 @@ def unit_rows_tensor(a: Any) -> Any:
     return a / torch.linalg.vector_norm(a, dim=1, keepdim=True).clamp_min(_NORM_FLOOR)
 
 
-MatchingRule = Literal["greedy", "exact"]
-"""How MATCH pairs units: ``greedy`` (default) the greedy matching of scanner.stats.assignment.greedy, on the
+MatchingRule = Literal["auction", "exact"]
+"""How MATCH pairs units: ``auction`` (default) the candidate auction of scanner.stats.assignment.auction, on the
 matrix's own device; ``exact`` the maximum-weight assignment (the paper's), certified optimal by the host's sparse
 solver (scanner.stats.assignment), for disputes. Both are complete matchings of the smaller side, and both are
 functions of the one matrix that permute with its rows and columns, so the p-values are valid either way
@@ -102,12 +103,12 @@ functions of the one matrix that permute with its rows and columns, so the p-val
 MATCHING_RULES: tuple[str, ...] = get_args(MatchingRule)
 
 
-def match(a: np.ndarray, b: np.ndarray, rule: MatchingRule = "greedy") -> Matching:
+def match(a: np.ndarray, b: np.ndarray, rule: MatchingRule = "auction") -> Matching:
     """MATCH on the rows' cosine similarity (rectangular: every smaller-side row is paired)."""
     return match_similarity(cosine_similarity_matrix(a, b), rule)
 
 
-def match_similarity(similarity: Any, rule: MatchingRule = "greedy") -> Matching:
+def match_similarity(similarity: Any, rule: MatchingRule = "auction") -> Matching:
     """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device)."""
     if rule not in MATCHING_RULES:
         raise ValueError(f"unknown matching rule {rule!r}; choose one of {', '.join(MATCHING_RULES)}")
@@ -123,7 +124,7 @@ def _matched(similarity: Any, rule: MatchingRule) -> tuple[np.ndarray, np.ndarra
     """(rows, their columns) for a matrix with rows <= cols, every row matched."""
     if rule == "exact":
         return max_weight_assignment(similarity)
-    return np.arange(similarity.shape[0]), greedy_matching(similarity)
+    return np.arange(similarity.shape[0]), auction_matching(similarity)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:

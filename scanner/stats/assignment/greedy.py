@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from scanner.stats.assignment.arrays import Ops
+
 CANDIDATES = 16
 """Each row's candidates per stage (bench/bench_matching_rule.py compares others)."""
 
@@ -71,13 +73,10 @@ def _mutual_best_rounds(values: Any, columns: Any, free_column: Any) -> Any:
     column, -1 for a row whose candidates were all taken. Marks the taken columns in ``free_column``.
 
     The candidate entries are kept as flat arrays, and every step is a gather or a scatter over them (a reduction
-    over each row's few candidates is many times slower). On a CPU the rounds run in numpy: torch's CPU kernels for
-    arrays this small cost 5-25 times numpy's (its threads wait on each other on a busy machine)."""
-    ops = _Ops(values.device)
-    if ops.numpy:
-        values, columns, free_column_here = values.numpy(), columns.numpy(), free_column.numpy()
-    else:
-        free_column_here = free_column
+    over each row's few candidates is many times slower); numpy on a CPU, torch elsewhere (scanner.stats.assignment.
+    arrays)."""
+    ops = Ops(values.device)
+    values, columns, free_column_here = ops.here(values), ops.here(columns), ops.here(free_column)
     (n, k), width = values.shape, free_column_here.shape[0]
     out = ops.full(n, -1)
     owner = ops.repeat(n, k)  # each entry's row
@@ -99,33 +98,3 @@ def _mutual_best_rounds(values: Any, columns: Any, free_column: Any) -> Any:
         out[owner[mutual]] = columns[mutual]
         free_column_here[columns[mutual]] = False
         unmatched[owner[mutual]] = False
-
-
-class _Ops:
-    """The few array operations of the rounds, for numpy (a CPU) or torch (any other device)."""
-
-    def __init__(self, device: Any) -> None:
-        import torch
-
-        self.torch, self.device, self.numpy = torch, device, device.type == "cpu"
-
-    def full(self, size: int, value: int | bool) -> Any:
-        if self.numpy:
-            return np.full(size, value)
-        return self.torch.full((size,), value, device=self.device)
-
-    def repeat(self, n: int, k: int) -> Any:
-        """0, ..., 0, 1, ..., 1, ...: each of n rows k times."""
-        if self.numpy:
-            return np.repeat(np.arange(n), k)
-        return self.torch.arange(n, device=self.device).repeat_interleave(k)
-
-    def reduce(self, size: int, index: Any, values: Any, how: str) -> Any:
-        """out[j] = max (or min) of values[index == j]; -inf (max) or a value above any index (min) where none."""
-        start = -np.inf if how == "max" else np.iinfo(np.int64).max
-        if self.numpy:
-            out = np.full(size, start, dtype=values.dtype)
-            (np.maximum if how == "max" else np.minimum).at(out, index, values)
-            return out
-        out = self.torch.full((size,), start, dtype=values.dtype, device=self.device)
-        return out.scatter_reduce_(0, index, values, "amax" if how == "max" else "amin")
