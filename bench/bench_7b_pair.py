@@ -1,8 +1,8 @@
 """Benchmark: one 7B-shaped pair (32 blocks x 11008 units) compared from synthetic fingerprints, by each matching rule.
 
-    python bench/bench_7b_pair.py                          # both pairs, both designs, both rules, on the CPU
-    python bench/bench_7b_pair.py --device cuda            # cosine matrices and the greedy matching on the GPU
-    python bench/bench_7b_pair.py --pairs dependent --design sequential --rules greedy
+    python bench/bench_7b_pair.py                          # both pairs, both designs, every matching rule, on the CPU
+    python bench/bench_7b_pair.py --device cuda            # cosine matrices (and greedy matchings) on the GPU
+    python bench/bench_7b_pair.py --pairs dependent --design sequential --rules screened
     python bench/bench_7b_pair.py --workers 2              # also blocks compared two at a time on threads
 
 The fingerprints are real ``Fingerprint`` objects (metadata of a tiny random Llama's fingerprint on the chosen
@@ -13,12 +13,12 @@ timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs under cProfile, which r
 screen, cosine products, matching), for the scan's sequential design (``--design sequential``: screening blocks
 first, stopping when they settle the test) and every block (``--design all``, as `hubtrace test`).
 
-Per pair and design, side by side in one process: the default rule on fresh fingerprints (``cold``: each side's
-unit screen is computed on the way, as for the first test a fingerprint takes part in), then every rule again on
-the same fingerprints (``warm``: the screens are kept on the fingerprints, as a pair worker keeps them for the
-fingerprints it holds), and the ratio of each rule's warm time to the greedy rule's. With ``--workers`` the greedy
-pair is compared again with that many blocks at once on threads (not profiled: cProfile sees one thread), and the
-results must be identical.
+Per pair and design, side by side in one process: the first rule (default: the default rule, screened) on fresh
+fingerprints (``cold``: each side's unit screen is computed on the way, as for the first test a fingerprint takes part
+in), then every rule again on the same fingerprints (``warm``: the screens are kept on the fingerprints, as a pair
+worker keeps them for the fingerprints it holds), and the ratio of each rule's warm time to the first rule's. With
+``--workers`` the pair is compared again by the first rule with that many blocks at once on threads (not profiled:
+cProfile sees one thread), and the results must be identical.
 """
 
 from __future__ import annotations

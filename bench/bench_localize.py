@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=BLOCKS)
     parser.add_argument("--units", type=int, default=UNITS)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rules", nargs="+", choices=MATCHING_RULES, default=["greedy"])
+    parser.add_argument("--rules", nargs="+", choices=MATCHING_RULES, default=["screened"])
     args = parser.parse_args()
     kept = [layer for layer in range(args.blocks) if layer % 4 != 3]
     with tempfile.TemporaryDirectory() as folder:

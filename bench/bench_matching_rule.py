@@ -1,22 +1,19 @@
-"""Benchmark: MATCH's matching rules, the candidate auction (default) against the exact assignment, in cost and power.
+"""Benchmark: MATCH's matching rules (scanner.stats.matching) against the exact assignment, in cost and in power.
 
     python bench/bench_matching_rule.py --cost                 # 11008-unit matrices: time and agreement per k
     python bench/bench_matching_rule.py --zoos                 # every related pair of the cached zoos, both rules
     python bench/bench_matching_rule.py --adversary            # the suite's hardest disguise: jittered splits
 
-Each figure is also given for the greedy matching used alone (scanner.stats.assignment.greedy, the auction's
-completion; the cheapest rule tried, not offered: it pairs distant relatives' units worse, which lowers their
-closeness and power).
-
 ``--cost``: cosine matrices of 11008 x 11008 units on 256 tokens (Gaussian activations; a dependent pair is a
 permuted copy plus noise, ``--noise`` times the activations' scale: 1.0 gives the true partner a cosine of about
-0.7, 4.0 about 0.24), matched exactly (the certified solver), by the auction and greedily with ``--candidates`` per
-row: seconds, the total cosine lost per unit against the optimum, the share of units paired as the exact assignment
-pairs them, and the share paired with their true partner.
+0.7, 4.0 about 0.24), matched exactly (the certified solver) and greedily with ``--candidates`` per row: seconds, the
+total cosine lost per unit against the optimum, the share of units paired as the exact assignment pairs them, and
+the share paired with their true partner.
 
 ``--zoos``: every pair of related models in the cached zoos (the suite's zoo, the small seed zoos, the fine-tune
 chain, the merge zoo; built on first use, as the tests build them, under HUBTRACE_TEST_CACHE or .hubtrace-cache),
-compared from fingerprints as a scan does (every block), with each rule: the weakest pairs first, how many
+compared from fingerprints as a scan does (every block), with each rule (exact, the default screened rule, greedy):
+the weakest pairs first, how many
 verdicts differ at alpha = 0.01 and at log10 p = -20, how far each rule's closeness is from the exact one's; then the
 smallest log10 p over the unrelated pairs. The null zoos' validity and their fine-tunes: bench/bench_trained_null.py
 --rules.
@@ -33,8 +30,6 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -45,35 +40,13 @@ sys.path.insert(0, str(ROOT))
 from scanner.fingerprint import fingerprint_model  # noqa: E402
 from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
 from scanner.quiet import no_progress_bars  # noqa: E402
-from scanner.stats import matching  # noqa: E402
-from scanner.stats.assignment.auction import auction_matching  # noqa: E402
 from scanner.stats.assignment.greedy import greedy_matching  # noqa: E402
 from scanner.stats.matching import cosine_similarity_matrix, match_similarity  # noqa: E402
 from scanner.zoo import Zoo, build_chain, build_zoo  # noqa: E402
 from scanner.zoo.tool_zoo import build_merge_zoo  # noqa: E402
 
 CACHE = Path(os.environ.get("HUBTRACE_TEST_CACHE") or ROOT / ".hubtrace-cache")
-RULES = ("exact", "auction", "greedy")
-
-
-@contextmanager
-def rule_of_the_bench(rule: str) -> Iterator[str]:
-    """The matching rule to pass to hubtrace: the greedy matching, which hubtrace does not offer, stands in for the
-    auction inside this block."""
-    if rule != "greedy":
-        yield rule
-        return
-    offered = matching._matched
-    matching._matched = lambda s, _rule: (np.arange(s.shape[0]), greedy_matching(s))
-    try:
-        yield "auction"
-    finally:
-        matching._matched = offered
-
-
-def compared(a, b, rule: str):  # noqa: ANN001, ANN201 - two fingerprints, one PairTestResult
-    with rule_of_the_bench(rule) as offered:
-        return compare_fingerprints(a, b, rule=offered)
+RULES = ("exact", "screened", "greedy")
 
 
 def cost(args: argparse.Namespace) -> None:
@@ -90,13 +63,12 @@ def cost(args: argparse.Namespace) -> None:
             truth, label = np.argsort(permutation), f"dependent, noise {noise:g}"
         similarity = cosine_similarity_matrix(a, b)
         rows = np.arange(args.units)
-        runs = [("exact", "exact", 0)] + [(f"{rule} k={k}", rule, k) for rule in ("auction", "greedy")
-                                           for k in args.candidates]
+        runs = [("exact", "exact", 0)] + [(f"greedy k={k}", "greedy", k) for k in args.candidates]
         exact = None
         for name, rule, k in runs:
             start = time.perf_counter()
             columns = (match_similarity(similarity, "exact").b_index if rule == "exact" else
-                       {"auction": auction_matching, "greedy": greedy_matching}[rule](similarity, candidates=k))
+                       greedy_matching(similarity, candidates=k))
             seconds = time.perf_counter() - start
             exact = columns if exact is None else exact
             lost = float(similarity[rows, exact].sum(dtype=np.float64)
@@ -134,7 +106,7 @@ def zoo_power(weakest: int) -> None:
         prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
         for dependent in (True, False):
             for a, b in zoo.pairs(dependent=dependent):
-                result = {rule: compared(prints[a], prints[b], rule) for rule in RULES}
+                result = {rule: compare_fingerprints(prints[a], prints[b], rule=rule) for rule in RULES}
                 if dependent:
                     related.append((name, a, b, result))
                 else:
@@ -178,8 +150,8 @@ def adversary(copies: list[int], jitter: list[float]) -> None:
                 with no_progress_bars():
                     split.save_pretrained(Path(folder) / "copy")
                 fp_copy = fingerprint_model(Path(folder) / "copy")
-                print(f"| {k} | {size:g} | " + " | ".join(f"{compared(fp_original, fp_copy, r).log10_p:.1f}"
-                                                         for r in RULES) + " |", flush=True)
+                p = [compare_fingerprints(fp_original, fp_copy, rule=r).log10_p for r in RULES]
+                print(f"| {k} | {size:g} | " + " | ".join(f"{x:.1f}" for x in p) + " |", flush=True)
 
 
 def main() -> None:

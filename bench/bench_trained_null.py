@@ -22,7 +22,7 @@ makes it positive (docs/statistics.md).
 two heavier ones (400 steps at lr 1e-3; 150 at the pre-training lr 5e-3) and prints log10 p against its base.
 
 --rules: the matching rules (scanner.stats.matching) each figure is given for, on the same fingerprints (default: the
-greedy rule alone); the statistic column reads "now" for the default rule, else the rule's name.
+default rule alone); the statistic column reads "now" for the default rule, else the rule's name.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def summary(log10_ps: list[float]) -> str:
 
 
 def label(rule: str) -> str:
-    return "now" if rule == "greedy" else rule
+    return "now" if rule == "screened" else rule
 
 
 def pair_log10_ps(kind: str, seed: int, rules: list[str]) -> dict[str, list[float]]:
@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(NULL_KINDS), choices=NULL_KINDS)
     parser.add_argument("--coupling", action="store_true")
     parser.add_argument("--power", action="store_true")
-    parser.add_argument("--rules", nargs="+", choices=MATCHING_RULES, default=["greedy"])
+    parser.add_argument("--rules", nargs="+", choices=MATCHING_RULES, default=["screened"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{'kind':<9} {'statistic':<9} {'seed':>6} {'pairs':>5} {'<=.05':>4} (exp) {'<=.01':>4} (exp)  "

@@ -227,7 +227,7 @@ class FingerprintWorker:
 
 
 def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
-                  workers: int = 1, rule: MatchingRule = "auction", cache: DiskCacheSpec | None = None,
+                  workers: int = 1, rule: MatchingRule = "screened", cache: DiskCacheSpec | None = None,
                   probe: StoreProbe | None = None) -> list[PairOutcome]:
     """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
     gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing

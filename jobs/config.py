@@ -112,9 +112,11 @@ class PairsConfig(_Strict):
     ``min_score``, their families, pairs sharing a byte-identical tensor); ``all`` tests every one.
     ``map_threshold``: the cosine down to which a retrieved pair's signature hits draw its block map (and so the
     family closure), at most the collision cosine 0.6 (0.6 itself: block maps from collisions only).
-    ``matching``: how phi_MATCH pairs units (scanner.stats.matching): ``auction`` (default: the candidate auction,
-    on the GPU where there is one) or ``exact`` (the paper's maximum-weight assignment, certified on the host: about
-    twice the cost of an unrelated pair, for a scan whose results settle a dispute); a test made exactly notes it."""
+    ``matching``: how phi_MATCH pairs units (scanner.stats.matching): ``screened`` (default: the greedy matching,
+    then the paper's maximum-weight assignment for the blocks it finds related), ``greedy`` (the greedy matching
+    alone: a GPU never waits on the host; a little less power and closeness on related pairs) or ``exact`` (the
+    paper's assignment everywhere, for a scan whose results settle a dispute); a test made by another rule than the
+    default notes it."""
 
     select: Literal["candidates", "all"] = "candidates"
     min_score: int = Field(default=4, ge=1)
@@ -124,7 +126,7 @@ class PairsConfig(_Strict):
     declared: bool = True
     batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch
     sequential: SequentialConfig | None = SequentialConfig()
-    matching: MatchingRule = "auction"
+    matching: MatchingRule = "screened"
     #: Weight fingerprints of public disputes recorded beside each tested pair (off by default; never used to
     #: draw families): each model's weight profile is read once more when it is fingerprinted (docs/disputes.md).
     extra_stats: list[Literal["layernorm", "attn-std", "ghostspec", "verbatim"]] = []

@@ -146,7 +146,7 @@ def compare_models(
     device: str = "cpu",
     follow_links: bool = False,
     null: Mapping[PairKind, Sequence[float]] | None = None,
-    rule: MatchingRule = "auction",
+    rule: MatchingRule = "screened",
 ) -> PairTestResult:
     """Test the null hypothesis that two checkpoints were trained independently, with one statistic. ``null``: the
     empirical null of the weight fingerprints that have no other, their values on independent pairs by kind of pair

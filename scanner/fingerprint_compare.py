@@ -85,13 +85,13 @@ def compare_fingerprints(
     design: SequentialDesign | None = None,
     workers: int = 1,
     block_map: tuple[tuple[int, int], ...] | None = None,
-    rule: MatchingRule = "auction",
+    rule: MatchingRule = "screened",
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
     ``device`` None or "cpu" computes the cosine matrices on the CPU; a CUDA device builds the matrices of all
-    compared blocks there and matches them there. ``rule``: how MATCH pairs units (scanner.stats.matching: the
-    candidate auction by default, ``exact`` for the paper's assignment). ``design`` compares its screening blocks
+    compared blocks there and matches them there. ``rule``: how MATCH pairs units (scanner.stats.matching: by
+    default greedily, then exactly where that finds a block related). ``design`` compares its screening blocks
     first and stops when they settle the test (scanner.stats.sequential); None compares every block. On the host,
     ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products (outside the GIL)
     overlap another's matching; the result is the same (bench/bench_7b_pair.py --workers measures the gain).
@@ -156,10 +156,11 @@ def plan_notes(a: Fingerprint, b: Fingerprint, statistic: str, mapped: bool) -> 
 
 def rule_notes(rule: MatchingRule) -> list[str]:
     """A note where units were matched by other than the default rule (a stored test says how it was made)."""
-    if rule == "auction":
+    described = {"exact": "the exact maximum-weight assignment", "greedy": "the greedy matching alone"}
+    if rule not in described:
         return []
-    return [f"units matched by the exact maximum-weight assignment (matching rule '{rule}'; the default is the "
-            "candidate auction, scanner.stats.matching)"]
+    return [f"units matched by {described[rule]} (matching rule '{rule}'; by default, blocks the greedy matching finds "
+            "related are matched exactly: scanner.stats.matching)"]
 
 
 # -- stage 2: pair -----------------------------------------------------------------------------------------------

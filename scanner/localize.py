@@ -3,8 +3,8 @@
 phi_MATCH is run on every (block of A, block of B) pair of two fingerprints, the block map is read off
 the matrix of p-values (``scanner.stats.block_map``), and for every mapped pair the hidden units of B
 are aligned with those of A. Activations are normalised once per block, so each of the L_A * L_B pairs
-costs two matrix products and two matchings (the candidate auction by default, scanner.stats.matching); on a GPU both
-run there.
+costs two matrix products and two matchings (by default greedy, and exact where that finds the pair related:
+scanner.stats.matching); on a GPU the products and the candidate selection run there.
 
 Wide blocks are screened first: phi_MATCH of a fixed, evenly spaced subset of ``screen_units`` of A's units
 against all of B's (a rectangular MATCH, about screen_units / units of the full cost). A pair whose screen
@@ -112,7 +112,7 @@ def localize(
     device: str = "cpu",
     screen_units: int | None = SCREEN_UNITS,
     screen_stop_log10_p: float = SCREEN_STOP_LOG10_P,
-    rule: MatchingRule = "auction",
+    rule: MatchingRule = "screened",
 ) -> LocalizeResult:
     """phi_MATCH on all block pairs of two fingerprints, the block map, and the unit map of each mapped pair.
 
@@ -147,7 +147,7 @@ def localize_replayed(
     device: str = "cpu",
     screen_units: int | None = SCREEN_UNITS,
     screen_stop_log10_p: float = SCREEN_STOP_LOG10_P,
-    rule: MatchingRule = "auction",
+    rule: MatchingRule = "screened",
 ) -> LocalizeResult:
     """`localize` of two checkpoints with every block of B run on the residual stream entering each block of A
     (scanner.replay): deep blocks of a depth-pruned model see their parent block's inputs, not a drifted stream.

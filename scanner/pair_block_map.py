@@ -61,7 +61,7 @@ def needs_block_map(a: Shape, b: Shape, log10_p: float | None) -> bool:
             and a.n_layers is not None and b.n_layers is not None and a.n_layers != b.n_layers)
 
 
-def any_order_map(a: Fingerprint, b: Fingerprint, *, device: str = "cpu", rule: MatchingRule = "auction") -> BlockMap:
+def any_order_map(a: Fingerprint, b: Fingerprint, *, device: str = "cpu", rule: MatchingRule = "screened") -> BlockMap:
     """The block map of two fingerprints of different depths: each block of the deeper one with its best block of the
     shallower one, where that pair's Bonferroni-corrected p reaches localize's default threshold."""
     shallow, deep = (a, b) if len(a.blocks) < len(b.blocks) else (b, a)

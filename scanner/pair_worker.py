@@ -51,7 +51,7 @@ class PairWorker:
         statistic: str = "match",
         design: SequentialDesign | None = None,
         workers: int = 1,
-        rule: MatchingRule = "auction",
+        rule: MatchingRule = "screened",
         cache_bytes: int | None = None,
         disk_cache: FingerprintCache | None = None,
     ) -> None:

@@ -32,7 +32,7 @@ def test_config_errors_name_the_file_the_key_path_and_what_is_allowed(tmp_path):
     assert "ray.actor: unknown key" in message and "actors" in message
     # inside a section that may also be null
     assert "pairs.sequential.screen_block: unknown key; allowed here: screen_blocks, stop_above_log10_p" in message
-    assert "pairs.matching: Input should be 'auction' or 'exact'" in message
+    assert "pairs.matching: Input should be 'screened', 'greedy' or 'exact'" in message
 
 
 def test_pairs_map_threshold_is_a_cosine_up_to_the_collision_threshold(tmp_path):

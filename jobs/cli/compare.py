@@ -48,8 +48,9 @@ def test_command(
         "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
     ] = False,
     matching: Annotated[str, typer.Option(
-        help="How MATCH pairs units (--stat match, up, hidden): auction (default: the candidate auction) or exact (the "
-             "paper's maximum-weight assignment, certified; slower on unrelated models; for disputes).")] = "auction",
+        help="How MATCH pairs units (--stat match, up, hidden): screened (default: greedily, then exactly where that "
+             "finds a block related), greedy (greedily only: fastest) or exact (the paper's maximum-weight "
+             "assignment everywhere; slower on unrelated models; for disputes).")] = "screened",
 ) -> None:
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
@@ -96,7 +97,7 @@ def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> dict[PairK
 
 
 def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,
-                  follow_links: bool = False, rule: MatchingRule = "auction") -> PairTestResult:
+                  follow_links: bool = False, rule: MatchingRule = "screened") -> PairTestResult:
     """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints (files, or URLs of an object store read
     through scanner.fingerprint_store), computing any side given as a folder."""
     from scanner.errors import IncomparableError

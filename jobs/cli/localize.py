@@ -48,8 +48,8 @@ def localize_command(
         "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
     ] = False,
     matching: Annotated[str, typer.Option(
-        help="How MATCH pairs units: auction (default) or exact (the paper's maximum-weight assignment); "
-             "docs/statistics.md.")] = "auction",
+        help="How MATCH pairs units: screened (default), greedy or exact (the paper's maximum-weight assignment); "
+             "docs/statistics.md.")] = "screened",
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
     from scanner.fingerprint import fingerprint_pair

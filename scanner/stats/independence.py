@@ -18,7 +18,7 @@ from scanner.stats.matching import (
     Matching,
     MatchingRule,
     cosine_similarity_matrix,
-    match_similarity,
+    match_for,
     spearman,
     unit_rows,
     unit_rows_tensor,
@@ -54,19 +54,24 @@ def _identity_correlation(rows_a: np.ndarray, rows_b: np.ndarray, similarity: Ca
     if too_few(a, b):
         return _no_p_value(a, b)
     kept_a, kept_b = np.flatnonzero(a.informative), np.flatnonzero(b.informative)
-    matching = match_similarity(similarity(kept_a, kept_b), rule)
-    rho = spearman(kept_a[matching.a_index].astype(float), kept_b[matching.b_index].astype(float))
+
+    def with_identity(matching: Matching) -> float:
+        return spearman(kept_a[matching.a_index].astype(float), kept_b[matching.b_index].astype(float))
+
+    (matching,) = match_for([similarity(kept_a, kept_b)],
+                            lambda m: log10_matching_p(with_identity(m[0]), m[0].size), rule)
+    rho = with_identity(matching)
     return BlockTest(rho=rho, log10_p=log10_matching_p(rho, matching.size), n_units=matching.size,
                      set_aside=describe(a, b))
 
 
-def phi_u(up_a: np.ndarray, up_b: np.ndarray, *, rule: MatchingRule = "auction") -> BlockTest:
+def phi_u(up_a: np.ndarray, up_b: np.ndarray, *, rule: MatchingRule = "screened") -> BlockTest:
     """phi_U: Spearman between MATCH of the up-projection weights (h, d) and the identity."""
     return _identity_correlation(up_a, up_b, lambda ka, kb: cosine_similarity_matrix(up_a[ka], up_b[kb]), rule)
 
 
 def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = None,
-          rule: MatchingRule = "auction") -> BlockTest:
+          rule: MatchingRule = "screened") -> BlockTest:
     """phi_H: Spearman between MATCH of the down-projection inputs (h, tokens) and the identity."""
     return _identity_correlation(
         hidden_a, hidden_b, lambda ka, kb: cosine_similarity_matrix(hidden_a[ka], hidden_b[kb], device=device), rule
@@ -75,7 +80,7 @@ def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = No
 
 def phi_match(
     gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray, *, device: str | None = None,
-    up_sign_free: bool = False, rule: MatchingRule = "auction",
+    up_sign_free: bool = False, rule: MatchingRule = "screened",
 ) -> BlockTest:
     """Robust phi_MATCH: Spearman between the gate-activation and the up-activation matchings.
 
@@ -92,12 +97,12 @@ def phi_match(
 
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any, stored_up: tuple[Any, Any],
-                         up_sign_free: bool = False, rule: MatchingRule = "auction") -> BlockTest:
+                         up_sign_free: bool = False, rule: MatchingRule = "screened") -> BlockTest:
     """phi_MATCH from the two precomputed cosine matrices (gate, and up as the test reads it: decoupled_up), each
     shaped (units_a, units_b); ``stored_up``: both sides' up rows as stored, in the matrices' unit order, which the
     closeness reads (paired_cosine)."""
-    by_up = match_similarity(up_similarity, rule)
-    return _phi_match_from(gate_similarity, match_similarity(gate_similarity, rule), by_up,
+    by_gate, by_up = match_for([gate_similarity, up_similarity], _agreement_log10_p, rule)
+    return _phi_match_from(gate_similarity, by_gate, by_up,
                            paired_cosine(*stored_up, by_up, up_sign_free))
 
 
@@ -106,7 +111,7 @@ MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def phi_match_many(
-    blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "auction",
+    blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "screened",
     max_matrix_bytes: int | None = None, up_sign_free: bool = False,
     screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None,
 ) -> list[BlockTest]:
@@ -115,7 +120,7 @@ def phi_match_many(
     units again that a caller screened before.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
-    GPU memory) are built there in one go and matched there (the auction; the exact rule selects candidates
+    GPU memory) are built there in one go and matched there (the greedy matching; the exact one selects candidates
     there and solves on the host). On the host one block's matrices are held at a time.
     """
     if max_matrix_bytes is None:
@@ -134,9 +139,8 @@ def phi_match_many(
             gates = [cosine_similarity_matrix(ga, gb, device=device) for _, (ga, _, gb, _), _ in group]
             ups = [cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
                                             sign_free=up_sign_free) for _, (ga, ua, gb, ub), _ in group]
-            matchings = [match_similarity(s, rule) for s in (*gates, *ups)]
-            for (k, (_, ua, _, ub), note), g, by_g, by_u in zip(group, gates, matchings[: len(group)],
-                                                                 matchings[len(group):], strict=True):
+            matchings = [match_for([g, u], _agreement_log10_p, rule) for g, u in zip(gates, ups, strict=True)]
+            for (k, (_, ua, _, ub), note), g, (by_g, by_u) in zip(group, gates, matchings, strict=True):
                 results[k] = replace(_phi_match_from(g, by_g, by_u, paired_cosine(ua, ub, by_u, up_sign_free)),
                                      set_aside=note)
             group, group_bytes = [], 0
@@ -189,6 +193,13 @@ def _free_matrix_bytes(device: str | None) -> int:
     if device is not None and torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(torch.device(device))[0] // 3
     return 1 << 30
+
+
+def _agreement_log10_p(matchings: list[Matching]) -> float:
+    """phi_MATCH's log10 p from the gate and the up matchings (what the screened rule screens on)."""
+    by_gate, by_up = matchings
+    return log10_matching_p(spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float)),
+                            by_gate.size)
 
 
 def _phi_match_from(gate_similarity: Any, by_gate: Matching, by_up: Matching, up_closeness: float) -> BlockTest:

@@ -1,14 +1,17 @@
 """MATCH (Algorithm 2): align the hidden units of two layers on the cosine similarity of their rows.
 
-The paper matches by the maximum-weight assignment; hubtrace's default is an auction over each unit's 16 best
-candidates with a bounded number of rounds (scanner.stats.assignment.auction), which keeps what the p-values need (a
-function of one similarity matrix, the same whatever order the units come in), comes within about 3e-4 of the
-optimum per unit, and costs about as much as the matrix itself, on the matrix's own device. ``rule="exact"`` gives
-the paper's assignment, certified optimal (scanner.stats.assignment), for disputes.
+The paper matches by the maximum-weight assignment (``exact``, certified optimal by scanner.stats.assignment). The
+greedy matching (``greedy``, scanner.stats.assignment.greedy) keeps what the p-values need (a function of one
+similarity matrix, the same whatever order the units come in) at about the cost of reading the matrix once, on the
+matrix's own device, but pairs related units a little worse. hubtrace's default (``screened``) matches every block
+greedily and, where that already finds the block related, matches it again exactly: unrelated blocks (the expensive
+ones for the exact solver) cost a greedy matching, related ones (cheap for it) get the paper's matching, p-value and
+closeness. Why each keeps the p-values valid: docs/statistics.md, "The matching rule".
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -16,7 +19,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from scanner.stats.assignment import max_weight_assignment
-from scanner.stats.assignment.auction import auction_matching
+from scanner.stats.assignment.greedy import greedy_matching
 
 _NORM_FLOOR = 1e-12
 
@@ -94,22 +97,26 @@ def unit_rows_tensor(a: Any) -> Any:
     return a / torch.linalg.vector_norm(a, dim=1, keepdim=True).clamp_min(_NORM_FLOOR)
 
 
-MatchingRule = Literal["auction", "exact"]
-"""How MATCH pairs units: ``auction`` (default) the candidate auction of scanner.stats.assignment.auction, on the
-matrix's own device; ``exact`` the maximum-weight assignment (the paper's), certified optimal by the host's sparse
-solver (scanner.stats.assignment), for disputes. Both are complete matchings of the smaller side, and both are
-functions of the one matrix that permute with its rows and columns, so the p-values are valid either way
-(docs/statistics.md, "The matching rule"); they differ in cost and, a little, in power."""
+MatchingRule = Literal["screened", "greedy", "exact"]
+"""How MATCH pairs units (module docstring): ``screened`` (default) greedily, then exactly where the statistic on the
+greedy matchings reaches SCREEN_LOG10_P; ``greedy`` greedily only (the fastest, a GPU never waits on the host; a
+little less power and closeness on related models); ``exact`` the paper's maximum-weight assignment, for disputes.
+Every matching is complete on the smaller side and a function of its one matrix that permutes with its rows and
+columns."""
 MATCHING_RULES: tuple[str, ...] = get_args(MatchingRule)
+SCREEN_LOG10_P = -1.0
+"""``screened``: a statistic whose greedy matchings give log10 p at most this is computed again on exact ones (and
+reports that p-value); above it, the greedy one stands. Unrelated blocks reach it one time in ten."""
 
 
-def match(a: np.ndarray, b: np.ndarray, rule: MatchingRule = "auction") -> Matching:
+def match(a: np.ndarray, b: np.ndarray, rule: MatchingRule = "screened") -> Matching:
     """MATCH on the rows' cosine similarity (rectangular: every smaller-side row is paired)."""
     return match_similarity(cosine_similarity_matrix(a, b), rule)
 
 
-def match_similarity(similarity: Any, rule: MatchingRule = "auction") -> Matching:
-    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device)."""
+def match_similarity(similarity: Any, rule: MatchingRule = "screened") -> Matching:
+    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device). With no
+    statistic to screen on, ``screened`` matches exactly (a unit map of blocks already found related)."""
     if rule not in MATCHING_RULES:
         raise ValueError(f"unknown matching rule {rule!r}; choose one of {', '.join(MATCHING_RULES)}")
     a_rows, b_rows = similarity.shape
@@ -122,9 +129,23 @@ def match_similarity(similarity: Any, rule: MatchingRule = "auction") -> Matchin
 
 def _matched(similarity: Any, rule: MatchingRule) -> tuple[np.ndarray, np.ndarray]:
     """(rows, their columns) for a matrix with rows <= cols, every row matched."""
-    if rule == "exact":
-        return max_weight_assignment(similarity)
-    return np.arange(similarity.shape[0]), auction_matching(similarity)
+    if rule == "greedy":
+        return np.arange(similarity.shape[0]), greedy_matching(similarity)
+    return max_weight_assignment(similarity)
+
+
+def match_for(similarities: Sequence[Any], log10_p: Callable[[list[Matching]], float],
+              rule: MatchingRule = "screened") -> list[Matching]:
+    """MATCH of each of one statistic's matrices (phi_MATCH: gate and up; phi_U, phi_H: one) under ``rule``;
+    ``log10_p``: the statistic's log10 p from those matchings, which ``screened`` reads on the greedy ones to decide
+    whether to match exactly (SCREEN_LOG10_P). The reported p-value is then the exact matchings' where the greedy
+    one is at most SCREEN_LOG10_P, else the greedy one: valid whatever the two p-values' joint law
+    (docs/statistics.md, "The matching rule")."""
+    if rule == "screened":
+        greedy = [match_similarity(s, "greedy") for s in similarities]
+        if log10_p(greedy) > SCREEN_LOG10_P:
+            return greedy
+    return [match_similarity(s, "greedy" if rule == "greedy" else "exact") for s in similarities]
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
