@@ -42,11 +42,12 @@ from scipy.stats import binomtest
 
 from lineage_graph import direction, phylogeny
 from lineage_graph.direction import DEFAULT_WEIGHING, Weighing
-from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockMap, ModelInfo, PairTest
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.persist import activation_scale
 from scanner.fingerprint import fingerprint_model, read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
+from scanner.pair_block_map import BlockMap
 from scanner.stats.sequential import SequentialDesign
 from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, method_zoo, tool_zoo
 from tests.lineage_support import (

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from lineage_graph.block_maps import reading
-from lineage_graph.evidence import BlockMap, Direction, Edge, ModelInfo
+from lineage_graph.evidence import Direction, Edge, ModelInfo
+from scanner.pair_block_map import BlockMap
 
 
 @dataclass(frozen=True)

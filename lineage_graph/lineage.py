@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import networkx as nx
 
-from lineage_graph.block_maps import copied_sources, map_closeness, one_width
+from lineage_graph.block_maps import copied_sources, map_closeness
 from lineage_graph.direction import (
     DEFAULT_WEIGHING,
     NOT_ALONE,
@@ -24,7 +24,6 @@ from lineage_graph.direction import (
 from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import (
     DEFAULT_MIN_DIRECTION_CONFIDENCE,
-    BlockMap,
     Direction,
     Discrepancy,
     Edge,
@@ -36,6 +35,7 @@ from lineage_graph.kinship import LINK_KINSHIP
 from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.phylogeny import CLONE_CLOSENESS, FamilyEvidence, Phylogeny, family_phylogeny
 from lineage_graph.value_sources import ValueSources, value_sources
+from scanner.pair_block_map import BlockMap, one_width
 
 BLOCK_LOG10_P = -2.0
 """A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""

@@ -21,9 +21,10 @@ from lineage_graph import phylogeny
 from lineage_graph.block_maps import copied_sources, map_closeness, reading
 from lineage_graph.direction import SIGNALS, combine, orient
 from lineage_graph.discrepancies import ACCUSATIONS, CANNOT_TELL
-from lineage_graph.evidence import BlockLink, ModelInfo, PairTest
+from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.kinship import describe
 from lineage_graph.lineage import compute_lineage
+from scanner.pair_block_map import BlockLink
 
 SHAPE = dict(n_layers=4, hidden_size=64, intermediate_size=128)
 
