@@ -183,11 +183,14 @@ class _PairTester:
         self.up_sign_free, self.rule = up_sign_free, rule
         self.screen_units, self.screen_stop = screen_units, screen_stop_log10_p
         self.screened, self.moe = 0, False
+        self.untestable: list[tuple[int, int]] = []
 
     def test(self, i: int, j: int, block_a: list[Units], block_b: list[Units]) -> None:
         self.moe |= len(block_a) > 1 or len(block_b) > 1
         pairing = pair_block_experts(_on_cpu(block_a), _on_cpu(block_b), self.routed[0][i], self.routed[1][j])
         paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
+        if not any(min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS for a, b in paired):
+            self.untestable.append((i, j))
         rows = _screen_rows(block_a, block_b, self.screen_units)
         if rows is not None:
             self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free, self.rule,
@@ -213,6 +216,10 @@ class _PairTester:
         if self.screened:
             notes.append(f"{self.screened} of {p.size} block pairs ended after a screen on {self.screen_units} units "
                          f"of A (their p-value is the screen's, above {self.screen_stop:g}; still valid)")
+        if self.untestable:
+            notes.append(f"{len(self.untestable)} of {p.size} block pairs could not be tested (too few informative "
+                         f"units on a side, e.g. blocks {self.untestable[0][0]} and {self.untestable[0][1]}): their "
+                         "cells read p = 1 as 'no map', not as evidence of independence")
         chosen = block_map(p, self.threshold, monotone=monotone) if p.size else []
         return LocalizeResult(
             pairs=[BlockPair(i, j, float(p[i, j]), self.closeness.get((i, j))) for i in range(p.shape[0])

@@ -120,8 +120,7 @@ def test_block_maps_are_made_with_the_pair_tests_and_the_lineage_only_reads_them
         raise AssertionError("the lineage stage matched units")
 
     for module, name in ((localize, "localize"), (pair_block_map, "localize"), (pair_block_map, "any_order_map"),
-                         (matching, "match_similarity"), (independence, "match_similarity"),
-                         (localize, "match_similarity")):
+                         (matching, "match_similarity"), (independence, "match_for"), (localize, "match_similarity")):
         monkeypatch.setattr(module, name, refuse)
     copy = tmp_path / "scan.duckdb"
     copy.write_bytes(config.db_path.read_bytes())
