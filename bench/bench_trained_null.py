@@ -1,17 +1,18 @@
 """phi_MATCH on independently trained models of every MLP kind: how many independent pairs reject, against uniform.
 
-    python bench/bench_trained_null.py                      # seed 0: the suite's null zoos (.hubtrace-cache/null-*)
-    python bench/bench_trained_null.py --seeds 1 2 3        # other seeds, built into .hubtrace-cache/null-*-seed<s>
+    python bench/bench_trained_null.py                      # seed 0: the suite's null zoos (null-* in the zoo cache)
+    python bench/bench_trained_null.py --seeds 1 2 3        # other seeds, built there as null-*-seed<s>
     python bench/bench_trained_null.py --seeds 1 --power    # and the power on fine-tunes of each kind's first model
     python bench/bench_trained_null.py --rules greedy exact  # each matching rule on the same fingerprints
 
-Each seed trains tests/null_support.py's zoo of every kind (8 models on one synthetic language, one recipe; a few
-minutes of CPU per seed) and compares all 28 pairs from fingerprints, as a scan does. Per kind and seed, and pooled
-over the seeds: the pairs at p <= 0.05 and p <= 0.01 (with the count a valid test expects), the one-sided KS p-value
-of the pair p-values against uniform (small: too many small p-values), and the smallest log10 p. For the plain kinds
-it also reports the views of fingerprint format 1 (the fc pre-activation and the proj column read back on the MLP
-input, its projection on the first view removed unit by unit: the plain statistic before its fix), recomputed here
-from the live model so both statistics read the same models.
+The zoo cache is HUBTRACE_TEST_CACHE, else .hubtrace-cache, as for the tests. Each seed trains
+tests/null_support.py's zoo of every kind (8 models on one synthetic language, one recipe; a few minutes of CPU per
+seed) unless the cache holds it, and compares all 28 pairs from fingerprints, as a scan does. Per kind and seed, and
+pooled over the seeds: the pairs at p <= 0.05 and p <= 0.01 (with the count a valid test expects), the one-sided KS
+p-value of the pair p-values against uniform (small: too many small p-values), and the smallest log10 p. For the
+plain kinds it also reports the views of fingerprint format 1 (the fc pre-activation and the proj column read back
+on the MLP input, its projection on the first view removed unit by unit: the plain statistic before its fix),
+recomputed here from the live model so both statistics read the same models.
 
 --coupling prints, per kind and block, the mean over pairs of the correlation between the two views' similarity
 matrices (the cosines of every unit of A with every unit of B, in view 1 and in view 2): near 0 when the matchings
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -56,7 +58,7 @@ from scanner.zoo.languages import MarkovLanguage  # noqa: E402
 from scanner.zoo.training import TrainSpec  # noqa: E402
 from tests.null_support import NULL_KINDS, null_zoo  # noqa: E402
 
-CACHE = ROOT / ".hubtrace-cache"
+CACHE = Path(os.environ.get("HUBTRACE_TEST_CACHE") or ROOT / ".hubtrace-cache")
 PLAIN_KINDS = ("gpt2", "gpt_neox")
 #: (label, Adam steps, lr) of the fine-tunes --power makes: the zoo's recipe, then two heavier ones.
 FINE_TUNES = (("zoo recipe 150 @ 1e-3", 150, 1e-3), ("400 @ 1e-3", 400, 1e-3), ("150 @ 5e-3", 150, 5e-3))
