@@ -2,9 +2,14 @@
 # Every GPU figure BENCHMARKS.md asks for, on a GPU host without Ray. Output: one log per bench under $OUT
 # (default: bench-out/).
 #
-#     OUT=/tmp/figures bash bench/gpu_figures.sh          # the pair figures, both matching rules: about 7 minutes
-#                                                         # on one H100 (most of it the exact rule's every-block runs)
-#     FULL=1 OUT=/tmp/figures bash bench/gpu_figures.sh   # also the 1B and 7B fingerprint figures (+10 minutes)
+#     OUT=/tmp/figures bash bench/gpu_figures.sh          # the pair figures, every matching rule side by side
+#     FULL=1 OUT=/tmp/figures bash bench/gpu_figures.sh   # also the 1B and 7B fingerprint figures (+10 minutes:
+#                                                         # a lease of its own)
+#
+# Sized for a 15-minute lease on one H100 with the machine's start: from the exact rule's figures on an H100 (7B pair:
+# 3.3 / 8.0 s sequential, 21.7 / 67 s every block; pair worker 35.5 s) the pair figures take about 7 minutes, most of
+# it the exact rule's every-block runs; the longest, the independent pair's, comes last in bench_7b_pair's output.
+# The time limits below stop the script by 11 minutes whatever the card does, keeping what was already printed.
 #
 # Peak GPU memory: the 64 cosine matrices of a 7B pair's every-block run (31 GB, built in groups of a third of the free
 # memory), so an 80 GB card is enough.
@@ -19,10 +24,10 @@ OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD:$PWD/bench PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-run() { local name=$1; shift; echo "## $name: $*"; timeout 600 python3 "$@" 2>&1 | tee "$OUT/$name.txt"; }
-run bench_7b_pair bench/bench_7b_pair.py --device cuda --design both
-run pair_worker bench/bench_pair_worker.py --device cuda --families 2 --derivatives 3
+run() { local limit=$1 name=$2; shift 2; echo "## $name: $*"; timeout "$limit" python3 "$@" 2>&1 | tee "$OUT/$name.txt"; }
+run 420 bench_7b_pair bench/bench_7b_pair.py --device cuda --design both --rules screened greedy exact
+run 240 pair_worker bench/bench_pair_worker.py --device cuda --families 2 --derivatives 3
 if [ -n "${FULL:-}" ]; then
-    run fingerprint_1b bench/bench_fingerprint_io.py --device cuda --shape 1b --cache /tmp/hubtrace-bench
-    run fingerprint_7b bench/bench_fingerprint_io.py --device cuda --shape 7b --cache /tmp/hubtrace-bench
+    run 600 fingerprint_1b bench/bench_fingerprint_io.py --device cuda --shape 1b --cache /tmp/hubtrace-bench
+    run 600 fingerprint_7b bench/bench_fingerprint_io.py --device cuda --shape 7b --cache /tmp/hubtrace-bench
 fi
