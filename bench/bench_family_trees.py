@@ -32,21 +32,24 @@ from __future__ import annotations
 import argparse
 import itertools
 import pickle
+import re
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import networkx as nx
+from scipy.stats import binomtest
 
 from lineage_graph import direction, phylogeny
-from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockMap, ModelInfo, PairTest
+from lineage_graph.direction import DEFAULT_WEIGHING, Weighing
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.persist import activation_scale
 from scanner.fingerprint import fingerprint_model, read_fingerprint
 from scanner.fingerprint_compare import compare_fingerprints
+from scanner.pair_block_map import BlockMap
 from scanner.stats.sequential import SequentialDesign
-from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, tool_zoo
+from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, method_zoo, tool_zoo
 from tests.lineage_support import (
     seed_zoo,
     true_parent_links,
@@ -128,6 +131,9 @@ def _zoo_inputs(build: Callable[[], Zoo]) -> Callable[[], Inputs]:
 def recipe(model: ZooModel) -> str:
     """The recipe a zoo model was made by, as the per-recipe table names it."""
     tool = model.details.get("tool")
+    if "recipe" in model.details:  # the method zoos name each model's recipe family
+        parents = f", {len(model.parents)} parents" if model.relation == "merge" and len(model.parents) > 2 else ""
+        return model.details["recipe"] + parents
     if model.relation == "merge":
         parents = f", {len(model.parents)} parents" if len(model.parents) > 2 else ""
         return f"merge: {model.details.get('method', 'average')}{parents}" + (" (mergekit)" if tool else "")
@@ -175,24 +181,12 @@ def groups() -> dict[str, list[tuple[str, Callable[[], Inputs]]]]:
     fitted = [("zoo (seed 0)", _zoo_inputs(lambda: build_zoo(CACHE / "zoo"))),
               *((f"small zoo seed {s}", _zoo_inputs(lambda s=s: seed_zoo(CACHE, s))) for s in (1, 2, 3)),
               ("chain of 3, seed 0", _zoo_inputs(lambda: build_chain(CACHE / "chain", spec=ChainSpec(length=3))))]
+    methods = [(f"method zoo seed {s}", _zoo_inputs(lambda s=s: method_zoo.build_method_zoo(
+        CACHE / f"method-zoo-seed{s}", spec=method_zoo.MethodZooSpec(seed=s)))) for s in method_zoo.SEEDS]
     return {"fitted": fitted + recipe_sets(held_out.FITTED_SEEDS, (4, 5), tool_zoo.FITTED_SEEDS),
             "held-out": recipe_sets(held_out.HELD_OUT_SEEDS, HELD_OUT_SMALL_SEEDS, tool_zoo.HELD_OUT_SEEDS),
-            "final": recipe_sets(held_out.FINAL_SEEDS, FINAL_SMALL_SEEDS, tool_zoo.FINAL_SEEDS)}
-
-
-@contextmanager
-def without(source: str | None):
-    """Remove one evidence source for the duration: a vote signal or the shape prior."""
-    saved, shape = dict(direction.RELIABILITY), phylogeny.SHAPE_PRIOR
-    if source == "shape":
-        phylogeny.SHAPE_PRIOR = False
-    elif source:
-        direction.RELIABILITY[source] = 0.5
-    try:
-        yield
-    finally:
-        direction.RELIABILITY.update(saved)
-        phylogeny.SHAPE_PRIOR = shape
+            "final": recipe_sets(held_out.FINAL_SEEDS, FINAL_SMALL_SEEDS, tool_zoo.FINAL_SEEDS),
+            "methods": methods}
 
 
 def _bin(confidence: float) -> int:
@@ -275,14 +269,84 @@ def reliability_table(totals: dict[str, Tally]) -> list[str]:
     return lines
 
 
+def recipe_family(recipe_name: str) -> str:
+    """The family a recipe belongs to for held-out-recipe figures: its method or derivation, whatever the number of
+    its parents (a NuSLERP merge with and without a base is one family)."""
+    return re.sub(r", \d+ parents", "", recipe_name)
+
+
+def weak_votes(inputs: Inputs) -> list[tuple[str, str, bool]]:
+    """Each weak signal's vote on each true parent link whose child is no merge (the tree leaves them out of merge
+    links): (recipe family of the child, signal, whether it names the true parent)."""
+    by_id = {m.model_id: m for m in withhold_cards(inputs.models)}
+    closeness = {(t.model_a, t.model_b): t.closeness for t in inputs.tests}
+    out = []
+    for p, c in sorted(inputs.truth):
+        family = recipe_family(inputs.recipes.get(c, "other"))
+        if family.startswith("merge") or p not in by_id or c not in by_id:
+            continue
+        pair = (min(p, c), max(p, c))
+        for vote in direction.votes(by_id[pair[0]], by_id[pair[1]], {}, inputs.block_maps.get(pair),
+                                    closeness.get(pair)):
+            if vote.signal in direction.NOT_ALONE:
+                out.append((family, vote.signal, vote.parent == p))
+    return out
+
+
+def held_out_weighing(votes: list[tuple[str, str, bool]], left_out: str) -> Weighing:
+    """The weak signals' reliabilities measured on every recipe family but ``left_out``: the Wilson 95% lower bound of
+    the share of their votes that named the true parent (0.5, no vote, where it is lower), the strong signals' as
+    assumed."""
+    reliability = dict(DEFAULT_WEIGHING.reliability)
+    for signal in sorted(direction.NOT_ALONE):
+        right = [ok for family, s, ok in votes if s == signal and family != left_out]
+        if right:
+            low = binomtest(sum(right), len(right)).proportion_ci(method="wilson").low
+            reliability[signal] = max(0.5, low)
+    return Weighing(reliability=reliability)
+
+
+def held_out_recipes(sets: list[tuple[str, Inputs]], level: float) -> dict[str, tuple[Tally, Weighing]]:
+    """Leave-one-recipe-family-out: for each recipe family, every zoo that holds it is drawn with the weak signals'
+    reliabilities measured on the other families alone, and that family's links are scored."""
+    votes = [v for _, inputs in sets for v in weak_votes(inputs)]
+    families = sorted({recipe_family(r) for _, inputs in sets for r in inputs.recipes.values()})
+    out = {}
+    for family in families:
+        weighing = held_out_weighing(votes, family)
+        tally = Tally()
+        for _, inputs in sets:
+            if family not in {recipe_family(r) for r in inputs.recipes.values()}:
+                continue
+            lineage = compute_lineage(withhold_cards(inputs.models), inputs.tests, weighing=weighing,
+                                      min_direction_confidence=level, block_maps=inputs.block_maps)
+            for recipe_name, t in score(lineage, inputs).items():
+                if recipe_family(recipe_name) == family:
+                    tally = tally + t
+        out[family] = (tally, weighing)
+    return out
+
+
+GOALS = "placement >= 95%, no wrong arrow at >= 0.9, undecided <= 25%"
+
+
+def meets_goals(t: Tally) -> bool:
+    true_links = t.right + t.wrong + t.undecided
+    return ((not t.links or t.placed >= 0.95 * t.links) and t.wrong_confident == 0
+            and (not true_links or t.undecided <= 0.25 * true_links))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-real", action="store_true", help="leave out the SmolLM2 family")
     parser.add_argument("--ablations", action="store_true", help="also remove each evidence source in turn")
-    parser.add_argument("--groups", nargs="+", choices=("fitted", "held-out", "final"),
-                        default=["fitted", "held-out", "final"], help="which groups of zoos (default: all)")
+    parser.add_argument("--groups", nargs="+", choices=("fitted", "held-out", "final", "methods"),
+                        default=["fitted", "held-out", "final", "methods"], help="which groups of zoos (default: all)")
     parser.add_argument("--level", type=float, default=DEFAULT_MIN_DIRECTION_CONFIDENCE,
                         help="lineage.min_direction_confidence (default: hubtrace's)")
+    parser.add_argument("--held-out-recipes", action="store_true",
+                        help="also leave each recipe family out in turn: the weak signals' reliabilities measured on "
+                             "the other families, that family scored")
     args = parser.parse_args()
     chosen = {name: sets for name, sets in groups().items() if name in args.groups}
     if not args.no_real:
@@ -295,13 +359,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     totals: dict[tuple[str, str], Tally] = {}
     by_recipe: dict[str, dict[str, Tally]] = {}
+    loaded: list[tuple[str, Inputs]] = []
     for group, sets in chosen.items():
         for label, source in sets:
             inputs = source()
+            loaded.append((label, inputs))
             for name, dropped in runs:
-                with without(dropped):
-                    lineage = compute_lineage(withhold_cards(inputs.models), inputs.tests,
-                                              min_direction_confidence=args.level, block_maps=inputs.block_maps)
+                weighing = DEFAULT_WEIGHING.without(dropped) if dropped else DEFAULT_WEIGHING
+                lineage = compute_lineage(withhold_cards(inputs.models), inputs.tests, weighing=weighing,
+                                          min_direction_confidence=args.level, block_maps=inputs.block_maps)
                 tallies = score(lineage, inputs)
                 t = total(tallies)
                 totals[(group, name)] = totals.get((group, name), Tally()) + t
@@ -321,6 +387,17 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|")
         for recipe_name in sorted(tallies):
             print(row(recipe_name, "", tallies[recipe_name]).replace(" |  | ", " | ", 1))
+    if args.held_out_recipes:
+        print(f"\nEach recipe family held out (the weak signals' reliabilities measured on the others), {GOALS}:\n")
+        print("| recipe family | evidence | placed right | cannot tell | directions drawn right | drawn wrong | "
+              "wrong at >= 0.9 | undecided | copies | rank r | scale r | goals |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        held = held_out_recipes(loaded, args.level)
+        for family, (t, weighing) in held.items():
+            r = weighing.reliability
+            print(f"{row(family, 'held out', t)} {r['activation_rank']:.2f} | {r['activation_scale']:.2f} | "
+                  f"{'met' if meets_goals(t) else 'not met'} |")
+        print(row("**all, each held out**", "", sum((t for t, _ in held.values()), Tally())))
 
 
 if __name__ == "__main__":

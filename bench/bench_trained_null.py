@@ -3,6 +3,7 @@
     python bench/bench_trained_null.py                      # seed 0: the suite's null zoos (.hubtrace-cache/null-*)
     python bench/bench_trained_null.py --seeds 1 2 3        # other seeds, built into .hubtrace-cache/null-*-seed<s>
     python bench/bench_trained_null.py --seeds 1 --power    # and the power on fine-tunes of each kind's first model
+    python bench/bench_trained_null.py --rules greedy exact  # each matching rule on the same fingerprints
 
 Each seed trains tests/null_support.py's zoo of every kind (8 models on one synthetic language, one recipe; a few
 minutes of CPU per seed) and compares all 28 pairs from fingerprints, as a scan does. Per kind and seed, and pooled
@@ -19,6 +20,9 @@ makes it positive (docs/statistics.md).
 
 --power fine-tunes each kind's first model on another language with the zoo's recipe (150 Adam steps, lr 1e-3) and
 two heavier ones (400 steps at lr 1e-3; 150 at the pre-training lr 5e-3) and prints log10 p against its base.
+
+--rules: the matching rules (scanner.stats.matching) each figure is given for, on the same fingerprints (default: the
+default rule alone); the statistic column reads "now" for the default rule, else the rule's name.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from scanner.inputs import canonical_inputs  # noqa: E402
 from scanner.quiet import no_progress_bars  # noqa: E402
 from scanner.stats.independence import phi_match  # noqa: E402
 from scanner.stats.logp import log10_fisher  # noqa: E402
+from scanner.stats.matching import MATCHING_RULES  # noqa: E402
 from scanner.zoo.derivations import finetune  # noqa: E402
 from scanner.zoo.languages import MarkovLanguage  # noqa: E402
 from scanner.zoo.training import TrainSpec  # noqa: E402
@@ -99,12 +104,18 @@ def summary(log10_ps: list[float]) -> str:
             f"({0.01 * len(p):4.2f}) {ks:>9.3g} {min(log10_ps):>8.2f}")
 
 
-def pair_log10_ps(kind: str, seed: int) -> dict[str, list[float]]:
-    """log10 p of every pair of the kind's null zoo of this seed, by statistic ('now'; 'format 1' for plain)."""
+def label(rule: str) -> str:
+    return "now" if rule == "screened" else rule
+
+
+def pair_log10_ps(kind: str, seed: int, rules: list[str]) -> dict[str, list[float]]:
+    """log10 p of every pair of the kind's null zoo of this seed, by statistic (each rule's label; 'format 1' for
+    plain)."""
     zoo = null_zoo(CACHE, kind, seed)
     prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     pairs = zoo.pairs(dependent=False)
-    out = {"now": [compare_fingerprints(prints[a], prints[b]).log10_p for a, b in pairs]}
+    out = {label(rule): [compare_fingerprints(prints[a], prints[b], rule=rule).log10_p for a, b in pairs]
+           for rule in rules}
     if kind in PLAIN_KINDS:
         old = {m: format1_views(zoo[m].path) for m in zoo.ids}
         out["format 1"] = [log10_fisher([phi_match(x.gate, x.up, y.gate, y.up).log10_p
@@ -141,20 +152,23 @@ def coupling_rows(kind: str, seed: int) -> list[str]:
     return rows
 
 
-def power(kind: str, seed: int) -> list[str]:
-    """log10 p of fine-tunes of the kind's first model against it."""
+def power(kind: str, seed: int, rules: list[str]) -> list[str]:
+    """log10 p of fine-tunes of the kind's first model against it, by each rule."""
     zoo = null_zoo(CACHE, kind, seed)
     base = zoo.ids[0]
     parent, base_print = load(zoo[base].path), fingerprint_model(zoo[base].path)
     rows = []
-    for label, steps, lr in FINE_TUNES:
+    for name, steps, lr in FINE_TUNES:
         child, log = finetune(parent, MarkovLanguage(seed=4242, vocab_size=parent.config.vocab_size),
                               TrainSpec(steps, lr, data_seed=7))
         with tempfile.TemporaryDirectory() as folder, no_progress_bars():
             child.save_pretrained(folder)
-            result = compare_fingerprints(base_print, fingerprint_model(folder))
-        rows.append(f"{kind:<9} {seed:>4}  {label:<22} loss {log.initial_loss:.2f} -> {log.final_loss:.2f}  "
-                    f"log10 p {result.log10_p:8.1f}  blocks " + " ".join(f"{b.log10_p:.0f}" for b in result.layers))
+            child_print = fingerprint_model(folder)
+        for rule in rules:
+            result = compare_fingerprints(base_print, child_print, rule=rule)
+            rows.append(f"{kind:<9} {seed:>4}  {name:<22} {rule:<6} loss {log.initial_loss:.2f} -> "
+                        f"{log.final_loss:.2f}  log10 p {result.log10_p:8.1f}  blocks "
+                        + " ".join(f"{b.log10_p:.0f}" for b in result.layers))
     return rows
 
 
@@ -164,6 +178,7 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(NULL_KINDS), choices=NULL_KINDS)
     parser.add_argument("--coupling", action="store_true")
     parser.add_argument("--power", action="store_true")
+    parser.add_argument("--rules", nargs="+", choices=MATCHING_RULES, default=["screened"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{'kind':<9} {'statistic':<9} {'seed':>6} {'pairs':>5} {'<=.05':>4} (exp) {'<=.01':>4} (exp)  "
@@ -171,7 +186,7 @@ def main() -> None:
     for kind in args.kinds:
         pooled: dict[str, list[float]] = {}
         for seed in args.seeds:
-            for statistic, values in pair_log10_ps(kind, seed).items():
+            for statistic, values in pair_log10_ps(kind, seed, args.rules).items():
                 pooled.setdefault(statistic, []).extend(values)
                 print(f"{kind:<9} {statistic:<9} {seed:>6} {summary(values)}", flush=True)
         if len(args.seeds) > 1:
@@ -182,7 +197,7 @@ def main() -> None:
             print("\n".join(coupling_rows(kind, seed)), flush=True)
     if args.power:
         for kind, seed in itertools.product(args.kinds, args.seeds):
-            print("\n".join(power(kind, seed)), flush=True)
+            print("\n".join(power(kind, seed, args.rules)), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,16 +37,18 @@ REASON_CHARS = 4000
 
 if TYPE_CHECKING:
     from scanner.fingerprint import FingerprintMeta
+    from scanner.pair_block_map import BlockMap
     from scanner.pair_worker import PairWorker
     from scanner.sources import ModelRecord
-    from scanner.stats.matching import AssignmentSolver
+    from scanner.stats.matching import MatchingRule
     from scanner.stats.sequential import SequentialDesign
 
 @dataclass(frozen=True)
 class WorkFailure:
     """Why one model (or pair) failed: the stage it reached, the exception type and a one-line reason."""
 
-    stage: str        # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "worker" | "discover" | "store"
+    # "fetch" | "validate" | "fingerprint" | "write" | "compare" | "block_map" | "worker" | "discover" | "store"
+    stage: str
     error_type: str
     reason: str
 
@@ -96,9 +98,14 @@ class PairJob:
 
 @dataclass(frozen=True)
 class PairOutcome:
+    """A pair's test (or the error that stopped it) and, for a related pair whose depths differ, its block map (or
+    the error that stopped the map alone: the test stands)."""
+
     job: PairJob
     result: PairTestResult | None = None
     error: WorkFailure | None = None
+    block_map: BlockMap | None = None
+    map_error: WorkFailure | None = None
 
 
 def _failed(record: ModelRecord, stage: str, error: BaseException, started: float) -> FingerprintOutcome:
@@ -220,7 +227,7 @@ class FingerprintWorker:
 
 
 def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign | None = None,
-                  workers: int = 1, solver: AssignmentSolver = "auto", cache: DiskCacheSpec | None = None,
+                  workers: int = 1, rule: MatchingRule = "screened", cache: DiskCacheSpec | None = None,
                   probe: StoreProbe | None = None) -> list[PairOutcome]:
     """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
     gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing
@@ -229,23 +236,32 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     remote fingerprints (scanner.fingerprint_cache), shared by every pair task on the node; None: no disk cache.
     ``probe``: on a node that joined after the scan started, the store probe runs first (once per node); if the
     node cannot reach the store, every pair of the batch comes back as a ``store`` error (the driver retries them
-    on a node probed at start)."""
+    on a node probed at start). A related pair whose depths differ gets its block map on the same worker, right after
+    its test (scanner.pair_block_map)."""
     from scanner.pair_worker import PairWorker
 
     unreachable = _unreachable_store(probe)
     if unreachable is not None:
         return [PairOutcome(job, error=unreachable) for job in jobs]
     device = pick_device()
-    worker = (_resident_pair_worker(device, statistic, design, workers, solver, cache) if device != "cpu"
-              else PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver,
+    worker = (_resident_pair_worker(device, statistic, design, workers, rule, cache) if device != "cpu"
+              else PairWorker(device, statistic=statistic, design=design, workers=workers, rule=rule,
                               disk_cache=_disk_cache(cache)))
     out = []
     for job in jobs:
         try:
-            out.append(PairOutcome(job, result=worker.compare(job.path_a, job.path_b, job.block_map,
-                                                              sha256_a=job.sha256_a, sha256_b=job.sha256_b)))
+            result = worker.compare(job.path_a, job.path_b, job.block_map, sha256_a=job.sha256_a,
+                                    sha256_b=job.sha256_b)
         except Exception as e:  # noqa: BLE001 - recorded as a compare error, the other pairs go on
             out.append(PairOutcome(job, error=WorkFailure("compare", type(e).__name__, one_line(e, REASON_CHARS))))
+            continue
+        try:
+            links = worker.block_map(job.path_a, job.path_b, result, sha256_a=job.sha256_a, sha256_b=job.sha256_b)
+        except Exception as e:  # noqa: BLE001 - the map alone is lost; the lineage reads the pair without one
+            out.append(PairOutcome(job, result=result,
+                                   map_error=WorkFailure("block_map", type(e).__name__, one_line(e, REASON_CHARS))))
+            continue
+        out.append(PairOutcome(job, result=result, block_map=links))
     return out
 
 
@@ -276,10 +292,10 @@ def _disk_cache(spec: DiskCacheSpec | None) -> FingerprintCache | None:
 
 @functools.cache
 def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int,
-                          solver: AssignmentSolver, cache: DiskCacheSpec | None) -> PairWorker:
+                          rule: MatchingRule, cache: DiskCacheSpec | None) -> PairWorker:
     from scanner.pair_worker import PairWorker
 
-    return PairWorker(device, statistic=statistic, design=design, workers=workers, solver=solver,
+    return PairWorker(device, statistic=statistic, design=design, workers=workers, rule=rule,
                       disk_cache=_disk_cache(cache))
 
 

@@ -23,7 +23,7 @@ from scanner.inputs import InputSpec
 from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.index import DEFAULT_SEARCH
 from scanner.sources import SOURCE_KINDS
-from scanner.stats.matching import AssignmentSolver
+from scanner.stats.matching import MatchingRule
 from scanner.stats.sequential import SequentialDesign
 
 LOCAL_FOLDER_OUTPUT = Path("hubtrace-out/local")
@@ -111,7 +111,12 @@ class PairsConfig(_Strict):
     comparable pairs only those candidate retrieval finds (scanner.retrieval: unit collisions of at least
     ``min_score``, their families, pairs sharing a byte-identical tensor); ``all`` tests every one.
     ``map_threshold``: the cosine down to which a retrieved pair's signature hits draw its block map (and so the
-    family closure), at most the collision cosine 0.6 (0.6 itself: block maps from collisions only)."""
+    family closure), at most the collision cosine 0.6 (0.6 itself: block maps from collisions only).
+    ``matching``: how phi_MATCH pairs units (scanner.stats.matching): ``screened`` (default: the greedy matching,
+    then the paper's maximum-weight assignment for the blocks it finds related), ``greedy`` (the greedy matching
+    alone: a GPU never waits on the host; a little less power and closeness on related pairs) or ``exact`` (the
+    paper's assignment everywhere, for a scan whose results settle a dispute); a test made by another rule than the
+    default notes it."""
 
     select: Literal["candidates", "all"] = "candidates"
     min_score: int = Field(default=4, ge=1)
@@ -121,6 +126,7 @@ class PairsConfig(_Strict):
     declared: bool = True
     batch_size: int = Field(default=16, ge=1)  # pairs per Ray task: fingerprints read once per batch
     sequential: SequentialConfig | None = SequentialConfig()
+    matching: MatchingRule = "screened"
     #: Weight fingerprints of public disputes recorded beside each tested pair (off by default; never used to
     #: draw families): each model's weight profile is read once more when it is fingerprinted (docs/disputes.md).
     extra_stats: list[Literal["layernorm", "attn-std", "ghostspec", "verbatim"]] = []
@@ -152,14 +158,11 @@ class RayConfig(_Strict):
 class DevicesConfig(_Strict):
     """``auto``: GPU actors (``num_gpus`` each) when the cluster has GPUs, CPU actors otherwise;
     ``gpu`` requires GPUs (the scan stops with an error instead of waiting forever); ``cpu`` never asks.
-    Pair tasks follow the actors: on GPUs each asks for ``gpus_per_pair_task`` (a fraction shares a GPU).
-    ``assignment_solver`` solves MATCH's assignments (scanner.stats.matching): ``auto`` and ``host`` the host's
-    certified solver, ``auction`` the batched auction where the matrices are; the matchings are the same."""
+    Pair tasks follow the actors: on GPUs each asks for ``gpus_per_pair_task`` (a fraction shares a GPU)."""
 
     mode: Literal["auto", "cpu", "gpu"] = "auto"
     gpus_per_actor: float = Field(default=1.0, gt=0)
     gpus_per_pair_task: float = Field(default=0.5, gt=0, le=1)
-    assignment_solver: AssignmentSolver = "auto"
 
 
 class LineageConfig(_Strict):

@@ -310,10 +310,10 @@ class _Scan:
         sequential = self.config.pairs.sequential
         design = sequential.design() if sequential is not None else None
         workers = max(1, int(self.config.ray.cpus_per_pair_task))  # blocks compared at once: the task's CPUs
-        solver = self.config.devices.assignment_solver
+        rule = self.config.pairs.matching
         cache = None if self.fingerprints.is_local else DiskCacheSpec(self.config.fingerprint_cache.dir,
                                                                       self.config.fingerprint_cache.max_bytes)
-        args = (self.config.statistic, design, workers, solver, cache, self.probe)
+        args = (self.config.statistic, design, workers, rule, cache, self.probe)
         unreachable: list[PairJob] = []   # pairs sent to a late-joining node that cannot reach the store
         for _batch, ref in windowed(work, lambda b: task.remote(b, *args), shape.max_in_flight):
             outcomes: list[PairOutcome] = ray.get(ref)
@@ -332,15 +332,22 @@ class _Scan:
 
     def _store_pair_outcomes(self, outcomes: list[PairOutcome], stored: int, total: int) -> int:
         """Store one batch's tests and errors; returns the pairs stored so far."""
+        from scanner.pair_block_map import encoded
         from scanner.store import PairTestRow
 
         rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,
                             self.config.statistic, o.job.input_set, o.result.log10_p, o.result.n_layers,
                             [asdict(layer) for layer in o.result.layers], list(o.result.notes), o.job.reason,
-                            self.run_id, o.result.closeness, cannot_test=o.result.cannot_test)
+                            self.run_id, o.result.closeness, cannot_test=o.result.cannot_test,
+                            block_map=None if o.block_map is None else encoded(o.block_map))
                 for o in outcomes if o.error is None]
         self.store.put_pair_tests(rows)
         for o in outcomes:
+            if o.map_error is not None:  # the test is stored; the lineage reads the pair without its map
+                self.store.record_error(self.run_id, f"{o.job.model_a} | {o.job.model_b}", o.job.revision_b,
+                                        o.job.path_b, o.map_error.stage, o.map_error.error_type, o.map_error.reason)
+                self.say(f"[block_map] {o.job.model_a} | {o.job.model_b}: {o.map_error.error_type}: "
+                         f"{o.map_error.reason} (the test is stored, without its block map)")
             if o.error is not None:
                 self.summary.pairs_failed += 1
                 self.store.record_error(self.run_id, f"{o.job.model_a} | {o.job.model_b}", o.job.revision_b,

@@ -1,16 +1,17 @@
-"""Any-order block maps of related models whose depths differ: which block of the shallower model each block of the
-deeper one comes from (`scanner.localize` on every block pair, each deep block mapped to its best shallow block
-independently).
+"""Any-order block maps of related models whose depths differ, as the lineage reads them: which stored maps a lineage
+uses, and what a map says.
 
-A depth prune and a depth up-scaling differ only in which model is the parent, and block counts cannot say which: a
-pruned model's blocks each map to a different block of its parent, and some of the parent's blocks map to nothing
-(they were dropped; blocks of one model are initialised independently, so a dropped block resembles no kept one),
-while an up-scaled model's blocks all map to its parent's and some of them map to the same parent block (the run of
-blocks it repeats). The map also gives a depth-changed pair a closeness over the deeper model's blocks, each with
-its own source, where comparing blocks by index would pair misaligned ones.
+A map (scanner.pair_block_map) gives which block of the shallower model each block of the deeper one comes from,
+each deep block mapped to its best shallow block independently. A depth prune and a depth up-scaling differ only in
+which model is the parent, and block counts cannot say which: a pruned model's blocks each map to a different block
+of its parent, and some of the parent's blocks map to nothing (they were dropped; blocks of one model are
+initialised independently, so a dropped block resembles no kept one), while an up-scaled model's blocks all map to
+its parent's and some of them map to the same parent block (the run of blocks it repeats). The map also gives a
+depth-changed pair a closeness over the deeper model's blocks, each with its own source, where comparing blocks by
+index would pair misaligned ones.
 
-Pure selection and reading here; `lineage_graph.persist` computes the maps from stored fingerprints (and keeps them),
-the lineage reads them (direction votes, closeness).
+Pure selection and reading here: the scan's pair workers make each related depth-changed pair's map with its test
+(scanner.pair_worker) and the store keeps it; `lineage_graph.persist` reads the ones `wanted` picks.
 """
 
 from __future__ import annotations
@@ -18,20 +19,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from lineage_graph.evidence import BlockLink, BlockMap, ModelInfo, PairTest
-from scanner.fingerprint import Fingerprint
-from scanner.localize import localize
+from lineage_graph.evidence import ModelInfo, PairTest
+from scanner.pair_block_map import MAP_LOG10_P, BlockMap, one_width
 
-MAP_LOG10_P = -3.0
-"""Pairs whose test reaches at most this log10 p get a block map (related beyond doubt at any FDR level a hub uses;
-the map costs L_A * L_B block tests, so it is not made for every pair)."""
 MAPS_PER_MODEL = 4
 """A deeper model is mapped onto at most its this many nearest shallower relatives (by the pair test's closeness)."""
 
 
 def wanted(models: Mapping[str, ModelInfo], tests: Iterable[PairTest]) -> list[tuple[str, str]]:
-    """The (model_a, model_b) pairs to map: related (log10 p at most MAP_LOG10_P), of one width (hidden size, MLP
-    units, experts) and different depths; each deeper model with its MAPS_PER_MODEL nearest shallower relatives."""
+    """The (model_a, model_b) pairs whose maps the lineage reads: related (log10 p at most MAP_LOG10_P), of one width
+    (hidden size, MLP units, experts) and different depths (the pairs the workers map, scanner.pair_block_map); each
+    deeper model with its MAPS_PER_MODEL nearest shallower relatives."""
     by_deep: dict[str, list[tuple[float, tuple[str, str]]]] = {}
     for t in tests:
         a, b = models.get(t.model_a), models.get(t.model_b)
@@ -42,21 +40,6 @@ def wanted(models: Mapping[str, ModelInfo], tests: Iterable[PairTest]) -> list[t
         deep = a if a.n_layers > b.n_layers else b
         by_deep.setdefault(deep.model_id, []).append((-(t.closeness or 0.0), (t.model_a, t.model_b)))
     return sorted(pair for found in by_deep.values() for _, pair in sorted(found)[:MAPS_PER_MODEL])
-
-
-def one_width(a: ModelInfo, b: ModelInfo) -> bool:
-    """Same hidden size, MLP units and experts: what a block map (and an average) needs."""
-    return (a.hidden_size, a.intermediate_size, a.n_experts or 1) == (b.hidden_size, b.intermediate_size,
-                                                                      b.n_experts or 1)
-
-
-def any_order_map(a: Fingerprint, b: Fingerprint) -> BlockMap:
-    """The block map of two fingerprints of different depths: each block of the deeper one with its best block of the
-    shallower one, where that pair's Bonferroni-corrected p reaches localize's default threshold."""
-    shallow, deep = (a, b) if len(a.blocks) < len(b.blocks) else (b, a)
-    result = localize(shallow, deep, monotone=False)
-    tests = {(p.layer_a, p.layer_b): p for p in result.pairs}
-    return tuple(BlockLink(i, j, tests[(i, j)].log10_p, tests[(i, j)].closeness) for i, j in result.map)
 
 
 def map_closeness(links: BlockMap, deep_blocks: int) -> float:

@@ -10,24 +10,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
 from lineage_graph.block_maps import reading
-from lineage_graph.evidence import BlockMap, Direction, Edge, ModelInfo
+from lineage_graph.evidence import Direction, Edge, ModelInfo
+from scanner.pair_block_map import BlockMap
 
-RELIABILITY: dict[str, float] = {
-    "declared": 0.95,
-    "declared_ancestry": 0.9,
-    "structure": 0.85,
-    "block_map": 0.9,
-    "depth": 0.75,
-    "dates": 0.75,
-    "activation_rank": 0.8,
-    "activation_scale": 0.8,
-    "scratch_claim": 0.65,
-    "verbatim_values": 0.95,
+
+@dataclass(frozen=True)
+class Signal:
+    """One kind of direction evidence: the probability it points the right way when it votes (assumed or measured),
+    whether it may decide a direction by itself, and whether averaging moves it as descent does (so that it says
+    nothing between a merge and its parents)."""
+
+    reliability: float
+    decides_alone: bool = True
+    merge_blind: bool = False
+
+
+_WEAK = {"decides_alone": False, "merge_blind": True}
+SIGNALS: dict[str, Signal] = {
+    "declared": Signal(0.95),
+    "declared_ancestry": Signal(0.9),
+    "structure": Signal(0.85),
+    "block_map": Signal(0.9),
+    "depth": Signal(0.75),
+    "dates": Signal(0.75),
+    "activation_rank": Signal(0.8, **_WEAK),
+    "activation_scale": Signal(0.8, **_WEAK),
+    "scratch_claim": Signal(0.65),
+    "verbatim_values": Signal(0.95),
 }
 """Assumed probability that each signal points the right way when it votes. activation_rank's is measured: it
 pointed the right way on 22 of the 25 true parent links of the zoo, seeds 1-3 and the fine-tune chain where it voted
@@ -39,22 +53,49 @@ pair's any-order block map is known (lineage_graph.block_maps): repeated blocks 
 prune; it replaces the depth vote. activation_scale (the gate activations' scale grows under training) pointed the
 right way on all 59 of the fitted zoos' fine-tune links where it voted (3% margin; Wilson 95% lower bound 0.94) and
 never the wrong way on the 91 fine-tunes and retrained MLPs measured; 0.8 like the rank, both weak signals that never
-decide alone (NOT_ALONE). verbatim_values (lineage_graph.value_sources: a merge that took bit-equal values from
+decide alone. verbatim_values (lineage_graph.value_sources: a merge that took bit-equal values from
 relatives sharing none, a sparse edit of a model whose other sparse edits share its values, a change that is a
 relative's exactly scaled) is a declaration the weights make themselves, as reliable as a card's: it named the 39
 TIES and DARE merges of the 13 bench merge zoos with exactly their parents and nothing anywhere else (the recipe,
-small, chain and merge zoos' 1,000-odd models)."""
+small, chain and merge zoos' 1,000-odd models).
 
-MERGE_BLIND = frozenset({"activation_rank", "activation_scale"})
-"""Signals that say nothing between a merge and its parents: averaging two models spreads activations and shrinks
-their scale, so a merge has a higher activation rank and a lower scale than its parents, as a parent has, and the
-votes would point backwards. Family trees leave them out of the confidence of merge links (lineage_graph.phylogeny)."""
+The two weak signals (``decides_alone`` false) are statistics of one model's activations that training can move by a
+little either way (a short fine-tune measured 0.5% above its base's rank): none decides a direction by itself; a
+leaning is claimed when a strong signal (a declaration, structure, a block map, dates, a merge's geometry) supports
+it, or two independent weak ones do (these two, or one with the family tree's shape). They are ``merge_blind`` too:
+averaging two models spreads activations and shrinks their scale, so a merge has a higher activation rank and a lower
+scale than its parents, as a parent has, and the votes would point backwards; family trees leave them out of the
+confidence of merge links (lineage_graph.phylogeny)."""
 
-NOT_ALONE = frozenset({"activation_rank", "activation_scale"})
-"""Weak signals, each a statistic of one model's activations that training can move by a little either way (a short
-fine-tune measured 0.5% above its base's rank; a merge moves both as a parent would): none decides a direction by
-itself. A leaning is claimed when a strong signal (a declaration, structure, a block map, dates, a merge's geometry)
-supports it, or two independent weak ones do (these two, or one with the family tree's shape)."""
+NOT_ALONE = frozenset(name for name, signal in SIGNALS.items() if not signal.decides_alone)
+MERGE_BLIND = frozenset(name for name, signal in SIGNALS.items() if signal.merge_blind)
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """How the evidence is weighed: each signal's reliability (SIGNALS' unless given: reliabilities measured on
+    held-out recipes, or 0.5 for a signal removed, which then says nothing) and whether the family tree's shape is a
+    prior on its root. Ablations and held-out measurements pass one of these; nothing edits the module's tables."""
+
+    reliability: Mapping[str, float] = field(default_factory=lambda: {n: s.reliability for n, s in SIGNALS.items()})
+    shape_prior: bool = True
+
+    def without(self, source: str) -> Weighing:
+        """This weighing with one source removed: a vote signal (reliability 0.5), or "shape" (no shape prior)."""
+        if source == "shape":
+            return replace(self, shape_prior=False)
+        return replace(self, reliability={**self.reliability, source: 0.5})
+
+    def log_odds(self, a: str, cast: Iterable[Vote]) -> float:
+        """The log-odds that ``a`` is the parent, from these votes (each log(r / (1 - r)), signed by whom it names)."""
+        total = 0.0
+        for vote in cast:
+            r = self.reliability[vote.signal]
+            total += math.log(r / (1 - r)) * (1 if vote.parent == a else -1)
+        return total
+
+
+DEFAULT_WEIGHING = Weighing()
 
 NEAR_COPY_CLOSENESS = 0.96
 """Pairs at least this close are near copies (a few steps of training, 0.967-0.973 on the merge zoos; a round trip
@@ -209,13 +250,10 @@ def votes(a: ModelInfo, b: ModelInfo, ancestors: Mapping[str, set[str]], block_m
             *_scratch_votes(a, b), *([] if near_copy else [*_rank_votes(a, b), *_scale_votes(a, b)])]
 
 
-def combine(a: str, b: str, cast: Iterable[Vote]) -> Direction:
+def combine(a: str, b: str, cast: Iterable[Vote], weighing: Weighing = DEFAULT_WEIGHING) -> Direction:
     """Naive-Bayes combination of votes: sum of signed log-odds, confidence = sigmoid(|sum|)."""
     cast = list(cast)
-    score = 0.0
-    for vote in cast:
-        r = RELIABILITY[vote.signal]
-        score += math.log(r / (1 - r)) * (1 if vote.parent == a else -1)
+    score = weighing.log_odds(a, cast)
     reasons = tuple(f"{v.signal}: {v.reason}" for v in cast)
     if abs(score) < 1e-12:
         return Direction(None, None, 0.5, reasons or ("no direction evidence",))
@@ -226,9 +264,9 @@ def combine(a: str, b: str, cast: Iterable[Vote]) -> Direction:
 
 
 def orient(a: ModelInfo, b: ModelInfo, ancestors: Mapping[str, set[str]], block_map: BlockMap | None = None,
-           closeness: float | None = None) -> Direction:
+           closeness: float | None = None, weighing: Weighing = DEFAULT_WEIGHING) -> Direction:
     """Direction of the dependent pair (a, b) with its confidence and reasons."""
-    return combine(a.model_id, b.model_id, votes(a, b, ancestors, block_map, closeness))
+    return combine(a.model_id, b.model_id, votes(a, b, ancestors, block_map, closeness), weighing)
 
 
 def evidence_graph(edges: Iterable[Edge], strength_cap: float | None = None) -> nx.DiGraph:

@@ -65,21 +65,6 @@ class PairTest:
 
 
 @dataclass(frozen=True)
-class BlockLink:
-    """One block of the deeper model of a pair mapped to its best block of the shallower one (any order: several
-    deep blocks may map to one shallow block), with that block pair's log10 p and closeness."""
-
-    shallow: int
-    deep: int
-    log10_p: float
-    closeness: float | None = None
-
-
-BlockMap = tuple[BlockLink, ...]
-"""The any-order block map of a pair whose depths differ (lineage_graph.block_maps): only the mapped deep blocks."""
-
-
-@dataclass(frozen=True)
 class Direction:
     """Who derives from whom for one dependent pair; parent/child are None when the evidence is silent or cancels.
 

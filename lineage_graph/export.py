@@ -12,6 +12,7 @@ import networkx as nx
 from lineage_graph.discrepancies import ACCUSATIONS
 from lineage_graph.evidence import Direction
 from lineage_graph.lineage import Lineage
+from lineage_graph.link_routes import label_point, link_bends, link_curve
 from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn, link_kind
 from scanner.text_safety import PLOT_TEXT, dot_string, json_document, plot_label, xml_text
 
@@ -98,8 +99,9 @@ side by side with no room for the link's label between them (the demo's copy of 
 def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
     """Each family drawn top-down along its tree links (x in leaf slots, y = -depth), families packed into rows. Only
     a claimed direction puts a model below another: a model joined to its tree parent by an undecided or a copy link
-    sits beside it on the same row (to its right, at least BESIDE_SLOTS away), so the drawing never shows an order
-    the evidence leaves open."""
+    sits beside it on the same row (to its right, at least BESIDE_SLOTS from the box before it), so the drawing never
+    shows an order the evidence leaves open; a link to such a model past other boxes is bent around them
+    (link_bends)."""
     tree = nx.DiGraph((u, v) for u, v, a in graph.edges(data=True) if a.get("tree_link") in ("tree", "copy"))
     tree.add_nodes_from(graph.nodes)
     roots = sorted((n for n in tree.nodes if tree.in_degree(n) == 0),
@@ -116,9 +118,10 @@ def tree_layout(graph: nx.DiGraph) -> dict[str, tuple[float, float]]:
             xs = [place(c, depth + 1, local, slot) for c in below]
             x = sum(xs) / len(xs)
         local[node] = (x, float(depth))
-        for c in beside:
-            slot[0] = max(slot[0], x + BESIDE_SLOTS)
-            place(c, depth, local, slot)
+        last = x
+        for c in beside:  # each BESIDE_SLOTS right of the box before it on the row: room for the link's label
+            slot[0] = max(slot[0], last + BESIDE_SLOTS)
+            last = place(c, depth, local, slot)
         return x
 
     trees = []
@@ -184,7 +187,9 @@ def write_png(graph: nx.DiGraph, path: Path, title: str = "hubtrace lineage") ->
 
 
 def draw_tree(graph: nx.DiGraph, title: str = "hubtrace lineage") -> Figure:
-    """The PNG's figure (tree links in their LINK_STYLES, a legend entry per kind drawn), for write_png to save."""
+    """The PNG's figure (tree links in their LINK_STYLES, a legend entry per kind drawn), for write_png to save. The
+    model boxes are laid out first; a link the layout bends (link_bends) is drawn along its curve between the boxes
+    as rendered, a straight one between them as an arrow."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,26 +201,14 @@ def draw_tree(graph: nx.DiGraph, title: str = "hubtrace lineage") -> Figure:
     depth = -min((y for _, y in pos.values()), default=0) + 1
     fig, ax = plt.subplots(figsize=(max(8.0, 1.6 * width), max(4.5, 2.4 * depth + 1.5)))
     drawn = [(u, v, a) for u, v, a in graph.edges(data=True) if a.get("tree_link")]
-    top = max((a["strength"] for *_, a in drawn), default=1.0)
-    # Siblings' labels alternate along their links, so a parent with many children does not stack them in one row.
-    order = {(u, v): k for u in pos for k, v in enumerate(sorted(graph.successors(u), key=lambda c: pos[c][0]))}
-    for u, v, a in drawn:
-        merge, link = a["tree_link"] in ("merge", "alternative"), LINK_STYLES[link_kind(a)]
-        ax.annotate("", xy=pos[v], xytext=pos[u], arrowprops=dict(
-            arrowstyle="-|>" if arrow_drawn(a) else "-", mutation_scale=18, shrinkA=22, shrinkB=22,
-            linestyle="--" if link.dashed else "-", lw=0.8 + 4.0 * math.log1p(a["strength"]) / math.log1p(top),
-            color=link.color))
-        t = 0.3 if merge else 0.4 + 0.2 * (order[(u, v)] % 2)  # merge labels nearer the child, clear of the others
-        mx, my = pos[u][0] + t * (pos[v][0] - pos[u][0]), pos[u][1] + t * (pos[v][1] - pos[u][1])
-        ax.text(mx, my, f"p=1e{a['log10_p']:.0f}\n{_confidence_label(a)}", fontsize=7, ha="center", va="center",
-                color="#333", bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
+    boxes = {}
     for n, (x, y) in pos.items():
         a = graph.nodes[n]
         flagged = bool(a.get("discrepancies"))
-        ax.text(x, y, plot_label(n).replace("/", "/\n", 1), ha="center", va="center", fontsize=8.5, **PLOT_TEXT,
-                fontweight="bold" if a.get("is_root") else "normal",
-                bbox=dict(boxstyle="round,pad=0.4", fc="#fde2e2" if flagged else "#eef4fb",
-                          ec="#c0392b" if flagged else "#24527a", lw=1.5 if flagged else 1.0))
+        boxes[n] = ax.text(x, y, plot_label(n).replace("/", "/\n", 1), ha="center", va="center", fontsize=8.5,
+                           **PLOT_TEXT, fontweight="bold" if a.get("is_root") else "normal", zorder=3,
+                           bbox=dict(boxstyle="round,pad=0.4", fc="#fde2e2" if flagged else "#eef4fb",
+                                     ec="#c0392b" if flagged else "#24527a", lw=1.5 if flagged else 1.0))
     ax.set_xlim(-0.8, width - 0.2)
     ax.set_ylim(-depth + 0.4, 0.6)
     ax.axis("off")
@@ -228,7 +221,55 @@ def draw_tree(graph: nx.DiGraph, title: str = "hubtrace lineage") -> Figure:
         Line2D([], [], marker="s", ls="", mfc="#fde2e2", mec="#c0392b", label="card disagrees with weights"),
     ], loc="lower right", fontsize=8, frameon=False)
     fig.tight_layout()
+    fig.canvas.draw()  # the boxes' rendered extents, which a curved link starts and ends at
+    _draw_links(ax, graph, pos, {n: _box_extent(fig, ax, t) for n, t in boxes.items()})
     return fig
+
+
+def link_id(parent: str, child: str) -> str:
+    """The id a drawn link carries (matplotlib's gid, an SVG export's id): its two models, one per line."""
+    return f"{parent}\n{child}"
+
+
+def _box_extent(fig: Figure, ax: object, text: object) -> object:
+    """A drawn model box's extent in data coordinates."""
+    extent = text.get_bbox_patch().get_window_extent(fig.canvas.get_renderer())  # type: ignore[attr-defined]
+    return ax.transData.inverted().transform_bbox(extent)  # type: ignore[attr-defined]
+
+
+def _draw_links(ax: object, graph: nx.DiGraph, pos: dict[str, tuple[float, float]], extents: dict[str, object]
+                ) -> None:
+    """Every tree link in its style, width by -log10 p, labelled with its p-value and confidence: straight where
+    nothing lies between its boxes, else along its bent curve with the label at the bend."""
+    from matplotlib.patches import FancyArrowPatch
+    from matplotlib.path import Path as CurvePath
+
+    drawn = [(u, v, a) for u, v, a in graph.edges(data=True) if a.get("tree_link")]
+    top = max((a["strength"] for *_, a in drawn), default=1.0)
+    bends = link_bends(graph, pos)
+    order = {(u, v): k for u in pos for k, v in enumerate(sorted(graph.successors(u), key=lambda c: pos[c][0]))}
+    for u, v, a in drawn:
+        link = LINK_STYLES[link_kind(a)]
+        style = dict(arrowstyle="-|>" if arrow_drawn(a) else "-", mutation_scale=18,
+                     linestyle="--" if link.dashed else "-", color=link.color,
+                     lw=0.8 + 4.0 * math.log1p(a["strength"]) / math.log1p(top))
+        curve = link_curve(pos[u], pos[v], bends[(u, v)])
+        if bends[(u, v)]:
+            between = [q for q in curve if not extents[u].contains(*q) and not extents[v].contains(*q)]
+            ax.add_patch(FancyArrowPatch(path=CurvePath(between if len(between) >= 2 else curve), zorder=2,
+                                         gid=link_id(u, v), **style))  # type: ignore[attr-defined]
+        else:
+            ax.annotate("", xy=pos[v], xytext=pos[u],  # type: ignore[attr-defined]
+                        arrowprops=dict(shrinkA=22, shrinkB=22, gid=link_id(u, v), **style))
+        merge = a["tree_link"] in ("merge", "alternative")
+        # a bend's label at its top, one along a row between the boxes; else merge labels nearer the child and
+        # siblings' labels alternating along their links, so a parent with many children does not stack them in a row
+        prefer = (0.5 if bends[(u, v)] or pos[u][1] == pos[v][1] else 0.3 if merge
+                  else 0.4 + 0.2 * (order[(u, v)] % 2))
+        mx, my = label_point(curve, pos, prefer)
+        ax.text(mx, my, f"p=1e{a['log10_p']:.0f}\n{_confidence_label(a)}", fontsize=7,  # type: ignore[attr-defined]
+                ha="center", va="center", color="#333", zorder=4,
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
 
 
 def styled(graph: nx.DiGraph) -> nx.DiGraph:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from lineage_graph.link_routes import link_bends
 from lineage_graph.link_styles import LINK_STYLES, OTHER_COLOR, arrow_drawn, link_kind
 from scanner.text_safety import html_text, script_json, visible
 
@@ -44,9 +45,11 @@ function draw() {
     const x1 = a[0]*SX, y1 = -a[1]*SY, x2 = b[0]*SX, y2 = -b[1]*SY, len = Math.hypot(x2 - x1, y2 - y1) || 1;
     const dx = Math.abs(x2 - x1), dy = Math.abs(y2 - y1);  // leave each box where the line crosses its edge
     const cut = Math.min(0.45, Math.min(dx ? BOX_W / 2 / dx : 1, dy ? BOX_H / 2 / dy : 1) + 4 / len);
-    const line = el('line', {x1: x1 + (x2 - x1) * cut, y1: y1 + (y2 - y1) * cut, x2: x2 - (x2 - x1) * cut,
-      y2: y2 - (y2 - y1) * cut, 'stroke-width': w,
-      class: 'edge ' + e.style, 'marker-end': e.arrow ? 'url(#arrow)' : ''}, root);
+    const attrs = {'stroke-width': w, class: 'edge ' + e.style, 'marker-end': e.arrow ? 'url(#arrow)' : '',
+      'data-source': e.source, 'data-target': e.target};
+    const line = e.bend ? el('path', Object.assign({d: bent(a, b, e.bend)}, attrs), root) :
+      el('line', Object.assign({x1: x1 + (x2 - x1) * cut, y1: y1 + (y2 - y1) * cut, x2: x2 - (x2 - x1) * cut,
+        y2: y2 - (y2 - y1) * cut}, attrs), root);
     el('title', {}, line).textContent = e.source + ' -> ' + e.target + '\nlog10 p = ' + e.log10_p.toFixed(1) +
       '\nconfidence ' + e.confidence.toFixed(2) + ' (' + e.direction + ')\n' + e.reasons;
     e.svg = line;
@@ -62,6 +65,20 @@ function draw() {
     el('title', {}, g).textContent = n.id;
     g.addEventListener('click', () => select(n.id)); byId[n.id] = g;
   }
+}
+// A link the layout bends (past the boxes between its ends: link_routes.link_bends): the same quadratic curve as the
+// PNG's, its middle control point `bend` layout units across the line, drawn between the two boxes.
+function bent(a, b, bend) {
+  const len = Math.hypot(b[0] - a[0], b[1] - a[1]) || 1;
+  const c = [(a[0] + b[0]) / 2 - bend * (b[1] - a[1]) / len, (a[1] + b[1]) / 2 + bend * (b[0] - a[0]) / len];
+  const out = (q, p) => Math.abs(q[0] - p[0] * SX) > BOX_W / 2 + 3 || Math.abs(q[1] + p[1] * SY) > BOX_H / 2 + 3;
+  const pts = [];
+  for (let k = 0; k <= 32; k++) {
+    const t = k / 32, s = 1 - t, q = [s * s * a[0] + 2 * t * s * c[0] + t * t * b[0],
+      s * s * a[1] + 2 * t * s * c[1] + t * t * b[1]], px = [q[0] * SX, -q[1] * SY];
+    if (out(px, a) && out(px, b)) pts.push(px);
+  }
+  return 'M' + pts.map(q => q[0].toFixed(1) + ',' + q[1].toFixed(1)).join('L');
 }
 function select(id) {
   const n = G.nodes.find(x => x.id === id), rows = Object.entries(n).filter(([k]) => k !== 'id')
@@ -136,11 +153,13 @@ def _legend() -> str:
 
 
 def render_html(graph: nx.DiGraph, pos: dict[str, tuple[float, float]], title: str = "hubtrace lineage") -> str:
-    """The page as one string: graph data as inline JSON, drawing and interaction in inline script."""
+    """The page as one string: graph data as inline JSON, drawing and interaction in inline script. Links the layout
+    bends past other boxes (link_routes.link_bends) carry their bend, drawn as the PNG draws them."""
+    bends = link_bends(graph, pos)
     data = {
         "nodes": [{"id": n, **{k: v for k, v in a.items() if k != "label"}} for n, a in sorted(graph.nodes(data=True))],
-        "edges": [{"source": u, "target": v, **a, "arrow": arrow_drawn(a), "style": link_kind(a) or "other"}
-                  for u, v, a in sorted(graph.edges(data=True))],
+        "edges": [{"source": u, "target": v, **a, "arrow": arrow_drawn(a), "style": link_kind(a) or "other",
+                   "bend": bends.get((u, v), 0.0)} for u, v, a in sorted(graph.edges(data=True))],
         "pos": {n: [x, y] for n, (x, y) in pos.items()},
         "maxStrength": max((a["strength"] for *_, a in graph.edges(data=True)), default=1.0),
     }

@@ -8,12 +8,14 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
-from lineage_graph.block_maps import copied_sources, map_closeness, one_width
+import networkx as nx
+
+from lineage_graph.block_maps import copied_sources, map_closeness
 from lineage_graph.direction import (
-    MERGE_BLIND,
+    DEFAULT_WEIGHING,
     NOT_ALONE,
     Vote,
-    combine,
+    Weighing,
     declared_ancestry,
     evidence_graph,
     orient,
@@ -22,7 +24,6 @@ from lineage_graph.direction import (
 from lineage_graph.discrepancies import find_discrepancies
 from lineage_graph.evidence import (
     DEFAULT_MIN_DIRECTION_CONFIDENCE,
-    BlockMap,
     Direction,
     Discrepancy,
     Edge,
@@ -32,8 +33,9 @@ from lineage_graph.evidence import (
 from lineage_graph.families import Family, assign_ids, components, family_tree
 from lineage_graph.kinship import LINK_KINSHIP
 from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
-from lineage_graph.phylogeny import CLONE_CLOSENESS, Phylogeny, family_phylogeny
+from lineage_graph.phylogeny import CLONE_CLOSENESS, FamilyEvidence, Phylogeny, family_phylogeny
 from lineage_graph.value_sources import ValueSources, value_sources
+from scanner.pair_block_map import BlockMap, one_width
 
 BLOCK_LOG10_P = -2.0
 """A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""
@@ -75,7 +77,7 @@ def _earliest_key(models: Mapping[str, ModelInfo]):
 
 
 def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, method: Method,
-           block_maps: Mapping[tuple[str, str], BlockMap]) -> list[Edge]:
+           block_maps: Mapping[tuple[str, str], BlockMap], weighing: Weighing) -> list[Edge]:
     log10_p = [t.log10_p for t in tests]
     adjusted, rejected = fdr_adjust(log10_p, method=method), fdr_reject(log10_p, q=q, method=method)
     family_wise = holm_reject(log10_p, alpha=q)
@@ -85,7 +87,7 @@ def _edges(models: Mapping[str, ModelInfo], tests: list[PairTest], q: float, met
         block_map = tuple((int(layer["layer_a"]), int(layer["layer_b"])) for layer in test.layers
                           if layer.get("log10_p") is not None and layer["log10_p"] <= BLOCK_LOG10_P)
         direction = (orient(models[test.model_a], models[test.model_b], ancestors,
-                            block_maps.get((test.model_a, test.model_b)), test.closeness)
+                            block_maps.get((test.model_a, test.model_b)), test.closeness, weighing)
                      if dependent else NO_DIRECTION)
         edges.append(Edge(test, float(log10_q), bool(dependent), direction, block_map, bool(dependent and strong)))
     return edges
@@ -101,18 +103,21 @@ def compute_lineage(
     previous_families: Mapping[str, Collection[str]] | None = None,
     min_direction_confidence: float = DEFAULT_MIN_DIRECTION_CONFIDENCE,
     block_maps: Mapping[tuple[str, str], BlockMap] | None = None,
+    weighing: Weighing = DEFAULT_WEIGHING,
 ) -> Lineage:
     """The lineage of these models from their pair tests (tests of unknown models and without a p are ignored).
 
     previous_families (family id -> members, from the last rebuild) keeps family ids stable; a direction whose
     confidence is below min_direction_confidence is kept but not claimed (``Direction.decided``); block_maps: the
-    any-order block maps of depth-changed pairs, (model_a, model_b) -> map (lineage_graph.block_maps), where made.
+    any-order block maps of depth-changed pairs, (model_a, model_b) -> map (lineage_graph.block_maps), where made;
+    weighing: how the votes are weighed (each signal's reliability, the shape prior): ablations and reliabilities
+    measured on held-out recipes are passed here.
     """
     block_maps = block_maps or {}
     by_id = {m.model_id: m for m in models}
     usable = sorted((t for t in tests if t.model_a in by_id and t.model_b in by_id and t.log10_p is not None
                      and math.isfinite(t.log10_p)), key=lambda t: (t.model_a, t.model_b))
-    edges = _edges(by_id, usable, q, method, block_maps)
+    edges = _edges(by_id, usable, q, method, block_maps, weighing)
     dependent_pairs = {e.pair for e in edges if e.dependent}
     ancestors = declared_ancestry(by_id.values())
     depth = {m: len(a) for m, a in ancestors.items()}
@@ -125,7 +130,7 @@ def compute_lineage(
         inside = [e for e in edges if e.dependent and set(e.pair) <= members]
         values = value_sources(members, by_id, {e.pair: e.test.closeness for e in inside
                                                 if e.test.closeness is not None})
-        tree = _closeness_tree(members, inside, confirmed, by_id, block_maps, values)
+        tree = _closeness_tree(members, inside, confirmed, by_id, block_maps, values, weighing)
         if tree is None:  # pairs tested before closeness was recorded: trees from p-values and votes, as before
             root, parents = family_tree(members, evidence, confirmed, depth)
         else:
@@ -160,7 +165,7 @@ def _decide(edge: Edge, level: float) -> Edge:
 
 def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapping[str, set[str]],
                     models: Mapping[str, ModelInfo], block_maps: Mapping[tuple[str, str], BlockMap],
-                    values: ValueSources) -> Phylogeny | None:
+                    values: ValueSources, weighing: Weighing) -> Phylogeny | None:
     """The family's tree from closeness when every dependent pair inside it has one (else None); ``values``: what
     the members' verbatim weight values say (linked like copied blocks, with a strong vote each)."""
     if any(e.test.closeness is None for e in inside):
@@ -168,31 +173,27 @@ def _closeness_tree(members: frozenset[str], inside: list[Edge], confirmed: Mapp
     mapped = {m for pair in block_maps for m in pair if m in members}
     closeness = {e.pair: whole_model_closeness(e.test, models, block_maps.get(e.pair)) for e in inside
                  if e.pair in block_maps or not _unmapped_depth_change(e.pair, models, mapped)}
+    _reconnect(closeness, members, [e.test for e in inside if e.pair not in closeness], models)
     ancestors = declared_ancestry(models.values())
-    log_odds, merge_log_odds, plain_log_odds = {}, {}, {}
-    weak: dict[str, dict[tuple[str, str], float]] = {signal: {} for signal in sorted(NOT_ALONE)}
+    cast: dict[tuple[str, str], tuple[Vote, ...]] = {}
     for e in inside:
-        cast = votes(models[e.pair[0]], models[e.pair[1]], ancestors, block_maps.get(e.pair), e.test.closeness)
-        cast += [Vote(p, "verbatim_values", values.reasons[(p, c)]) for p, c in (e.pair, e.pair[::-1])
-                 if (p, c) in values.reasons]
+        pair_votes = votes(models[e.pair[0]], models[e.pair[1]], ancestors, block_maps.get(e.pair), e.test.closeness)
+        pair_votes += [Vote(p, "verbatim_values", values.reasons[(p, c)]) for p, c in (e.pair, e.pair[::-1])
+                       if (p, c) in values.reasons]
         if values.entangled_pair(*e.pair):  # a merge or its source: the rank and the scale cannot tell
-            cast = [v for v in cast if v.signal not in NOT_ALONE]
-        for odds, kept in ((log_odds, cast), (merge_log_odds, [v for v in cast if v.signal not in MERGE_BLIND]),
-                           (plain_log_odds, [v for v in cast if v.signal not in NOT_ALONE]),
-                           *((weak[signal], [v for v in cast if v.signal == signal]) for signal in weak)):
-            d = combine(*e.pair, kept)
-            if d.parent is not None and 0.5 < d.confidence < 1.0:
-                value = math.log(d.confidence / (1.0 - d.confidence))
-                odds[e.pair] = value if d.parent == e.pair[0] else -value
-    shapes = {m: (models[m].n_layers, models[m].hidden_size, models[m].intermediate_size, models[m].n_experts or 1)
-              for m in members}
+            pair_votes = [v for v in pair_votes if v.signal not in NOT_ALONE]
+        cast[e.pair] = tuple(pair_votes)
     copied = copied_sources({p: m for p, m in block_maps.items() if set(p) <= members}, models, CLONE_CLOSENESS)
     for child, holds in values.links().items():
         copied.setdefault(child, set()).update(holds)
-    ranks = {m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
-             if models[m].activation_rank}
-    return family_phylogeny(members, closeness, log_odds, confirmed, merge_log_odds, plain_log_odds, shapes, weak,
-                            ranks, copied, values.rules_out_merge)
+    evidence = FamilyEvidence(
+        closeness, cast, confirmed, copied,
+        shapes={m: (models[m].n_layers, models[m].hidden_size, models[m].intermediate_size, models[m].n_experts or 1)
+                for m in members},
+        ranks={m: sum(models[m].activation_rank) / len(models[m].activation_rank) for m in members
+               if models[m].activation_rank},
+        no_merge=values.rules_out_merge)
+    return family_phylogeny(members, evidence, weighing)
 
 
 def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo], mapped: set[str]) -> bool:
@@ -204,6 +205,19 @@ def _unmapped_depth_change(pair: tuple[str, str], models: Mapping[str, ModelInfo
         return False  # no map could be made for it: the by-index estimate is all there is
     deeper = pair[0] if a.n_layers > b.n_layers else pair[1]
     return deeper in mapped
+
+
+def _reconnect(closeness: dict[tuple[str, str], float], members: frozenset[str], left_out: list[PairTest],
+               models: Mapping[str, ModelInfo]) -> None:
+    """Add back, nearest first, the by-index estimates of pairs left out (_unmapped_depth_change) that the family's
+    distances need to connect its members: a rough distance places a model, where none leaves the tree undrawn."""
+    parts = nx.utils.UnionFind(members)
+    for a, b in closeness:
+        parts.union(a, b)
+    for test in sorted(left_out, key=lambda t: (-float(t.closeness), t.model_a, t.model_b)):
+        if parts[test.model_a] != parts[test.model_b]:
+            closeness[(test.model_a, test.model_b)] = whole_model_closeness(test, models)
+            parts.union(test.model_a, test.model_b)
 
 
 def whole_model_closeness(test: PairTest, models: Mapping[str, ModelInfo], block_map: BlockMap | None = None

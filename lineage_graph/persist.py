@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 import polars as pl
 
-from lineage_graph.block_maps import any_order_map, wanted
-from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, BlockLink, BlockMap, ModelInfo, PairTest
+from lineage_graph.block_maps import wanted
+from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.multiple_testing import Method
 from scanner.merge_config import MergeDeclaration
+from scanner.pair_block_map import BlockMap, decoded
 from scanner.store import lineage_tables
 
 if TYPE_CHECKING:
@@ -151,35 +151,19 @@ def _compute(store: Store, q: float, method: Method, statistic: str, min_directi
 
 
 def _block_maps(store: Store, models: list[ModelInfo], tests: list[PairTest]) -> dict[tuple[str, str], BlockMap]:
-    """The any-order block maps of the depth-changed related pairs (lineage_graph.block_maps.wanted): those kept in
-    the store, the others made from the two stored fingerprints and kept (unless the store is read-only). A pair
-    whose fingerprints are gone or damaged gets none, and is read as before (its depth vote alone)."""
-    from scanner.fingerprint_store import read_fingerprint_at
-
+    """The any-order block maps of the depth-changed related pairs the lineage reads (lineage_graph.block_maps.wanted),
+    as the scan's pair workers made and stored them with the pairs' tests (scanner.pair_block_map). A pair without one
+    (tested by a hubtrace that made no maps with its tests, or whose map failed) is read as before: its depth vote
+    alone. Nothing is matched here."""
     kept = lineage_tables.stored_block_maps(store)
-    paths = lineage_tables.current_fingerprint_paths(store)
     test_of = {(t.model_a, t.model_b): t for t in tests}
     out: dict[tuple[str, str], BlockMap] = {}
-    made: list[tuple[str, str, str, str, str, str]] = []
     for a, b in wanted({m.model_id: m for m in models}, tests):
         t = test_of[(a, b)]
-        key = (a, t.revision_a, b, t.revision_b, t.input_set)
-        if key in kept:
-            out[(a, b)] = _decoded(kept[key])
-            continue
-        try:
-            out[(a, b)] = any_order_map(read_fingerprint_at(paths[(a, t.input_set)]),
-                                        read_fingerprint_at(paths[(b, t.input_set)]))
-        except Exception:  # a missing or damaged fingerprint: the pair keeps its depth vote alone
-            continue
-        made.append((*key, json.dumps([asdict(link) for link in out[(a, b)]])))
-    if made and not store.read_only:
-        lineage_tables.put_block_maps(store, made)
+        text = kept.get((a, t.revision_a, b, t.revision_b, t.input_set))
+        if text is not None:
+            out[(a, b)] = decoded(text)
     return out
-
-
-def _decoded(text: str) -> BlockMap:
-    return tuple(BlockLink(**link) for link in json.loads(text))
 
 
 def read_lineage(store: Store, *, statistic: str = "match") -> Lineage:

@@ -27,12 +27,19 @@ them apart). Copies get no direction from shape (they are one node); only votes 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
 
-from lineage_graph.direction import NEAR_COPY_CLOSENESS
+from lineage_graph.direction import (
+    DEFAULT_WEIGHING,
+    MERGE_BLIND,
+    NEAR_COPY_CLOSENESS,
+    NOT_ALONE,
+    Vote,
+    Weighing,
+)
 
 CLONE_CLOSENESS = 0.999
 """Pairs at least this close are copies: their activations agree to the noise of floating point."""
@@ -55,7 +62,7 @@ SUSPECT_RATIO = 1.10
 the weak signals cast no vote between it and them, and the link is decided only by strong evidence. DARE merges
 measured 0.98-1.02 between their two sources on the fitted merge zoos, and 1.07 on held-out seed 23, after which this
 was raised from 1.05 (so seed 23 is not out of sample for it; the final seeds are)."""
-MERGE_NEIGHBOURS = 10
+MERGE_NEIGHBOURS = 16
 """A merge is among the nearest relatives of each of its parents: only a member's this many nearest (of its shape)
 are tried as its parents, so finding merges costs n * MERGE_NEIGHBOURS^2 ratios, not n^3."""
 PLACEMENT_MARGIN = 0.3
@@ -67,8 +74,6 @@ CLOSENESS_NOISE = 0.02
 """Differences of closeness below this are noise (the block-to-block spread of a sequential test's screening blocks,
 docs/lineage.md): a child this near to two candidate parents cannot be placed under either, however close the two
 are to each other (a base and a near copy of it)."""
-SHAPE_PRIOR = True
-"""Weigh placements of the root by the tree's shape (rumour centrality); False leaves the votes alone (ablation)."""
 MERGE_BONUS = 0.9
 """Assumed probability that a member found between two others (MERGE_RATIO) is their merge, not their ancestor."""
 
@@ -180,7 +185,7 @@ def placement_log_likelihood(tree: nx.Graph, log_odds: Mapping[tuple[str, str], 
                              ) -> dict[str, float]:
     """Each member as root: log prior from the tree's shape (unless ``shape`` is False) plus the log-likelihood of the
     votes on its links (a vote's log r or log(1 - r) is +-lo/2 around a constant)."""
-    return {r: (log_rumour_centrality(tree, r) if SHAPE_PRIOR and shape else 0.0) + _score(tree, r, log_odds) / 2
+    return {r: (log_rumour_centrality(tree, r) if shape else 0.0) + _score(tree, r, log_odds) / 2
             for r in tree.nodes}
 
 
@@ -236,176 +241,315 @@ def _group_odds(log_odds: Mapping[tuple[str, str], float], head: Mapping[str, st
     return out
 
 
-def family_phylogeny(
-    members: frozenset[str],
-    closeness: Mapping[tuple[str, str], float],
-    log_odds: Mapping[tuple[str, str], float],
-    confirmed: Mapping[str, set[str]],
-    merge_log_odds: Mapping[tuple[str, str], float] | None = None,
-    corroborating_log_odds: Mapping[tuple[str, str], float] | None = None,
-    shapes: Mapping[str, object] | None = None,
-    weak_log_odds: Mapping[str, Mapping[tuple[str, str], float]] | None = None,
-    ranks: Mapping[str, float] | None = None,
-    copied: Mapping[str, set[str]] | None = None,
-    no_merge: Callable[[str, tuple[str, ...]], bool] = lambda m, sources: False,
-) -> Phylogeny | None:
-    """The family's tree from closeness, or None when the dependent pairs with a closeness do not connect it.
+@dataclass(frozen=True)
+class FamilyEvidence:
+    """What one family's tree is drawn from. ``closeness``: (a, b) with a < b -> closeness, for the family's dependent
+    pairs; ``votes``: (a, b) with a < b -> the direction votes cast on the pair (lineage_graph.direction), one value per
+    link, weighed and selected here (every vote; those that still mean something between a merge and its parents;
+    those that may decide alone; each weak signal by itself); ``confirmed``: child -> declared bases the weights
+    confirm (one is linked before any distance, several are a declared merge); ``copied``: member -> relatives it
+    holds blocks or values of (lineage_graph.block_maps.copied_sources, lineage_graph.value_sources), linked like
+    confirmed declarations; ``shapes``: member -> its shape (only models of one shape are averaged); ``ranks``:
+    member -> its mean activation rank (a hint for drawing near copies); ``no_merge(m, sources)``: whether the weight
+    values rule out that m is a merge of these by a known method (lineage_graph.value_sources)."""
 
-    closeness: (a, b) with a < b -> closeness, for the dependent pairs of the family; log_odds: (a, b) with a < b
-    -> log-odds that a is b's ancestor (from each pair's direction votes; absent = no evidence); confirmed:
-    child -> declared bases that the weights confirm: a single one is linked before any distance, several (a
-    declared merge) are all kept; merge_log_odds: the votes that still mean something between a merge and its
-    parents (a statistic that averaging reverses, like the activation rank, must be left out; default log_odds);
-    corroborating_log_odds: the votes without the signals that may not decide alone (default log_odds): a link
-    whose leaning they and the shape do not share is not corroborated; copied: member -> relatives it holds blocks
-    of verbatim (lineage_graph.block_maps.copied_sources), linked like confirmed declarations (two or more: a stack,
-    linked like a declared merge); shapes: member -> its shape (depth and
-    widths): only models of one shape can be averaged, so only they are tried as a merge and its parents;
-    weak_log_odds: signal -> its own log-odds, for each signal that may not decide alone (what log_odds holds beyond
-    corroborating_log_odds): a link is corroborated by the other votes, or by two of these and the shape;
-    no_merge(m, sources): whether other evidence rules out that m is a merge of these as made (the weight values: a
-    model that shows no merge's signature is none, lineage_graph.value_sources): the distances then do not make m their
-    merge, and a link from m to one of them drawn below it is left to the strong evidence (_trained_merge_doubts).
-    """
-    if len(members) == 1:
-        only = next(iter(members))
-        return Phylogeny(only, {}, {}, {only: frozenset()})
-    groups = clone_groups(members, closeness)
-    head = {m: _first(g, log_odds, confirmed) for g in groups for m in g}
-    heads = sorted(set(head.values()))
-    # Distances between groups (the nearest pair of members) and the evidence carried over to the group heads.
-    distance: dict[tuple[str, str], float] = {}
-    for (a, b), c in closeness.items():
-        ha, hb = head[a], head[b]
-        if ha != hb:
-            distance[_key(ha, hb)] = min(distance.get(_key(ha, hb), math.inf), 1.0 - c)
-    between = {pair: merge_distance(1.0 - d) for pair, d in distance.items()}
-    head_odds = _group_odds(log_odds, head)
-    head_merge_odds = _group_odds(log_odds if merge_log_odds is None else merge_log_odds, head)
-    head_plain_odds = _group_odds(log_odds if corroborating_log_odds is None else corroborating_log_odds, head)
-    bases = {h: sorted({head[b] for m in members if head[m] == h
-                        for b in (*confirmed.get(m, ()), *(copied or {}).get(m, ())) if b in members} - {h})
-             for h in heads}
-    declared_merges = {h: tuple(b) for h, b in bases.items() if len(b) >= 2}
-    geometry = math.log(MERGE_BONUS / (1 - MERGE_BONUS))
+    closeness: Mapping[tuple[str, str], float]
+    votes: Mapping[tuple[str, str], Sequence[Vote]] = field(default_factory=dict)
+    confirmed: Mapping[str, set[str]] = field(default_factory=dict)
+    copied: Mapping[str, set[str]] = field(default_factory=dict)
+    shapes: Mapping[str, object] = field(default_factory=dict)
+    ranks: Mapping[str, float] = field(default_factory=dict)
+    no_merge: Callable[[str, tuple[str, ...]], bool] = lambda m, sources: False
 
-    def merge_score(m: str, *sources: str) -> float:
+
+@dataclass
+class _Odds:
+    """The votes of every pair as log-odds that its first model is the other's ancestor, in the selections the tree
+    reads: ``every`` vote, the ``sighted`` ones (not merge-blind: what still means something between a merge and its
+    parents), the ``strong`` ones (that may decide alone), and ``weak``: each signal that may not, by itself."""
+
+    every: dict[tuple[str, str], float]
+    sighted: dict[tuple[str, str], float]
+    strong: dict[tuple[str, str], float]
+    weak: list[dict[tuple[str, str], float]]
+
+    @classmethod
+    def of(cls, votes: Mapping[tuple[str, str], Sequence[Vote]], weighing: Weighing) -> _Odds:
+        def odds(keep: Callable[[Vote], bool]) -> dict[tuple[str, str], float]:
+            out = {pair: weighing.log_odds(pair[0], [v for v in cast if keep(v)]) for pair, cast in votes.items()}
+            return {pair: value for pair, value in out.items() if value}
+
+        return cls(odds(lambda v: True), odds(lambda v: v.signal not in MERGE_BLIND),
+                   odds(lambda v: v.signal not in NOT_ALONE),
+                   [odds(lambda v, s=signal: v.signal == s) for signal in sorted(NOT_ALONE)])
+
+    def grouped(self, head: Mapping[str, str]) -> _Odds:
+        """The same, between groups of copies, keyed by their heads (_group_odds)."""
+        return _Odds(_group_odds(self.every, head), _group_odds(self.sighted, head), _group_odds(self.strong, head),
+                     [_group_odds(odds, head) for odds in self.weak])
+
+
+@dataclass
+class _Layout:
+    """Stage 1: copies as one node (their heads), the distances between the groups, and the declared links."""
+
+    members: frozenset[str]
+    head: dict[str, str]
+    heads: list[str]
+    distance: dict[tuple[str, str], float]
+    """1 - closeness between group heads (the nearest pair of members)."""
+    between: dict[tuple[str, str], float]
+    """The merge test's distances (merge_distance)."""
+    bases: dict[str, list[str]]
+    """Group head -> the heads its members declare (confirmed) or hold blocks or values of."""
+    unmeasured: float
+    """The distance given a declared link whose pair has none: the family's farthest measured pair."""
+    shape: Callable[[str], object]
+
+    @classmethod
+    def of(cls, members: frozenset[str], evidence: FamilyEvidence, odds: _Odds) -> _Layout | None:
+        head = {m: _first(g, odds.every, evidence.confirmed) for g in clone_groups(members, evidence.closeness)
+                for m in g}
+        heads = sorted(set(head.values()))
+        distance: dict[tuple[str, str], float] = {}
+        for (a, b), c in evidence.closeness.items():
+            if head[a] != head[b]:
+                pair = _key(head[a], head[b])
+                distance[pair] = min(distance.get(pair, math.inf), 1.0 - c)
+        bases = {h: sorted({head[b] for m in members if head[m] == h
+                            for b in (*evidence.confirmed.get(m, ()), *evidence.copied.get(m, ())) if b in members}
+                           - {h}) for h in heads}
+        everything = nx.Graph([*distance, *((h, b) for h, found in bases.items() for b in found)])
+        everything.add_nodes_from(heads)
+        if not nx.is_connected(everything):
+            return None
+        # A declared link whose pair has no closeness (a depth-changed pair left without a block map) is linked all
+        # the same, as far apart as the family's farthest measured pair: it places nothing else near it.
+        return cls(members, head, heads, distance, {pair: merge_distance(1.0 - d) for pair, d in distance.items()},
+                   bases, max(distance.values(), default=1.0), lambda m: evidence.shapes.get(m))
+
+    def link_distance(self, a: str, b: str) -> float:
+        return self.distance.get(_key(a, b), self.unmeasured)
+
+
+@dataclass
+class _Merges:
+    """Stage 2: the merges (member -> its parents, the first the one it hangs under), those declared, and the
+    possible merges (_possible_merges)."""
+
+    merged: dict[str, tuple[str, ...]]
+    declared: set[str]
+    possible: dict[str, dict[str, str]]
+    geometry: float = math.log(MERGE_BONUS / (1 - MERGE_BONUS))
+
+    def score(self, odds: _Odds, m: str, *sources: str) -> float:
         """Log-odds that m is the merge of its sources: the geometry (for an undeclared one) and the votes against
-        each of them."""
-        return (0.0 if m in declared_merges else geometry) + sum(_lo(head_merge_odds, p, m) for p in sources)
+        each of them that averaging does not reverse."""
+        return (0.0 if m in self.declared else self.geometry) + sum(_lo(odds.sighted, p, m) for p in sources)
 
-    shape = (lambda m: None) if shapes is None else (lambda m: shapes.get(m))
-    ruled_out: list[tuple[str, str, str]] = []
+
+def _find_merges(layout: _Layout, odds: _Odds, no_merge: Callable[[str, tuple[str, ...]], bool]) -> _Merges:
+    found = _Merges({}, {h for h, b in layout.bases.items() if len(b) >= 2}, {})
+    declared = {h: tuple(sorted(b, key=lambda p: (_key(h, p) not in layout.distance, p)))
+                for h, b in layout.bases.items() if len(b) >= 2}
 
     def plausible(m: str, x: str, y: str) -> bool:
-        if merge_score(m, x, y) <= 0:
-            return False
-        if no_merge(m, (x, y)):
-            ruled_out.append((m, x, y))
-            return False
-        return True
+        # A member whose values show no merge's signature is no merge of a known method; it is taken for one of
+        # another method only where the merge-blind signals read it as an average of both (above each of them)
+        return found.score(odds, m, x, y) > 0 and (not no_merge(m, (x, y)) or _reads_as_average(odds.weak, m, x, y))
 
-    merged = merges(heads, between, declared_merges, plausible, shape)
-    near_head = _near_heads(heads, distance, between, shape, set(merged), ranks or {})
+    found.merged = merges(layout.heads, layout.between, declared, plausible, layout.shape)
+    found.possible = _possible_merges(layout.heads, layout.between, layout.shape)
+    return found
+
+
+def _span(layout: _Layout, found: _Merges, odds: _Odds, ranks: Mapping[str, float]) -> nx.Graph:
+    """Stage 3: the minimum spanning tree of the members that are no merge (declared links first), each group of near
+    copies hung under the one that lies least between its relatives, the merges hung under their first parents with
+    what derives from them, and parts only a merge connected joined by their nearest pairs."""
+    distance, bases, merged = layout.distance, layout.bases, found.merged
+    near_head = _near_heads(layout.heads, distance, layout.between, layout.shape, set(merged), ranks)
     pinned = {h for h, b in bases.items() if len(b) == 1}
     # A model nearest to a merge that the votes put below it (a fine-tune of the merge) is placed after the merges,
     # under it: left in the first tree it would stand between the merge's parents. (The base of the merge's sources
     # is as near it, and older.)
     sources = {p for parents in merged.values() for p in parents}
-    nearest = {h: min((o for o in heads if o != h and _key(h, o) in distance),
-                      key=lambda o: (distance[_key(h, o)], o), default=None) for h in heads}
-    later = {h for h in heads if h not in merged and h not in pinned and h not in sources
-             and nearest[h] in merged and _lo(head_odds, nearest[h], h) > 0}
+    nearest = {h: min((o for o in layout.heads if o != h and _key(h, o) in distance),
+                      key=lambda o: (distance[_key(h, o)], o), default=None) for h in layout.heads}
+    later = {h for h in layout.heads if h not in merged and h not in pinned and h not in sources
+             and nearest[h] in merged and _lo(odds.every, nearest[h], h) > 0}
     aside = set(merged) | later | {h for h, g in near_head.items() if g != h}
     graph = nx.Graph()
-    graph.add_nodes_from(h for h in heads if h not in aside)
+    graph.add_nodes_from(h for h in layout.heads if h not in aside)
     for pair, d in distance.items():
         if not set(pair) & aside:
             declared = any(len(bases[c]) == 1 and bases[c][0] == p for c, p in (pair, pair[::-1]))
             # A confirmed declaration is linked before any distance; otherwise Kruskal takes the nearest first.
             graph.add_edge(*pair, weight=-1.0 if declared else d, distance=d)
-    everything = nx.Graph(list(distance))
-    everything.add_nodes_from(heads)
-    if not nx.is_connected(everything):
-        return None
+    for child in pinned - aside:
+        if bases[child][0] not in aside and _key(child, bases[child][0]) not in distance:
+            graph.add_edge(child, bases[child][0], weight=-1.0, distance=layout.unmeasured)
     tree = nx.minimum_spanning_tree(graph, weight="weight", algorithm="kruskal")  # a forest if merges joined parts
     for h, g in near_head.items():
-        if g != h and h not in merged:
-            tree.add_edge(g, h, distance=distance[_key(g, h)])
+        if g != h and h not in merged:  # in one group of near copies, if perhaps through a third
+            tree.add_edge(g, h, distance=distance.get(_key(g, h), 1.0 - NEAR_COPY_CLOSENESS))
     tree.add_nodes_from(later)
-    _hang_merges(tree, merged, distance, pinned)
+    _hang_merges(tree, merged, distance, pinned, layout.unmeasured)
     _join_parts(tree, distance, merged)
-    for m, (x, *others) in merged.items():
-        for odds in (head_odds, head_plain_odds):  # its own votes are in merge_score, the rank left out
-            _set(odds, x, m, merge_score(m, x, *others))
-    suspects = _merge_suspects(tree, between, shape, merged)
-    head_weak = [{k: v for k, v in _group_odds(odds, head).items() if k not in suspects and not _merged_link(k, merged)}
-                 for odds in (weak_log_odds or {}).values()]
+    return tree
+
+
+def _read_merges(odds: _Odds, found: _Merges, tree: nx.Graph, layout: _Layout) -> set[tuple[str, str]]:
+    """The votes as the drawn tree reads them: a merge's link to its first parent carries its merge score (its own
+    votes, merge-blind ones left out, and the geometry), and the weak signals cast no vote between a member and a leaf
+    it may be a merge of (_merge_suspects) nor on a merge's links. Returns the suspects."""
+    for m, (x, *others) in found.merged.items():
+        for selection in (odds.every, odds.strong):
+            _set(selection, x, m, found.score(odds, m, x, *others))
+    suspects = _merge_suspects(tree, layout.between, layout.shape, found.merged)
+    odds.weak = [{k: v for k, v in weak.items() if k not in suspects and not _merged_link(k, found.merged)}
+                 for weak in odds.weak]
     for pair in suspects:  # the weak signals cannot tell a merge from an ancestor
-        if pair in head_plain_odds:
-            head_odds[pair] = head_plain_odds[pair]
+        if pair in odds.strong:
+            odds.every[pair] = odds.strong[pair]
         else:
-            head_odds.pop(pair, None)
-    scores = placement_log_likelihood(tree, head_odds)
-    # What leans each link's way without the signals that may not decide alone: the other votes (declarations,
-    # structure, block maps, a merge's geometry) by themselves, or two of the shape and the weak signals.
-    strong_lean = placement_log_likelihood(tree, head_plain_odds, shape=False)
-    weak_leans = [placement_log_likelihood(tree, {}), *(placement_log_likelihood(tree, odds, shape=False)
-                                                        for odds in head_weak)]
+            odds.every.pop(pair, None)
+    return suspects
+
+
+@dataclass
+class _Links:
+    """Stages 4 and 5: the root, each drawn link (child -> [(parent, kind)]) with its confidence, whether something
+    that may decide supports it, and the notes of the links that need one."""
+
+    root: str
+    parent_of: dict[str, str]
+    parents: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    confidence: dict[tuple[str, str], float] = field(default_factory=dict)
+    corroborated: dict[tuple[str, str], bool] = field(default_factory=dict)
+    notes: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+def _place_root(tree: nx.Graph, odds: _Odds, weighing: Weighing) -> tuple[_Links, dict[str, float]]:
+    """Stage 4: each member as root, scored by the shape and the votes; the best (ties: the member nearest to all
+    others, then the larger id) orients the tree. Returns the placement scores too."""
+    scores = placement_log_likelihood(tree, odds.every, weighing.shape_prior)
     spread = {r: sum(nx.single_source_dijkstra_path_length(tree, r, weight="distance").values()) for r in tree.nodes}
     root = max(tree.nodes, key=lambda r: (round(scores[r], 9), -spread[r], r))
     parent_of = _orient(tree, root)
-    parents: dict[str, list[tuple[str, str]]] = {c: [(p, "tree")] for c, p in parent_of.items()}
-    confidence: dict[tuple[str, str], float] = {}
-    corroborated: dict[tuple[str, str], bool] = {}
-    swappable = _swappable(parent_of, distance, set(merged))
-    swappable |= _trained_merge_doubts(parent_of, ruled_out)
-    for child, [(parent, _)] in list(parents.items()):
+    return _Links(root, parent_of, {c: [(p, "tree")] for c, p in parent_of.items()}), scores
+
+
+def _weigh_tree_links(links: _Links, tree: nx.Graph, scores: Mapping[str, float], odds: _Odds, doubted: set
+                      ) -> None:
+    """Stage 5: each tree link's confidence (the best placement keeping it against the best reversing it) and its
+    corroboration: the placement on the strong votes alone, or two of the shape and the weak signals, leans its way;
+    a link in ``doubted`` (near copies, ends the distances cannot order, a possible merge above an end, a suspect)
+    only on the pair's own strong votes; and none against the pair's own evidence where that may decide."""
+    strong_lean = placement_log_likelihood(tree, odds.strong, shape=False)
+    weak_leans = [placement_log_likelihood(tree, {}), *(placement_log_likelihood(tree, weak, shape=False)
+                                                        for weak in odds.weak)]
+    for child, parent in links.parent_of.items():
         side = nx.node_connected_component(nx.restricted_view(tree, [], [(parent, child)]), parent)
         keep = max(scores[r] for r in side)
         flip = max(scores[r] for r in tree.nodes if r not in side)
-        confidence[(parent, child)] = sigmoid(keep - flip)  # >= 0.5: the root, the best placement, is on this side
-        agreeing = [_leans(x, side) for x in weak_leans]
-        if (1.0 - distance[_key(parent, child)] >= NEAR_COPY_CLOSENESS or _key(parent, child) in suspects
-                or (parent, child) in swappable):
+        # >= 0.5: the root, the best placement (to rounding: ties within 1e-9 go to the nearest member), is on this side
+        links.confidence[(parent, child)] = sigmoid(max(keep - flip, 0.0))
+        own = _lo(odds.strong, parent, child)
+        if 1.0 - tree.edges[parent, child]["distance"] >= NEAR_COPY_CLOSENESS or (parent, child) in doubted:
             # near copies: which of them the shape puts first is noise; a possible merge of its neighbour sits where
             # the neighbour's child would, with a parent's rank and scale; ends the distances cannot order leave the
-            # shape nothing to say: only the other evidence can
-            agreeing = []
-        corroborated[(parent, child)] = _leans(strong_lean, side) or sum(agreeing) >= 2
-    for m, (x, *others) in merged.items():
-        if parents.get(m, [(None, "")])[0][0] != x:
+            # drawn tree nothing to say: not its shape, nor where other links' strong votes put its root (the order
+            # of the two follows from the tree's topology only where that topology is right): the pair's own
+            # strong votes alone can
+            supported = own > 0
+        else:
+            supported = _leans(strong_lean, side) or sum(_leans(lean, side) for lean in weak_leans) >= 2
+        # the pair's own evidence pointing the other way, as it may decide, is never overruled by the tree's
+        # orientation (from where other links' votes put the root: a family joined wrongly is oriented wrongly)
+        against = own < 0 or sum(_lo(weak, parent, child) < 0 for weak in odds.weak) >= 2
+        links.corroborated[(parent, child)] = supported and not against
+
+
+def _add_merge_links(links: _Links, found: _Merges, odds: _Odds) -> None:
+    """Stage 6: each merge hung under its first parent gets its other parents, by merge links whose confidence is
+    its merge score (merges() took only plausible ones; a declared merge the votes lean against stays undecided)."""
+    drawn = nx.DiGraph([(p, c) for c, p in links.parent_of.items()])
+    for m, (x, *others) in found.merged.items():
+        if links.parents.get(m, [(None, "")])[0][0] != x:
             continue  # the evidence put the merge above its first parent after all: it is no merge of them
         for y in others:
-            parents[m].append((y, "merge"))
-            confidence[(y, m)] = sigmoid(merge_score(m, x, y))  # > 0.5: merges() took only plausible ones
-            corroborated[(y, m)] = True  # the geometry (or the declaration) and the votes
-    notes = _alternatives(tree, root, parents, distance, confidence, set(merged))
-    for link, note in swappable.items():
-        notes[link] = f"{notes[link]}; {note}" if link in notes else note
-    for q, c in notes:
-        if (q, c) in corroborated:
+            if m in drawn and y in drawn and nx.has_path(drawn, m, y):
+                continue  # declarations that name each other: y is drawn below m already, so it is no parent of m
+            drawn.add_edge(y, m)
+            links.parents[m].append((y, "merge"))
+            score = found.score(odds, m, x, y)
+            links.confidence[(y, m)] = sigmoid(max(score, 0.0))
+            links.corroborated[(y, m)] = score > 0  # the geometry (or the declaration) and the votes
+
+
+def _settle_alternatives(links: _Links, tree: nx.Graph, layout: _Layout, found: _Merges,
+                         notes: Mapping[tuple[str, str], str]) -> None:
+    """Stage 7: children the distances cannot place get an alternative parent (_alternatives); such a child is later
+    than the older of its two candidates, as surely as that one is the older, and perhaps a sibling of the younger
+    one, whose link is not claimed. ``notes``: those of links the other stages doubted."""
+    links.notes = _alternatives(tree, links.root, links.parents, layout.distance, links.confidence, set(found.merged))
+    for link, note in notes.items():
+        links.notes[link] = f"{links.notes[link]}; {note}" if link in links.notes else note
+    for q, c in links.notes:
+        if (q, c) in links.corroborated:
             continue
-        p = parent_of[c]
-        # c derives from p or from q: it is later than the older of the two either way, as surely as that one is the
-        # older, and perhaps a sibling of the younger one
-        older, younger = (q, p) if parent_of.get(p) == q else (p, q)
-        if 1.0 - distance[_key(p, q)] < NEAR_COPY_CLOSENESS:  # near copies are one source for what derives from them
-            confidence[(q, c)] = confidence[(p, c)] = min(confidence[(p, c)], confidence[(older, younger)])
-            corroborated[(older, c)] = corroborated[(p, c)] and corroborated[(older, younger)]
+        p = links.parent_of[c]
+        older, younger = (q, p) if links.parent_of.get(p) == q else (p, q)
+        if 1.0 - layout.distance[_key(p, q)] < NEAR_COPY_CLOSENESS:  # near copies: one source for what derives
+            links.confidence[(q, c)] = links.confidence[(p, c)] = min(links.confidence[(p, c)],
+                                                                      links.confidence[(older, younger)])
+            links.corroborated[(older, c)] = links.corroborated[(p, c)] and links.corroborated[(older, younger)]
         else:
-            corroborated[(older, c)] = corroborated[(p, c)]
-        corroborated[(younger, c)] = False
-    for m in members:
-        if head[m] != m:
-            parents[m] = [(head[m], "copy")]
-            lo, plain_lo = _lo(log_odds, head[m], m), _lo(log_odds if corroborating_log_odds is None
-                                                          else corroborating_log_odds, head[m], m)
-            confidence[(head[m], m)] = sigmoid(lo) if lo > 0 else 0.5
-            corroborated[(head[m], m)] = plain_lo > 0
-    ancestors = _ancestors({c: links[0][0] for c, links in parents.items()})
-    return Phylogeny(root, {c: tuple(links) for c, links in parents.items()}, confidence,
-                     {m: frozenset(ancestors.get(m, ())) for m in members}, notes, corroborated)
+            links.corroborated[(older, c)] = links.corroborated[(p, c)]
+        links.corroborated[(younger, c)] = False
+
+
+def _add_copies(links: _Links, layout: _Layout, odds: _Odds) -> None:
+    """Stage 8: every copy hangs under its group's head by a copy link, ordered by the pair's own votes alone (0.5
+    and not claimed without any: the weights cannot say which of two copies came first)."""
+    for m in layout.members:
+        h = layout.head[m]
+        if h != m:
+            links.parents[m] = [(h, "copy")]
+            lo = _lo(odds.every, h, m)
+            links.confidence[(h, m)] = sigmoid(lo) if lo > 0 else 0.5
+            links.corroborated[(h, m)] = _lo(odds.strong, h, m) > 0
+
+
+def family_phylogeny(members: frozenset[str], evidence: FamilyEvidence,
+                     weighing: Weighing = DEFAULT_WEIGHING) -> Phylogeny | None:
+    """The family's tree from closeness, or None when the dependent pairs with a closeness (and the declared links)
+    do not connect it. Built in stages: the layout of copies and distances, the merges, the spanning tree, the
+    votes as the tree reads them, the root, each link's confidence and corroboration, the merges' other parents,
+    the alternatives, the copies."""
+    if len(members) == 1:
+        only = next(iter(members))
+        return Phylogeny(only, {}, {}, {only: frozenset()})
+    member_odds = _Odds.of(evidence.votes, weighing)
+    layout = _Layout.of(members, evidence, member_odds)
+    if layout is None:
+        return None
+    odds = member_odds.grouped(layout.head)
+    found = _find_merges(layout, odds, evidence.no_merge)
+    tree = _span(layout, found, odds, evidence.ranks)
+    suspects = _read_merges(odds, found, tree, layout)
+    links, scores = _place_root(tree, odds, weighing)
+    swappable = _swappable(links.parent_of, layout.distance, set(found.merged))
+    doubts = _possible_merge_doubts(links.parent_of, found.possible, found.merged)
+    doubted = {*swappable, *doubts, *((p, c) for c, p in links.parent_of.items() if _key(p, c) in suspects)}
+    _weigh_tree_links(links, tree, scores, odds, doubted)
+    _add_merge_links(links, found, odds)
+    _settle_alternatives(links, tree, layout, found, {**swappable, **doubts})
+    _add_copies(links, layout, member_odds)
+    ancestors = _ancestors({c: ls[0][0] for c, ls in links.parents.items()})
+    return Phylogeny(links.root, {c: tuple(ls) for c, ls in links.parents.items()}, links.confidence,
+                     {m: frozenset(ancestors.get(m, ())) for m in members}, links.notes, links.corroborated)
 
 
 def _near_heads(heads: list[str], distance: Mapping[tuple[str, str], float],
@@ -495,22 +639,49 @@ def _swappable(parent_of: Mapping[str, str], distance: Mapping[tuple[str, str], 
     return out
 
 
-def _trained_merge_doubts(parent_of: Mapping[str, str], ruled_out: list[tuple[str, str, str]]
-                          ) -> dict[tuple[str, str], str]:
-    """Tree links (m, e) from a member m that lies between two others as their merge would, though ``no_merge`` says
-    it is none, to one of those two ends e drawn as its child, each with its note. Such an m is the middle of one
-    line of training (x -> m -> e: a later checkpoint of one run lies on the line beyond an earlier one) or a merge of
-    x and e trained further (then e came first): the distances and the values fit both, so the shape says nothing of
-    the link."""
+def _reads_as_average(weak: list[Mapping[tuple[str, str], float]], m: str, x: str, y: str) -> bool:
+    """Whether the merge-blind signals put m above both x and y, as averaging does (it spreads activations and shrinks
+    their scale): each of x and y has a signal that puts m above it and none that puts it below. A later checkpoint's
+    predecessor lies between the two ends of its line as an average would, but below one of them."""
+    return all(any(_lo(odds, m, e) > 0 for odds in weak) and not any(_lo(odds, m, e) < 0 for odds in weak)
+               for e in (x, y))
+
+
+def _possible_merges(heads: list[str], between: Mapping[tuple[str, str], float], shape: Callable[[str], object]
+                     ) -> dict[str, dict[str, str]]:
+    """Members that lie between two others of their shape as a merge of them would (MERGE_RATIO, among their
+    MERGE_NEIGHBOURS nearest): member -> each such end -> the other end. A member the tree takes for no merge may yet
+    be one, of a method that leaves no signature in the values (SCE, NuSLERP, a Karcher mean), or the middle of one
+    line of training (an earlier checkpoint); a merge found of some relatives may be made of such an end too (a
+    source the search did not name, not a fine-tune of it: that would lie beyond it, at a ratio near 1). Either way
+    it may be made of the ends, so it is drawn as the parent of one of them only on that pair's own strong
+    evidence."""
+    out: dict[str, dict[str, str]] = {}
+    for m in heads:
+        near = sorted((o for o in heads if o != m and _key(m, o) in between and shape(o) == shape(m)),
+                      key=lambda o: (between[_key(m, o)], o))[:MERGE_NEIGHBOURS]
+        for i, x in enumerate(near):
+            for y in near[i + 1:]:
+                if (r := merge_ratio(between, x, m, y)) is not None and r <= MERGE_RATIO:
+                    out.setdefault(m, {}).setdefault(x, y)
+                    out[m].setdefault(y, x)
+    return out
+
+
+def _possible_merge_doubts(parent_of: Mapping[str, str], possible: Mapping[str, Mapping[str, str]],
+                           merged: Mapping[str, tuple[str, ...]]) -> dict[tuple[str, str], str]:
+    """Tree links (m, e) from a possible merge m (_possible_merges) to one of the ends it lies between, drawn as its
+    child, each with its note (a merge's link to its own first parent is its geometry's)."""
     out = {}
-    for m, x, y in ruled_out:
-        for end, other in ((x, y), (y, x)):
-            if parent_of.get(end) == m:
-                out[(m, end)] = (
-                    f"{m} lies between {other} and {end} as their merge would, but its weight values show no merge's "
-                    f"signature: either {end} was trained on from {m} (a later checkpoint of one run), or {m} is a "
-                    f"merge of {other} and {end} trained further, so which of {m} and {end} came first the distances "
-                    "and the shape cannot say")
+    for end, m in parent_of.items():
+        if m in merged.get(end, ()) or end not in possible.get(m, {}):
+            continue
+        other = possible[m][end]
+        out[(m, end)] = (
+            f"{m} lies between {other} and {end} as their merge would: it may be a merge of them by a method that "
+            f"leaves no known signature in the weight values, or {end} may have been trained on from {m} (a later "
+            f"checkpoint of one run); the rank, the scale and the tree's shape cannot tell the two apart, so {m} is "
+            f"drawn as the parent of {end} only on their own strong evidence")
     return out
 
 
@@ -529,13 +700,16 @@ def _join_parts(tree: nx.Graph, distance: Mapping[tuple[str, str], float], merge
 
 
 def _hang_merges(tree: nx.Graph, merged: Mapping[str, tuple[str, ...]], distance: Mapping[tuple[str, str], float],
-                 pinned: set[str]) -> None:
-    """Hang each merge under its nearer parent (its second parent is linked beside the tree), then move under it
-    every member whose nearest relative it is and that is not on the path between its parents (an ancestor of its
-    parents cannot derive from it): a model derived from a merge hangs under the merge, with what derives from it.
-    A member ``pinned`` to a parent (a confirmed declaration, blocks copied verbatim) stays where it is."""
+                 pinned: set[str], unmeasured: float) -> None:
+    """Hang each merge under its first parent (its other parents are linked beside the tree; a declared one whose
+    pair has no distance is ``unmeasured`` apart), then move under it every member whose nearest relative it is and
+    that is not on the path between its parents (an ancestor of its parents cannot derive from it): a model derived
+    from a merge hangs under the merge, with what derives from it. A member ``pinned`` to a parent (a confirmed
+    declaration, blocks copied verbatim) stays where it is."""
     for m, (x, *_) in merged.items():
-        tree.add_edge(x, m, distance=distance[_key(x, m)])
+        if m in tree and x in tree and nx.has_path(tree, x, m):
+            continue  # merges declared of each other in a circle: the last is hung by its own nearest links
+        tree.add_edge(x, m, distance=distance.get(_key(x, m), unmeasured))
     for m, (x, *others) in merged.items():
         between = {x, *others, *(n for y in others if nx.has_path(tree, x, y) for n in nx.shortest_path(tree, x, y))}
         for c in sorted(tree.nodes):
@@ -570,6 +744,8 @@ def _alternatives(tree: nx.Graph, root: str, parents: dict[str, list[tuple[str, 
                 continue
             if q != parent_of.get(p) and 1.0 - d_pq < NEAR_COPY_CLOSENESS:
                 continue  # a sibling of the child: only a near copy of p is a candidate parent beside p
+            if (child, "alternative") in parents.get(q, ()):
+                continue  # two near copies of p below it, each a candidate for the other: one link between them
             if d_cq - d_cp < max(PLACEMENT_MARGIN * d_pq, CLOSENESS_NOISE):
                 unsure.append((1.0 - d_pq >= NEAR_COPY_CLOSENESS, (d_cq - d_cp) / d_pq, q, d_pq, d_cp, d_cq))
         if not unsure:

@@ -10,8 +10,10 @@ values where that source alone was kept. Three patterns follow, read from the sa
 * **merge**: m shares values directly with two or more members that share none with each other, though a parent
   with those as sparse edits would have had them share about N s_x s_y values (s: their shares with m): m took values
   from each of them, as only a merge can (a TIES merge of its base and its sources);
-* **parent**: m shares values directly with two or more members that share values with each other at that rate: they
-  are sparse edits of m, each keeping some of its values (the base of several TIES and DARE merges).
+* **parent**: m shares values directly with two or more members that share values with each other at that rate, and
+  significantly: they are sparse edits of m, each keeping some of its values (the base of several TIES and DARE
+  merges). Shares too small for either test (an SCE merge holds each source's values only where that source's change
+  alone survived) say neither.
 
 A DARE merge's sources keep no exact value in it (the drops rescale what is kept), but where one source alone was
 kept the merge's change from its base is that source's, exactly scaled: m - b = c (x - b) to the rounding of float32,
@@ -183,7 +185,9 @@ def _sparse_edits(samples: dict[str, np.ndarray], equal: dict[tuple[str, str], n
                     f"verbatim values: {m} holds {share[x]:.1%} of {x}'s sampled MLP weight values bit for bit, and "
                     f"values of {', '.join(p for p in partners if p != x)} that {x} does not share: it took values "
                     "from each, as a merge does")
-        elif all(d > MERGE_DEFICIT for d in deficits):
+        elif all(d > MERGE_DEFICIT for d in deficits) and all(
+                (x, y) in equal for x, y in itertools.combinations(partners, 2)):
+            # they share values with each other too, significantly: not merely too few expected to tell
             for x in partners:
                 found.parents.setdefault(x, m)
                 found.reasons.setdefault((m, x), (

@@ -22,7 +22,7 @@ from scanner.architectures.sites import SiteWeights
 from scanner.canonical_mlp import canonical_mlp
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, IncomparableError
-from scanner.stats.degenerate import UnitScreen
+from scanner.stats.degenerate import UnitScreen, host_rows
 from scanner.stats.independence import match_screen
 from scanner.stats.matching import unit_rows_tensor
 
@@ -69,7 +69,8 @@ class MLPActivations:
         cache = self.__dict__.setdefault("_screens", {})
         if up_sign_free not in cache:
             write = None if self.write is None else self.write.astype(np.float32)
-            cache[up_sign_free] = match_screen(self.gate, self.up, up_sign_free, write, self.magnitude())
+            cache[up_sign_free] = match_screen(host_rows(self.gate), host_rows(self.up), up_sign_free, write,
+                                               self.magnitude())
         return cache[up_sign_free]
 
     def magnitude(self) -> np.ndarray:
@@ -96,7 +97,7 @@ WRITE_STEPS = 127
 def _row_lengths(rows: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
     """Each row's length in float64, times its stored scale where it has one (int8 steps counted as stored: only
     ratios between units are read)."""
-    lengths = np.linalg.norm(np.asarray(rows, dtype=np.float64), axis=1)
+    lengths = np.linalg.norm(host_rows(rows).astype(np.float64), axis=1)
     return lengths if scale is None else lengths * np.asarray(scale, dtype=np.float64)
 
 

@@ -30,6 +30,7 @@ from scanner.stats.independence import BlockTest, phi_u
 from scanner.stats.jsd import mean_jensen_shannon
 from scanner.stats.l2 import BlockSource, phi_l2
 from scanner.stats.logp import log10_fisher
+from scanner.stats.matching import MatchingRule
 from scanner.stats.weight_statistics import (
     WEIGHT_STATISTIC_NOTES,
     WEIGHT_STATISTICS,
@@ -91,7 +92,7 @@ def _blockwise(
     return [block_result(layer, layer, block_tests(layer, layer)) for layer in range(min(depth_a, depth_b))]
 
 
-def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
+def _test_up(a: OpenModel, b: OpenModel, notes: list[str], rule: MatchingRule) -> list[LayerResult]:
     if a.adapter.shape.hidden_size != b.adapter.shape.hidden_size:
         raise IncomparableError(
             f"phi_U compares weight rows, which needs equal hidden sizes ({a.adapter.shape.hidden_size} vs "
@@ -102,11 +103,13 @@ def _test_up(a: OpenModel, b: OpenModel, notes: list[str]) -> list[LayerResult]:
     )
     return _blockwise(
         a, b, notes,
-        lambda la, lb: [phi_u(wa.up.numpy(), wb.up.numpy()) for wa, wb in _paired_experts(a, b, la, lb, notes)],
+        lambda la, lb: [phi_u(wa.up.numpy(), wb.up.numpy(), rule=rule)
+                        for wa, wb in _paired_experts(a, b, la, lb, notes)],
     )
 
 
-def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str) -> PairTestResult:
+def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str,
+                      rule: MatchingRule) -> PairTestResult:
     """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does
     (the hashes of the validation pass spare the fingerprints a second read of every tensor); on the token
     strings both tokenizers share when their vocabularies differ (scanner.shared_vocab)."""
@@ -119,7 +122,8 @@ def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpe
                           tensor_hashes=m.tensor_hashes, input_set=input_set)
         for m, input_set in zip((a, b), input_sets)
     ]
-    return replace(compare_fingerprints(*fingerprints, statistic, device=device), model_a=a.name, model_b=b.name)
+    return replace(compare_fingerprints(*fingerprints, statistic, device=device, rule=rule), model_a=a.name,
+                   model_b=b.name)
 
 
 def _block_source(model: OpenModel) -> BlockSource:
@@ -142,10 +146,12 @@ def compare_models(
     device: str = "cpu",
     follow_links: bool = False,
     null: Mapping[PairKind, Sequence[float]] | None = None,
+    rule: MatchingRule = "screened",
 ) -> PairTestResult:
     """Test the null hypothesis that two checkpoints were trained independently, with one statistic. ``null``: the
     empirical null of the weight fingerprints that have no other, their values on independent pairs by kind of pair
-    (scanner.stats.weight_statistics.pair_kind); only the pairs of the tested pair's kind are read."""
+    (scanner.stats.weight_statistics.pair_kind); only the pairs of the tested pair's kind are read. ``rule``: how
+    MATCH pairs units for the statistics that match them (scanner.stats.matching)."""
     if statistic not in STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
     a, b = open_model(path_a, follow_links=follow_links), open_model(path_b, follow_links=follow_links)
@@ -154,7 +160,7 @@ def compare_models(
     common = dict(model_a=a.name, model_b=b.name, statistic=statistic, n_layers=n_layers)
 
     if statistic == "up":
-        layers = _test_up(a, b, notes)
+        layers = _test_up(a, b, notes, rule)
         return PairTestResult(log10_p=fisher_of(layers), layers=layers, inputs=None, notes=notes, **common)
     if statistic == "l2":
         result = phi_l2(_block_source(a), _block_source(b), n_samples=permutations, seed=seed)
@@ -175,7 +181,7 @@ def compare_models(
         return PairTestResult(log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.value,
                               **common)
     if statistic in FINGERPRINT_STATISTICS:
-        result = _test_activations(a, b, statistic, inputs, device)
+        result = _test_activations(a, b, statistic, inputs, device, rule)
         return replace(result, notes=[*notes, *result.notes])
     input_set = _pair_inputs(a, b, inputs, notes)  # jsd
     log_probs = [

@@ -380,7 +380,7 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
         where = f"{path}: block {layer} expert {len(experts)}"
         gate, up, gate_scale, up_scale, write, write_scale = (tensors.pop(_tensor_name(layer, len(experts), p), None)
                                                               for p in STORED_PARTS)
-        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens or gate.shape[0] < 1 \
+        if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens \
                 or any(s is None or s.shape != (gate.shape[0],) for s in (gate_scale, up_scale)):
             raise FingerprintError(f"{where} has malformed gate/up tensors")
         if (write is None) != (write_scale is None) or write is not None and (
@@ -390,7 +390,8 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
         if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)) or \
                 write_scale is not None and not np.isfinite(write_scale).all():
             raise FingerprintError(f"{where} holds NaN or Inf activations")
-        if (gate_scale < 0).any() or (up_scale < 0).any() or np.abs(gate).max() > 1 or np.abs(up).max() > 1 or \
+        if (gate_scale < 0).any() or (up_scale < 0).any() or np.abs(gate).max(initial=0) > 1 \
+                or np.abs(up).max(initial=0) > 1 or \
                 write is not None and ((write_scale < 0).any() or (write == -128).any()):
             raise FingerprintError(f"{where} is not stored as unit-peak rows with non-negative scales")
         experts.append(MLPActivations(gate=gate, up=up, gate_scale=gate_scale, up_scale=up_scale, write=write,
@@ -477,9 +478,15 @@ def _block_summary(experts: list[GLUWeights] | list[SiteWeights], activations: l
                             sum(a.dead for a in activations), sum(a.combined for a in activations)],
         "activation_effective_rank": float(np.mean([activation_effective_rank(getattr(a, part))
                                                     for a in activations for part in ("gate", "up")])),
-        "gate_rms_quantiles": np.quantile(rms["gate"], QUANTILES).tolist(),
-        "up_rms_quantiles": np.quantile(rms["up"], QUANTILES).tolist(),
+        "gate_rms_quantiles": _quantiles(rms["gate"]),
+        "up_rms_quantiles": _quantiles(rms["up"]),
     }
+
+
+def _quantiles(values: np.ndarray) -> list[float]:
+    """QUANTILES of ``values``; zeros for a block left with no units (its MLPs write nothing: their activation is
+    0, and the block is reported as cannot-test, not refused)."""
+    return np.quantile(values, QUANTILES).tolist() if values.size else [0.0] * len(QUANTILES)
 
 
 def _summaries(per_block: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ what a stage returned:
 2. **pair**: in each block pair, which MLP of A goes with which of B: experts are matched, not paired by index, and
    each block's routed-expert count is its own (`pair_blocks` -> `BlockPair`);
 3. **screen**: each side's informative units, per MLP (scanner.stats.degenerate; computed once per fingerprint);
-4. **match**: phi_MATCH (or phi_H) of every paired MLP, the assignments of many blocks solved together where that
+4. **match**: phi_MATCH (or phi_H) of every paired MLP, the matrices of many blocks built together where that
    pays (`test_block_pairs` -> `BlockOutcome`);
 5. **combine**: experts into their block (`block_result`), blocks into the pair by FISHER, under the sequential
    design, and the two pairings of a depth difference by Bonferroni (`run_design` -> `DesignOutcome`).
@@ -33,7 +33,7 @@ from scanner.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match_many
 from scanner.stats.logp import log10_fisher
-from scanner.stats.matching import AssignmentSolver
+from scanner.stats.matching import MatchingRule
 from scanner.stats.sequential import SequentialDesign
 
 FingerprintStatistic = Literal["match", "hidden"]
@@ -86,20 +86,20 @@ def compare_fingerprints(
     design: SequentialDesign | None = None,
     workers: int = 1,
     block_map: tuple[tuple[int, int], ...] | None = None,
-    solver: AssignmentSolver = "auto",
+    rule: MatchingRule = "screened",
 ) -> PairTestResult:
     """Test independence from two fingerprints, blocks paired by index; FISHER over blocks (and experts).
 
-    ``device`` None or "cpu" computes the cosine matrices with numpy; a CUDA device computes them there and builds
-    the matrices of all compared blocks there (``solver``: see scanner.stats.matching; the matchings are the same
-    whoever solves them, each certified optimal). ``design`` compares its screening blocks first and stops when they
-    settle the test (scanner.stats.sequential); None compares every block. On the host, ``workers`` > 1 compares that
-    many blocks at once on threads, so one block's cosine products (BLAS, outside the GIL) overlap another's
-    assignment; the result is the same (bench/bench_7b_pair.py --workers measures the gain). ``block_map``
-    (candidate retrieval's (block of a, block of b) pairs) matters when the depths differ: the pair is then tested
-    both by index and on the mapped blocks, and reports twice the smaller p-value (Bonferroni over the two pairings;
-    scanner.retrieval.candidates says why the mapped one is valid). Raises IncomparableError when the fingerprints
-    were taken on different input sets.
+    ``device`` None or "cpu" computes the cosine matrices on the CPU; a CUDA device builds the matrices of all
+    compared blocks there and matches them there. ``rule``: how MATCH pairs units (scanner.stats.matching: by
+    default greedily, then exactly where that finds a block related). ``design`` compares its screening blocks
+    first and stops when they settle the test (scanner.stats.sequential); None compares every block. On the host,
+    ``workers`` > 1 compares that many blocks at once on threads, so one block's cosine products (outside the GIL)
+    overlap another's matching; the result is the same (bench/bench_7b_pair.py --workers measures the gain).
+    ``block_map`` (candidate retrieval's (block of a, block of b) pairs) matters when the depths differ: the pair is
+    then tested both by index and on the mapped blocks, and reports twice the smaller p-value (Bonferroni over the
+    two pairings; scanner.retrieval.candidates says why the mapped one is valid). Raises IncomparableError when the
+    fingerprints were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
     if statistic not in FINGERPRINT_STATISTICS:
@@ -114,7 +114,7 @@ def compare_fingerprints(
 
     def test(block_pairs: list[BlockPairing]) -> list[BlockOutcome]:
         return test_block_pairs(a, b, [pair_blocks(a, b, pairing) for pairing in block_pairs], statistic,
-                                device=device, solver=solver, workers=workers)
+                                device=device, rule=rule, workers=workers)
 
     by_index = run_design([(layer, layer) for layer in range(min(len(a.blocks), len(b.blocks)))], test, design)
     outcome, log10_p, by_map = by_index, by_index.log10_p, None
@@ -133,7 +133,8 @@ def compare_fingerprints(
         layers=layers,
         n_layers=len(layers),
         inputs=a.meta.input_set,
-        notes=plan_notes(a, b, statistic, mapped) + outcome_notes(outcome, a, b, mapped, outcome is by_map),
+        notes=[*plan_notes(a, b, statistic, mapped), *rule_notes(rule),
+               *outcome_notes(outcome, a, b, mapped, outcome is by_map)],
         closeness=mean_closeness(layers),
         cannot_test=None if log10_p is not None else untestable_reason(layers),
     )
@@ -156,6 +157,15 @@ def plan_notes(a: Fingerprint, b: Fingerprint, statistic: str, mapped: bool) -> 
         notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
     canonical = canonical_note(a, b)
     return notes + ([canonical] if canonical else [])
+
+
+def rule_notes(rule: MatchingRule) -> list[str]:
+    """A note where units were matched by other than the default rule (a stored test says how it was made)."""
+    described = {"exact": "the exact maximum-weight assignment", "greedy": "the greedy matching alone"}
+    if rule not in described:
+        return []
+    return [f"units matched by {described[rule]} (matching rule '{rule}'; by default, blocks the greedy matching finds "
+            "related are matched exactly: scanner.stats.matching)"]
 
 
 # -- stage 2: pair -----------------------------------------------------------------------------------------------
@@ -184,13 +194,13 @@ def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer
 
 
 def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], statistic: str, *,
-                     device: str | None, solver: AssignmentSolver, workers: int) -> list[BlockOutcome]:
-    """Every paired MLP's test, screened on each side's informative units. phi_MATCH on a GPU (or with the auction)
-    solves every block's assignments as one batch; otherwise blocks go one at a time, on ``workers`` threads."""
+                     device: str | None, rule: MatchingRule, workers: int) -> list[BlockOutcome]:
+    """Every paired MLP's test, screened on each side's informative units. phi_MATCH on a GPU builds the blocks'
+    matrices there together; otherwise blocks go one at a time, on ``workers`` threads."""
     if statistic == "hidden":
         def hidden(pair: BlockPair) -> BlockOutcome:
             return outcome(pair, [phi_h(x.hidden(a.meta.hidden_act, a.meta.mlp_kind),
-                                        y.hidden(b.meta.hidden_act, b.meta.mlp_kind), device=device)
+                                        y.hidden(b.meta.hidden_act, b.meta.mlp_kind), device=device, rule=rule)
                                   for x, y in pair.mlps])
 
         return parallel_map(hidden, pairs, workers)
@@ -198,12 +208,12 @@ def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], sta
 
     def matched(group: list[BlockPair]) -> list[BlockOutcome]:
         mlps = [mlp for pair in group for mlp in pair.mlps]
-        tests = iter(phi_match_many([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, solver=solver,
+        tests = iter(phi_match_many([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, rule=rule,
                                     up_sign_free=sign_free,
                                     screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps]))
         return [outcome(pair, [next(tests) for _ in pair.mlps]) for pair in group]
 
-    if device is not None or solver == "auction":
+    if device is not None:
         return matched(pairs)
     return parallel_map(lambda pair: matched([pair])[0], pairs, workers)
 

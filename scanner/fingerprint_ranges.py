@@ -33,8 +33,9 @@ from scanner.fingerprint_cache import PartReader
 #: Bytes asked for with the header length, so one request usually brings the whole header (a 7B fingerprint's is
 #: ~52 KB: per-tensor sha256 hashes of the checkpoint and per-block summaries).
 HEADER_PREFETCH = 1 << 16
-#: The dtypes fingerprints store activations in (float16, or float32 where float16 cannot hold a value).
-_DTYPES = {"F16": np.dtype("<f2"), "F32": np.dtype("<f4")}
+#: The dtypes fingerprints store their parts in: activations in float16 (float32 where float16 cannot hold a value),
+#: the write view in int8 steps (scanner.activations.WRITE_STEPS).
+_DTYPES = {"F16": np.dtype("<f2"), "F32": np.dtype("<f4"), "I8": np.dtype("i1")}
 
 
 class RangedFingerprint:

@@ -3,8 +3,8 @@
 phi_MATCH is run on every (block of A, block of B) pair of two fingerprints, the block map is read off
 the matrix of p-values (``scanner.stats.block_map``), and for every mapped pair the hidden units of B
 are aligned with those of A. Activations are normalised once per block, so each of the L_A * L_B pairs
-costs two matrix products and two certified assignments; on a GPU the products and the candidate
-selection run there.
+costs two matrix products and two matchings (by default greedy, and exact where that finds the pair related:
+scanner.stats.matching); on a GPU the products and the candidate selection run there.
 
 Wide blocks are screened first: phi_MATCH of a fixed, evenly spaced subset of ``screen_units`` of A's units
 against all of B's (a rectangular MATCH, about screen_units / units of the full cost). A pair whose screen
@@ -33,10 +33,10 @@ from scanner.errors import IncomparableError
 from scanner.inputs import InputSpec
 from scanner.replay import replay
 from scanner.stats.block_map import block_map, bonferroni_log10
-from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS
+from scanner.stats.degenerate import MIN_INFORMATIVE_UNITS, host_rows
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import phi_match_similarity
-from scanner.stats.matching import match_similarity, unit_rows
+from scanner.stats.matching import MatchingRule, match_similarity, unit_rows
 from scanner.stats.views import decoupled_up
 
 if TYPE_CHECKING:
@@ -112,13 +112,15 @@ def localize(
     device: str = "cpu",
     screen_units: int | None = SCREEN_UNITS,
     screen_stop_log10_p: float = SCREEN_STOP_LOG10_P,
+    rule: MatchingRule = "screened",
 ) -> LocalizeResult:
     """phi_MATCH on all block pairs of two fingerprints, the block map, and the unit map of each mapped pair.
 
     A pair is mapped when its log10 p, Bonferroni-corrected for the L_A * L_B tests, is at most
     ``threshold_log10`` and (with ``monotone``) it belongs to the strongest order-preserving map. Blocks wider
-    than ``screen_units`` are screened on that many of A's units first (None: every pair in full).
-    Raises IncomparableError when the fingerprints were taken on different input sets.
+    than ``screen_units`` are screened on that many of A's units first (None: every pair in full). ``rule``: how
+    MATCH pairs units, in the tests and the unit maps (scanner.stats.matching). Raises IncomparableError when the
+    fingerprints were taken on different input sets.
     """
     reason = a.comparable_with(b)
     if reason is not None:
@@ -128,7 +130,7 @@ def localize(
     routed = ([a.meta.routed_experts(i) for i in range(len(a.blocks))],
               [b.meta.routed_experts(j) for j in range(len(b.blocks))])
     tester = _PairTester(len(units_a) * len(units_b), routed, sign_free, threshold_log10, screen_units,
-                         screen_stop_log10_p)
+                         screen_stop_log10_p, rule)
     for j, block_b in enumerate(units_b):
         for i, block_a in enumerate(units_a):
             tester.test(i, j, block_a, block_b)
@@ -145,6 +147,7 @@ def localize_replayed(
     device: str = "cpu",
     screen_units: int | None = SCREEN_UNITS,
     screen_stop_log10_p: float = SCREEN_STOP_LOG10_P,
+    rule: MatchingRule = "screened",
 ) -> LocalizeResult:
     """`localize` of two checkpoints with every block of B run on the residual stream entering each block of A
     (scanner.replay): deep blocks of a depth-pruned model see their parent block's inputs, not a drifted stream.
@@ -157,7 +160,7 @@ def localize_replayed(
     sign_free = replayed.up_sign_free
     units_a = _unit_blocks(replayed.a, device, sign_free)
     tester = _PairTester(len(units_a) * len(replayed.b[0]), (replayed.routed_a, replayed.routed_b), sign_free,
-                         threshold_log10, screen_units, screen_stop_log10_p)
+                         threshold_log10, screen_units, screen_stop_log10_p, rule)
     for j in range(len(replayed.b[0])):
         for i, block_a in enumerate(units_a):
             tester.test(i, j, block_a, _unit_blocks([replayed.b[i][j]], device, sign_free)[0])
@@ -172,29 +175,33 @@ class _PairTester:
     could be mapped (Bonferroni-corrected p at most the threshold), so blocks need not be kept until the end."""
 
     def __init__(self, n_pairs: int, routed: tuple[list[int], list[int]], up_sign_free: bool, threshold_log10: float,
-                 screen_units: int | None, screen_stop_log10_p: float) -> None:
+                 screen_units: int | None, screen_stop_log10_p: float, rule: MatchingRule) -> None:
         self.log10_p: dict[tuple[int, int], float] = {}
         self.closeness: dict[tuple[int, int], float | None] = {}
         self.unit_maps: dict[tuple[int, int], np.ndarray] = {}
         self.n_pairs, self.routed, self.threshold = n_pairs, routed, threshold_log10
-        self.up_sign_free = up_sign_free
+        self.up_sign_free, self.rule = up_sign_free, rule
         self.screen_units, self.screen_stop = screen_units, screen_stop_log10_p
         self.screened, self.moe = 0, False
+        self.untestable: list[tuple[int, int]] = []
 
     def test(self, i: int, j: int, block_a: list[Units], block_b: list[Units]) -> None:
         self.moe |= len(block_a) > 1 or len(block_b) > 1
         pairing = pair_block_experts(_on_cpu(block_a), _on_cpu(block_b), self.routed[0][i], self.routed[1][j])
         paired = [(block_a[x], block_b[y]) for x, y in pairing.pairs]
+        if not any(min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS for a, b in paired):
+            self.untestable.append((i, j))
         rows = _screen_rows(block_a, block_b, self.screen_units)
         if rows is not None:
-            self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free, rows)
+            self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free, self.rule,
+                                                                       rows)
             if self.log10_p[(i, j)] > self.screen_stop:
                 self.screened += 1
                 return
-        self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free)
+        self.log10_p[(i, j)], self.closeness[(i, j)] = _block_test(paired, pairing, self.up_sign_free, self.rule)
         if self.log10_p[(i, j)] + math.log10(max(1, self.n_pairs)) <= self.threshold:
             (x, y) = pairing.pairs[0]
-            self.unit_maps[(i, j)] = _unit_map(block_a[x], block_b[y], self.up_sign_free)
+            self.unit_maps[(i, j)] = _unit_map(block_a[x], block_b[y], self.up_sign_free, self.rule)
 
     def result(self, model_a: str, model_b: str, monotone: bool, notes: list[str]) -> LocalizeResult:
         rows = 1 + max((i for i, _ in self.log10_p), default=-1)
@@ -209,6 +216,10 @@ class _PairTester:
         if self.screened:
             notes.append(f"{self.screened} of {p.size} block pairs ended after a screen on {self.screen_units} units "
                          f"of A (their p-value is the screen's, above {self.screen_stop:g}; still valid)")
+        if self.untestable:
+            notes.append(f"{len(self.untestable)} of {p.size} block pairs could not be tested (too few informative "
+                         f"units on a side, e.g. blocks {self.untestable[0][0]} and {self.untestable[0][1]}): their "
+                         "cells read p = 1 as 'no map', not as evidence of independence")
         chosen = block_map(p, self.threshold, monotone=monotone) if p.size else []
         return LocalizeResult(
             pairs=[BlockPair(i, j, float(p[i, j]), self.closeness.get((i, j))) for i in range(p.shape[0])
@@ -236,14 +247,14 @@ def _screen_rows(block_a: list[Units], block_b: list[Units], units: int | None) 
     return np.unique(np.linspace(0, width_a - 1, units).round().astype(np.int64))
 
 
-def _block_test(paired: list[tuple[Units, Units]], pairing: ExpertPairing, up_sign_free: bool,
+def _block_test(paired: list[tuple[Units, Units]], pairing: ExpertPairing, up_sign_free: bool, rule: MatchingRule,
                 rows: Any = None) -> tuple[float, float | None]:
     """phi_MATCH of one block pair's paired experts, combined as the pairing says, on A's units ``rows`` if given
     (indices among A's informative units): log10 p and the mean closeness of the paired experts (an expert pair with
     too few informative units counts as p = 1 and adds no closeness)."""
     pick = (lambda x: x) if rows is None else (lambda x: x[rows])
     tests = [phi_match_similarity(pick(a.gate) @ b.gate.T, _up_similarity(pick(a.up), b.up, up_sign_free),
-                                  (pick(a.stored_up), b.stored_up), up_sign_free)
+                                  (pick(a.stored_up), b.stored_up), up_sign_free, rule)
              if min(a.kept.size, b.kept.size) >= MIN_INFORMATIVE_UNITS else None for a, b in paired]
     near = [t.closeness for t in tests if t is not None and t.closeness is not None]
     return (pairing.combine([0.0 if t is None else t.log10_p for t in tests]),
@@ -278,8 +289,8 @@ def _unit_blocks(blocks: list[list[MLPActivations]], device: str, up_sign_free: 
         for e in experts:
             screen = e.screen(up_sign_free)
             kept = np.flatnonzero(screen.informative)
-            gate = screen.gate if screen.gate is not None else e.gate[kept]
-            stored_up = screen.up if screen.up is not None else e.up[kept]
+            gate = screen.gate if screen.gate is not None else host_rows(e.gate)[kept]
+            stored_up = screen.up if screen.up is not None else host_rows(e.up)[kept]
             rows = [unit_rows(x) for x in (gate, decoupled_up(gate, stored_up), stored_up)]
             if device != "cpu":
                 import torch
@@ -297,10 +308,10 @@ def _on_cpu(block: list[Units]) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(u.gate.float().cpu().numpy(), u.up.float().cpu().numpy()) for u in block]
 
 
-def _unit_map(a: Units, b: Units, up_sign_free: bool) -> np.ndarray:
+def _unit_map(a: Units, b: Units, up_sign_free: bool, rule: MatchingRule) -> np.ndarray:
     """B unit -> A unit by MATCH on gate and up together (sum of both cosines), over the informative units; -1 for
     B's leftover and set-aside units."""
-    matching = match_similarity(a.gate @ b.gate.T + _up_similarity(a.up, b.up, up_sign_free))
+    matching = match_similarity(a.gate @ b.gate.T + _up_similarity(a.up, b.up, up_sign_free), rule)
     unit_map = np.full(b.width, -1, dtype=np.int64)
     unit_map[b.kept[matching.b_index]] = a.kept[matching.a_index]
     return unit_map

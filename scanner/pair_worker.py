@@ -10,6 +10,9 @@ first, then only the blocks the test compares (with the sequential design, the s
 each through the node's disk cache when one is given (scanner.fingerprint_cache), so the node's later pair tasks
 download none of them again.
 
+A related pair whose depths differ also gets its any-order block map here, right after its test and from the same
+resident fingerprints (scanner.pair_block_map), so that the lineage stage reads maps instead of making them.
+
 Ray-free on purpose: the scan's pair tasks (jobs.actors) wrap it, and a machine without Ray (a bench on a GPU
 host, a notebook) runs the same code path. Failures are raised; the caller decides what a failed pair becomes.
 """
@@ -24,8 +27,9 @@ from scanner.fingerprint import Fingerprint
 from scanner.fingerprint_cache import FingerprintCache
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.fingerprint_store import LazyBlocks, is_url, open_fingerprint_at, read_fingerprint_at
+from scanner.pair_block_map import BlockMap, any_order_map, needs_block_map
 from scanner.results import PairTestResult
-from scanner.stats.matching import AssignmentSolver
+from scanner.stats.matching import MatchingRule
 from scanner.stats.sequential import SequentialDesign
 
 HOST_CACHE_BYTES = 2 << 30
@@ -47,11 +51,11 @@ class PairWorker:
         statistic: str = "match",
         design: SequentialDesign | None = None,
         workers: int = 1,
-        solver: AssignmentSolver = "auto",
+        rule: MatchingRule = "screened",
         cache_bytes: int | None = None,
         disk_cache: FingerprintCache | None = None,
     ) -> None:
-        self.device, self.statistic, self.design, self.workers, self.solver = device, statistic, design, workers, solver
+        self.device, self.statistic, self.design, self.workers, self.rule = device, statistic, design, workers, rule
         self.cache_bytes = _default_cache_bytes(device) if cache_bytes is None else cache_bytes
         self.disk_cache = disk_cache
         self._cache: OrderedDict[str, Fingerprint] = OrderedDict()
@@ -63,9 +67,20 @@ class PairWorker:
         (``sha256_*``: the files' recorded sha256, the disk cache's key besides the address)."""
         result = compare_fingerprints(self.fingerprint(address_a, sha256_a), self.fingerprint(address_b, sha256_b),
                                       self.statistic, device=self.device, design=self.design, workers=self.workers,
-                                      block_map=block_map or None, solver=self.solver)
+                                      block_map=block_map or None, rule=self.rule)
         self._evict()  # lazily opened fingerprints have grown by the blocks the test fetched
         return result
+
+    def block_map(self, address_a: str, address_b: str, result: PairTestResult, *, sha256_a: str | None = None,
+                  sha256_b: str | None = None) -> BlockMap | None:
+        """The pair's any-order block map when its test ``result`` calls for one (related, one width, depths differ:
+        scanner.pair_block_map.needs_block_map), else None; with this worker's matching rule, on its device."""
+        a, b = self.fingerprint(address_a, sha256_a), self.fingerprint(address_b, sha256_b)
+        if self.statistic != "match" or not needs_block_map(a.meta, b.meta, result.log10_p):
+            return None
+        links = any_order_map(a, b, device=self.device, rule=self.rule)
+        self._evict()  # a lazily opened fingerprint now holds every block
+        return links
 
     def fingerprint(self, address: str, file_sha256: str | None = None) -> Fingerprint:
         """The fingerprint at ``address``, from the cache or read (and made resident) now; from an object store,

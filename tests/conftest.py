@@ -35,6 +35,7 @@ import pytest
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
 from scanner.zoo.encoders import GROUND_TRUTH as ENCODER_GROUND_TRUTH
 from scanner.zoo.encoders import EncoderZoo, build_encoder_zoo
+from scanner.zoo.tool_hub import build_tool_hub
 from scanner.zoo.tool_zoo import MergeZooSpec, build_merge_zoo
 from tests.null_support import NULL_KINDS
 from tests.null_support import null_zoo as null_zoo_of
@@ -62,11 +63,11 @@ OTHER_SEEDS = (1, 2, 3)
 #: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind
 #: (test_adversary.py), and Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo"})
+                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo", "tool_hub"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
-ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(", "build_merge_zoo(")
+ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(", "build_merge_zoo(", "build_tool_hub(")
 #: A KS test in a test makes it a calibration study: a statistic's p-values over a simulated null sample, checked
 #: against uniform (a chi-square in a test is left alone: the canonical inputs' uniformity check is one cheap draw).
 CALIBRATION_CALLS = ("kstest(",)
@@ -118,9 +119,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
-#: zoo 142, chain 44; the null zoos (one thread, loaded Xeon) GPT-2 159, Mixtral 141, GPT-NeoX 107, Llama 93.
+#: zoo 142, chain 44, tool hub 19; the null zoos (one thread, loaded Xeon) GPT-2 159, Mixtral 141, GPT-NeoX 107,
+#: Llama 93.
 _BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "null-gpt2", "null-mixtral", "seed1", "seed2", "seed3",
-                "merges", "null-gpt_neox", "null-llama", "chain")
+                "merges", "null-gpt_neox", "null-llama", "chain", "tool-hub")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -145,6 +147,8 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
     if "null_zoo" in names:
         kind = item.callspec.params["null_zoo"]  # type: ignore[attr-defined]
         found[f"null-{kind}"] = partial(null_zoo_of, CACHE, kind)
+    if "tool_hub" in names:
+        found["tool-hub"] = partial(build_tool_hub, CACHE / "tool-hub")
     return {name: found[name] for name in _BUILD_ORDER if name in found}
 
 
@@ -156,7 +160,8 @@ def _built(name: str) -> bool:
         return smollm2_fingerprints_built(CACHE)
     if name == "encoders":
         return (CACHE / "encoders" / ENCODER_GROUND_TRUTH).is_file()
-    folder = {"independent": "independent", "chain": "chain", "merges": "merge-zoo-test"}.get(name) or (
+    folder = {"independent": "independent", "chain": "chain", "merges": "merge-zoo-test", "tool-hub": "tool-hub"}.get(
+        name) or (
         f"zoo-small-seed{name[4:]}" if name.startswith("seed") else name)
     return (CACHE / folder / "ground_truth.json").is_file()
 
@@ -227,6 +232,13 @@ def encoder_zoo() -> EncoderZoo:
 def merge_zoo() -> Zoo:
     """Merges made with mergekit and a LoRA made with PEFT (scanner.zoo.tool_zoo), small: MERGE_ZOO_SPEC."""
     return build_merge_zoo(CACHE / "merge-zoo-test", spec=MERGE_ZOO_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tool_hub() -> Zoo:
+    """A hub of what PEFT and mergekit make, no cards (scanner.zoo.tool_hub): an adapter-only folder, merges keeping
+    their mergekit_config.yml, a passthrough frankenmerge."""
+    return build_tool_hub(CACHE / "tool-hub")
 
 
 @pytest.fixture(scope="session", params=NULL_KINDS)

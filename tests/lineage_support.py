@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from lineage_graph.block_maps import any_order_map, wanted
-from lineage_graph.evidence import BlockMap, ModelInfo, PairTest
+from lineage_graph.block_maps import wanted
+from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.persist import activation_scale
 from scanner.fingerprint import Fingerprint, fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.merge_config import read_merge_config
+from scanner.pair_block_map import BlockMap, any_order_map
 from scanner.sources.records import record_from_card
 from scanner.zoo import Zoo, read_card
 
@@ -53,8 +54,9 @@ def zoo_models(zoo: Zoo, prints: Mapping[str, Fingerprint]) -> list[ModelInfo]:
 
 def zoo_block_maps(zoo: Zoo, tests: list[PairTest], models: list[ModelInfo],
                    prints: Mapping[str, Fingerprint] | None = None) -> dict[tuple[str, str], BlockMap]:
-    """The any-order block maps a scan would make for the zoo's depth-changed related pairs (lineage_graph.block_maps:
-    the same selection), from the models' fingerprints (taken here for the models that need one, unless given)."""
+    """The any-order block maps a scan's lineage would read for the zoo's depth-changed related pairs
+    (lineage_graph.block_maps.wanted; scanner.pair_block_map makes them), from the models' fingerprints (taken here for
+    the models that need one, unless given)."""
     pairs = wanted({m.model_id: m for m in models}, tests)
     needed = {m for pair in pairs for m in pair}
     prints = {m: (prints or {}).get(m) or fingerprint_model(zoo[m].path) for m in needed}

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import io
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import polars as pl
 
 from jobs.config import ScanConfig
-from scanner.store import PairTestRow, Store
+from scanner.store import Store
 from scanner.zoo import Zoo
 
 #: A family (base, fine-tune, camouflaged copy of the fine-tune, depth prune), the independent twin, and a base
@@ -45,18 +44,22 @@ def query(db: Path, sql: str, params: list | None = None) -> pl.DataFrame:
 
 
 def scan_subset(zoo: Zoo, models: tuple[str, ...], root: Path) -> Path:
-    """These zoo models as a finished scan leaves them (models, fingerprint files, every pair's test, the lineage
-    rebuilt), written by the scan's own discovery, fingerprinting, storing, planning and lineage steps; the pairs
-    compared in this process (the scan's compare_batch would start Ray). Returns the database."""
+    """These zoo models as a finished scan leaves them (scan_folder on a copy of them under ``root/hub``)."""
+    return scan_folder(copy_models(zoo, models, root / "hub"), root)
+
+
+def scan_folder(hub: Path, root: Path) -> Path:
+    """The models of the hub folder ``hub`` as a finished scan leaves them (models, fingerprint files, every pair's
+    test with every block compared, the block maps made with them, the lineage rebuilt, the exports written), by the
+    scan's own discovery, fingerprinting, pair task, storing, planning and lineage steps, its output under
+    ``root/out``; the pair task run in this process (as a Ray task it would start Ray). Returns the database."""
     from rich.console import Console
 
-    from jobs.actors import fingerprint_record
+    from jobs.actors import compare_batch, fingerprint_record
     from jobs.scan_job import ScanObserver, _Scan, discover
-    from scanner.fingerprint import read_fingerprint
-    from scanner.fingerprint_compare import compare_fingerprints
     from scanner.fingerprint_store import FingerprintStore
 
-    config = scan_config(copy_models(zoo, models, root / "hub"), root / "out")
+    config = scan_config(hub, root / "out")
     config.db_path.parent.mkdir(parents=True)
     with Store(config.db_path) as store:
         fingerprints = FingerprintStore(config.fingerprint_location)
@@ -65,14 +68,8 @@ def scan_subset(zoo: Zoo, models: tuple[str, ...], root: Path) -> Path:
             outcome = fingerprint_record(record, fingerprints, config.inputs.spec())
             assert outcome.error is None, outcome.error
             scan._store_fingerprint(outcome)
-        rows = []
-        for job in scan.plan().jobs:
-            result = compare_fingerprints(read_fingerprint(job.path_a), read_fingerprint(job.path_b), config.statistic)
-            rows.append(PairTestRow(job.model_a, job.revision_a, job.model_b, job.revision_b, config.statistic,
-                                    job.input_set, result.log10_p, result.n_layers,
-                                    [asdict(layer) for layer in result.layers], list(result.notes), job.reason,
-                                    scan.run_id, result.closeness))
-        store.put_pair_tests(rows)
+        jobs = scan.plan().jobs
+        scan._store_pair_outcomes(compare_batch(jobs, config.statistic), 0, len(jobs))
         scan.lineage_stage()
         store.finish_run(scan.run_id, "succeeded", scan.summary.to_json_dict())
     return config.db_path

@@ -87,6 +87,20 @@ def test_a_local_block_read_equals_the_remote_one(stored, tmp_path):
         read_fingerprint_block_at(local, DEPTH)
 
 
+def test_every_stored_part_of_a_model_fingerprint_reads_back_by_range(stored, tmp_path):
+    """A model's fingerprint holds more than activations (the write view, int8 steps and their float32 scales): every
+    part a block has in a file comes back from a ranged read, bit for bit (a dtype the ranged reader did not know
+    once failed every pair of a scan whose fingerprints lived in S3)."""
+    fingerprint = template_fingerprint(tmp_path / "llama", 16)
+    address, _ = FingerprintStore(f"s3://{BUCKET}/model").write(fingerprint, "org/model", REVISION)
+    local = FingerprintStore(tmp_path / "local").write(fingerprint, "org/model", REVISION)[0]
+    for layer in range(fingerprint.meta.n_layers):
+        (remote,), (on_disk,) = read_fingerprint_block_at(address, layer)[1], read_fingerprint_block(local, layer)[1]
+        assert remote.write is not None and remote.write.dtype == np.int8
+        for part in ("gate", "up", "gate_scale", "up_scale", "write", "write_scale"):
+            np.testing.assert_array_equal(getattr(remote, part), getattr(on_disk, part), err_msg=part)
+
+
 def _put(key: str, data: bytes) -> str:
     fs, _ = fsspec.core.url_to_fs(f"s3://{BUCKET}")
     fs.pipe(f"{BUCKET}/{key}", data)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import false_discovery_control
 
-from lineage_graph.direction import RELIABILITY, Vote, combine, orient
+from lineage_graph.direction import SIGNALS, Vote, combine, orient
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.export import FORMATS, lineage_graph, read_graph, write_graph
 from lineage_graph.families import assign_ids
@@ -134,13 +134,13 @@ def test_direction_combines_signals_and_states_reasons() -> None:
     shallow = orient(ModelInfo("org/deep", n_layers=6, hidden_size=64, intermediate_size=128),
                      ModelInfo("x/shallow", n_layers=4, hidden_size=64, intermediate_size=128), {})
     assert shallow.reasons[0].startswith("depth:") and shallow.parent == "org/deep"
-    assert shallow.confidence == pytest.approx(RELIABILITY["depth"])
+    assert shallow.confidence == pytest.approx(SIGNALS["depth"].reliability)
     assert shallow.confidence < DEFAULT_MIN_DIRECTION_CONFIDENCE
     # A declaration outweighs one weak opposite vote; a lone weak vote gives a weak confidence.
     strong = combine("a", "b", [Vote("a", "declared", "b declares a"), Vote("b", "activation_rank", "r")])
-    assert strong.parent == "a" and 0.5 < strong.confidence < RELIABILITY["declared"]
+    assert strong.parent == "a" and 0.5 < strong.confidence < SIGNALS["declared"].reliability
     weak = combine("a", "b", [Vote("b", "activation_rank", "r")])
-    assert weak.parent == "b" and weak.confidence == pytest.approx(RELIABILITY["activation_rank"])
+    assert weak.parent == "b" and weak.confidence == pytest.approx(SIGNALS["activation_rank"].reliability)
     assert combine("a", "b", []).parent is None
 
 

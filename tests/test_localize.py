@@ -174,7 +174,7 @@ def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprin
     rows = _screen_rows(blocks_a[0], blocks_b[0], 100)
     assert rows is not None and rows.size == 100
     single = pair_experts([(np.zeros((1, 1)),) * 2], [(np.zeros((1, 1)),) * 2])
-    p = [10 ** _block_test(list(zip(x, y)), single, sign_free, rows)[0] for x, y in zip(blocks_a, blocks_b)]
+    p = [10 ** _block_test(list(zip(x, y)), single, sign_free, "greedy", rows)[0] for x, y in zip(blocks_a, blocks_b)]
     assert kstest(p, "uniform").pvalue > 0.001
 
 

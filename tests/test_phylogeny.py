@@ -17,10 +17,16 @@ import pytest
 import torch
 
 from lineage_graph import phylogeny
-from lineage_graph.direction import RELIABILITY, orient
+from lineage_graph.direction import SIGNALS, Vote, Weighing, orient
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.lineage import compute_lineage
-from lineage_graph.phylogeny import CLONE_CLOSENESS, MERGE_RATIO, family_phylogeny, log_rumour_centrality
+from lineage_graph.phylogeny import (
+    CLONE_CLOSENESS,
+    MERGE_RATIO,
+    FamilyEvidence,
+    family_phylogeny,
+    log_rumour_centrality,
+)
 from scanner.fingerprint import fingerprint_model
 from scanner.zoo import Zoo, load_model
 from tests.lineage_support import FAMILY_LEVEL, true_parent_links, withhold_cards, zoo_lineage_inputs
@@ -63,7 +69,7 @@ def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
     import networkx as nx
 
     star = _additive({"ft1": ("base", 0.10), "ft2": ("base", 0.12), "ft3": ("base", 0.08), "ft1-v2": ("ft1", 0.05)})
-    tree = family_phylogeny(frozenset({"base", "ft1", "ft2", "ft3", "ft1-v2"}), star, {}, {})
+    tree = family_phylogeny(frozenset({"base", "ft1", "ft2", "ft3", "ft1-v2"}), FamilyEvidence(star))
     undirected = {frozenset((p, c)) for c, links in tree.parents.items() for p, _ in links}
     assert undirected == {frozenset(x) for x in [("base", "ft1"), ("base", "ft2"), ("base", "ft3"), ("ft1", "ft1-v2")]}
     # No votes at all: the shape alone roots the tree at the base (the most orders of growth), and each link's
@@ -75,23 +81,22 @@ def test_a_base_sits_between_its_fine_tunes_and_a_chain_is_a_path() -> None:
         parent = tree.parents[child][0][0]
         assert tree.confidence[(parent, child)] == pytest.approx(orders[keep] / (orders[keep] + orders[flip]))
     # Without the shape prior nothing tells the placements apart: every link is a coin flip, said so.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(phylogeny, "SHAPE_PRIOR", False)
-        assert set(family_phylogeny(frozenset(shape.nodes), star, {}, {}).confidence.values()) == {0.5}
+    no_shape = Weighing(shape_prior=False)
+    assert set(family_phylogeny(frozenset(shape.nodes), FamilyEvidence(star), no_shape).confidence.values()) == {0.5}
 
     chain = _additive({"ft1": ("base", 0.1), "ft2": ("ft1", 0.1), "ft3": ("ft2", 0.1)})
     members = frozenset({"base", "ft1", "ft2", "ft3"})
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(phylogeny, "SHAPE_PRIOR", False)
-        # One declared link (ft3 declares ft2) orients that link only; the rest of the path stays a coin flip.
-        one = family_phylogeny(members, chain, {("ft2", "ft3"): math.log(0.95 / 0.05)}, {})
-        assert one.parents["ft3"] == (("ft2", "tree"),) and one.confidence[("ft2", "ft3")] == pytest.approx(0.95)
-        assert sorted(one.confidence.values()) == pytest.approx([0.5, 0.5, 0.95])
+    # One declared link (ft3 declares ft2) orients that link only; the rest of the path stays a coin flip.
+    declared = FamilyEvidence(chain, {("ft2", "ft3"): (Vote("ft2", "declared", "ft3 declares ft2"),)})
+    one = family_phylogeny(members, declared, no_shape)
+    assert one.parents["ft3"] == (("ft2", "tree"),) and one.confidence[("ft2", "ft3")] == pytest.approx(0.95)
+    assert sorted(one.confidence.values()) == pytest.approx([0.5, 0.5, 0.95])
     # Votes of reliability 0.8 on every link root the path at its far end, against a shape that favours its middle
     # (3 growth orders from ft1 or ft2, 1 from either end): 3 links x log(0.8/0.2) outweigh log 3 + 1 link.
-    lo = math.log(0.8 / 0.2)
-    every = {("base", "ft1"): lo, ("ft1", "ft2"): lo, ("ft2", "ft3"): lo}
-    tree = family_phylogeny(members, chain, every, {})
+    every = {pair: (Vote(pair[0], "dates", "created first"),) for pair in (("base", "ft1"), ("ft1", "ft2"),
+                                                                           ("ft2", "ft3"))}
+    at_08 = Weighing(reliability={**Weighing().reliability, "dates": 0.8})
+    tree = family_phylogeny(members, FamilyEvidence(chain, every), at_08)
     assert tree.root == "base"
     assert {c: links[0][0] for c, links in tree.parents.items()} == {"ft1": "base", "ft2": "ft1", "ft3": "ft2"}
 
@@ -105,8 +110,8 @@ def test_a_merge_gets_both_parents_and_copies_hang_under_their_original() -> Non
                   ("copy", "m"): 1 - 0.16 * d_ab}
     assert (0.16 + 0.36) <= MERGE_RATIO - 0.2  # far from the threshold
     members = frozenset({"base", "a", "b", "m", "copy"})
-    log_odds = {("b", "base"): -2.0, ("a", "base"): -2.0}  # keys sorted; negative: the second is above
-    tree = family_phylogeny(members, closeness, log_odds, {})
+    votes = {pair: (Vote("base", "structure", "base is larger"),) for pair in (("b", "base"), ("a", "base"))}
+    tree = family_phylogeny(members, FamilyEvidence(closeness, votes))
     assert tree.root == "base"
     assert tree.parents["m"] == (("a", "tree"), ("b", "merge"))
     assert tree.parents["copy"] == (("a", "copy"),) and tree.confidence[("a", "copy")] == 0.5
@@ -118,17 +123,17 @@ def test_a_child_the_distances_cannot_place_is_linked_to_both_candidates() -> No
     """SmolLM2's depth-and-width prune in miniature: made from the base, measured 0.494 from the base's fine-tune and
     0.512 from the base, which are 0.105 apart (docs/lineage.md). r = (0.512 - 0.494) / 0.105 = 0.17, below the
     margin: the prune is linked to both, with the note. With additive distances it is placed, once."""
-    lo = math.log(0.9 / 0.1)
-    odds = {("base", "ft"): lo, ("base", "prune"): lo, ("ft", "prune"): lo}  # each pair: the first is the parent
+    votes = {pair: (Vote(pair[0], "declared_ancestry", "the first is the parent"),)  # r = 0.9 each
+             for pair in (("base", "ft"), ("base", "prune"), ("ft", "prune"))}
     unsure = {("base", "ft"): 1 - 0.105, ("base", "prune"): 1 - 0.512, ("ft", "prune"): 1 - 0.494}
-    tree = family_phylogeny(frozenset({"base", "ft", "prune"}), unsure, odds, {})
+    tree = family_phylogeny(frozenset({"base", "ft", "prune"}), FamilyEvidence(unsure, votes))
     assert tree.root == "base" and tree.parents["ft"] == (("base", "tree"),)
     assert tree.parents["prune"] == (("ft", "tree"), ("base", "alternative"))
     assert tree.confidence[("base", "prune")] == tree.confidence[("ft", "prune")] > 0.5
     assert "cannot tell whether prune derives from ft or from base" in tree.notes[("base", "prune")]
     assert tree.ancestors["prune"] == frozenset({"ft", "base"})  # along the tree's own link, not the alternative
-    placed = family_phylogeny(frozenset({"base", "ft", "prune"}), _additive({"ft": ("base", 0.105),
-                                                                              "prune": ("ft", 0.494)}), odds, {})
+    placed = family_phylogeny(frozenset({"base", "ft", "prune"}), FamilyEvidence(
+        _additive({"ft": ("base", 0.105), "prune": ("ft", 0.494)}), votes))
     assert placed.parents["prune"] == (("ft", "tree"),) and not placed.notes
     margin = (0.599 - 0.494) / 0.105  # r = 1 on the additive tree: far above the margin
     assert margin - phylogeny.PLACEMENT_MARGIN > 0.5
@@ -143,9 +148,8 @@ def _chain_under_a_hub(base_to_child: float) -> phylogeny.Phylogeny:
     for c, extra in (("c", 0.0), ("c2", 0.1)):
         closeness |= {("base", c): math.exp(-base_to_child - extra)}
         closeness |= {(c, s): math.exp(-0.3 - base_to_child - extra) for s in ("s1", "s2")}
-    weak = {("c", "p"): -math.log(0.8 / 0.2)}  # keyed sorted; negative: p is the parent
-    return family_phylogeny(frozenset({"base", "s1", "s2", "p", "c", "c2"}), closeness, weak, {},
-                            corroborating_log_odds={}, weak_log_odds={"activation_rank": weak})
+    weak = {("c", "p"): (Vote("p", "activation_rank", "rank falls from p to c"),)}
+    return family_phylogeny(frozenset({"base", "s1", "s2", "p", "c", "c2"}), FamilyEvidence(closeness, weak))
 
 
 def test_a_link_whose_ends_the_distances_cannot_order_is_not_decided_by_the_shape() -> None:
@@ -231,7 +235,8 @@ def test_rescaled_copy_moves_weight_kurtosis_but_not_the_direction_vote(zoo: Zoo
 
     for child in ("chat", "copy"):  # the vote between the base and chat is the vote between the base and the copy
         d = orient(info("base"), info(child), {})
-        assert (d.parent, d.child) == ("base", child) and d.confidence == pytest.approx(RELIABILITY["activation_rank"])
+        assert (d.parent, d.child) == ("base", child)
+        assert d.confidence == pytest.approx(SIGNALS["activation_rank"].reliability)
     assert orient(info("chat"), info("copy"), {}).parent is None  # copies: the weights cannot tell, no vote
 
 

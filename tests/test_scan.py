@@ -96,6 +96,40 @@ def test_scan_fingerprints_every_good_model_and_records_each_broken_one_once(fir
     assert Path(summary.exports["json"]).is_file()
 
 
+def test_block_maps_are_made_with_the_pair_tests_and_the_lineage_only_reads_them(first_scan, tmp_path, monkeypatch):
+    """The depth prune kestrel/aurora-lite (3 of its base's 4 blocks) is related to three models of the subset: each
+    pair's any-order block map is stored with its test (made on the pair workers) and reads as a prune; rebuilding
+    the lineage from the stored tables matches no unit (every way to a matching refuses here) and still casts the
+    maps' direction votes."""
+    from lineage_graph.block_maps import reading
+    from lineage_graph.persist import rebuild_lineage
+    from scanner import localize, pair_block_map
+    from scanner.stats import independence, matching
+
+    config, _summary = first_scan
+    lite, base = "kestrel/aurora-lite", "aurora-labs/aurora-base"
+    maps = query(config.db_path, "SELECT model_a, model_b, pairs FROM block_maps")
+    relatives = (base, "finch-nlp/aurora-chat", "nimbus/nimbus-1")
+    assert {(a, b) for a, b, _ in maps.iter_rows()} == {tuple(sorted((lite, m))) for m in relatives}
+    for _a, _b, text in maps.iter_rows():
+        links = pair_block_map.decoded(text)
+        assert reading(links, 3, 4) == "prune", links
+        assert sorted(link.shallow for link in links) == [0, 1, 2]
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the lineage stage matched units")
+
+    for module, name in ((localize, "localize"), (pair_block_map, "localize"), (pair_block_map, "any_order_map"),
+                         (matching, "match_similarity"), (independence, "match_for"), (localize, "match_similarity")):
+        monkeypatch.setattr(module, name, refuse)
+    copy = tmp_path / "scan.duckdb"
+    copy.write_bytes(config.db_path.read_bytes())
+    with Store(copy) as store:
+        lineage = rebuild_lineage(store)
+    edge = next(e for e in lineage.edges if e.pair == (base, lite))
+    assert edge.direction.parent == base and any(r.startswith("block_map:") for r in edge.direction.reasons)
+
+
 def test_rerun_is_incremental_and_a_new_revision_supersedes_its_old_tests(first_scan, hub):
     config, first = first_scan
     root, broken = hub

@@ -21,7 +21,7 @@ def test_shipped_configs_load(name):
 def test_config_errors_name_the_file_the_key_path_and_what_is_allowed(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("sources:\n  - kind: hub\n    limitt: 3\n  - kind: ftp\nstatistic: up\nray: {actor: 2}\n"
-                   "pairs: {sequential: {screen_block: 2}}\ndevices: {assignment_solver: gpu}\n")
+                   "pairs: {sequential: {screen_block: 2}, matching: optimal}\n")
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     message = str(info.value)
@@ -32,7 +32,7 @@ def test_config_errors_name_the_file_the_key_path_and_what_is_allowed(tmp_path):
     assert "ray.actor: unknown key" in message and "actors" in message
     # inside a section that may also be null
     assert "pairs.sequential.screen_block: unknown key; allowed here: screen_blocks, stop_above_log10_p" in message
-    assert "devices.assignment_solver: Input should be 'auto', 'host' or 'auction'" in message
+    assert "pairs.matching: Input should be 'screened', 'greedy' or 'exact'" in message
 
 
 def test_pairs_map_threshold_is_a_cosine_up_to_the_collision_threshold(tmp_path):

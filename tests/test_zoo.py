@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -255,6 +256,7 @@ def test_the_tree_evaluation_groups_share_no_zoo() -> None:
 
     zoos = {name: {(label.split(" ")[0], int(re.search(r"seed (\d+)", label).group(1))) for label, _ in sets}
             for name, sets in groups().items()}
-    assert set(zoos) == {"fitted", "held-out", "final"} and all(len(z) >= 10 for z in zoos.values())
-    for a, b in (("fitted", "held-out"), ("fitted", "final"), ("held-out", "final")):
+    assert set(zoos) == {"fitted", "held-out", "final", "methods"}
+    assert all(len(zoos[name]) >= 10 for name in ("fitted", "held-out", "final")) and zoos["methods"]
+    for a, b in itertools.combinations(sorted(zoos), 2):
         assert not zoos[a] & zoos[b], (a, b, zoos[a] & zoos[b])

@@ -14,6 +14,7 @@ from scanner.results import PairTestResult
 from scanner.text_safety import json_visible, terminal_lines
 
 if TYPE_CHECKING:
+    from scanner.stats.matching import MatchingRule
     from scanner.stats.weight_statistics import PairKind
 
 
@@ -46,22 +47,29 @@ def test_command(
     follow_links: Annotated[bool, typer.Option(
         "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
     ] = False,
+    matching: Annotated[str, typer.Option(
+        help="How MATCH pairs units (--stat match, up, hidden): screened (default: greedily, then exactly where that "
+             "finds a block related), greedy (greedily only: fastest) or exact (the paper's maximum-weight "
+             "assignment everywhere; slower on unrelated models; for disputes).")] = "screened",
 ) -> None:
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.compare import STATISTICS, compare_models
     from scanner.fingerprint import is_fingerprint_file
     from scanner.fingerprint_store import is_url
     from scanner.results import render_table
+    from scanner.stats.matching import MATCHING_RULES
 
     if stat not in STATISTICS:
         raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")
+    if matching not in MATCHING_RULES:
+        raise CommandError(f"unknown matching rule {matching!r}; choose one of {', '.join(MATCHING_RULES)}")
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
     if fingerprint or any(is_url(side) or is_fingerprint_file(side) for side in (model_a, model_b)):
-        result = compare_sides(model_a, model_b, stat, spec, device, follow_links=follow_links)
+        result = compare_sides(model_a, model_b, stat, spec, device, follow_links=follow_links, rule=matching)
     else:
         null = _empirical_null(null_db, stat, (Path(model_a), Path(model_b))) if null_db is not None else None
         result = compare_models(Path(model_a), Path(model_b), stat, inputs=spec, permutations=permutations,
-                                seed=seed, device=device, follow_links=follow_links, null=null)
+                                seed=seed, device=device, follow_links=follow_links, null=null, rule=matching)
     typer.echo(json_visible(json.dumps(result.to_json_dict(), indent=2)) if as_json
                else terminal_lines(render_table(result)))
 
@@ -89,7 +97,7 @@ def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> dict[PairK
 
 
 def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,
-                  follow_links: bool = False) -> PairTestResult:
+                  follow_links: bool = False, rule: MatchingRule = "screened") -> PairTestResult:
     """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints (files, or URLs of an object store read
     through scanner.fingerprint_store), computing any side given as a folder."""
     from scanner.errors import IncomparableError
@@ -104,4 +112,4 @@ def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: 
         )
     pair = fingerprint_pair(fingerprint_side(path_a), fingerprint_side(path_b), inputs=spec, device=device,
                             follow_links=follow_links)
-    return compare_fingerprints(*pair, statistic, device=device)
+    return compare_fingerprints(*pair, statistic, device=device, rule=rule)

@@ -47,13 +47,19 @@ def localize_command(
     follow_links: Annotated[bool, typer.Option(
         "--follow-links", help="Follow links out of a model folder (your own linked downloads); off by default.")
     ] = False,
+    matching: Annotated[str, typer.Option(
+        help="How MATCH pairs units: screened (default), greedy or exact (the paper's maximum-weight assignment); "
+             "docs/statistics.md.")] = "screened",
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
     from scanner.fingerprint import fingerprint_pair
     from scanner.fingerprint_store import fingerprint_side, is_url
     from scanner.localize import localize, localize_replayed, plot_unit_map
+    from scanner.stats.matching import MATCHING_RULES
     from scanner.validate import validate_checkpoint
 
+    if matching not in MATCHING_RULES:
+        raise HubtraceError(f"unknown matching rule {matching!r}; choose one of {', '.join(MATCHING_RULES)}")
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
     if replay is None:
         replay = _depths_differ(model_a, model_b, follow_links)
@@ -63,11 +69,12 @@ def localize_command(
         for model in (model_a, model_b):  # the same gate as every other command, before any block runs
             validate_checkpoint(model, follow_links=follow_links).checkpoint.close()
         result = localize_replayed(Path(model_a), Path(model_b), inputs=spec, threshold_log10=threshold,
-                                   monotone=not any_order, device=device)
+                                   monotone=not any_order, device=device, rule=matching)
     else:
         fp_a, fp_b = fingerprint_pair(fingerprint_side(model_a), fingerprint_side(model_b), inputs=spec,
                                       device=device, follow_links=follow_links)
-        result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device)
+        result = localize(fp_a, fp_b, threshold_log10=threshold, monotone=not any_order, device=device,
+                          rule=matching)
     plots = []
     if plot_dir is not None:
         for (layer_a, layer_b), unit_map in result.unit_maps.items():

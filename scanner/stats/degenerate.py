@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def screen_units(*views: np.ndarray, sign_free: Sequence[bool] | None = None,
     for view in views:
         if view.shape[0] != rows:
             raise ValueError(f"views of one side must have one row per unit, got {view.shape[0]} and {rows}")
-        values = _host(view)
+        values = host_rows(view)
         peak = np.abs(values).max(axis=1) if values.shape[1] else np.zeros(rows, dtype=np.float32)
         zero |= peak == 0
         if values.shape[1]:
@@ -134,12 +135,12 @@ def combined_rows(screen: UnitScreen, gate: np.ndarray, reads: np.ndarray, *, si
 
 def _unit_rows(view: np.ndarray) -> np.ndarray:
     """A view's rows at unit length, float64 on the host (rows of any finite scale; zero rows stay zero)."""
-    values = _host(view).astype(np.float64)
+    values = host_rows(view).astype(np.float64)
     return _directions(values, np.abs(values).max(axis=1) if values.shape[1] else np.zeros(values.shape[0]))
 
 
-def _host(view: np.ndarray) -> np.ndarray:
-    """A view's rows as float32 numpy (a GPU tensor's too)."""
+def host_rows(view: Any) -> np.ndarray:
+    """A view's rows as float32 numpy (a GPU tensor's too: a pair worker on a GPU holds its fingerprints there)."""
     return np.asarray(view.cpu() if hasattr(view, "cpu") else view, dtype=np.float32)
 
 

@@ -22,11 +22,10 @@ from scanner.stats.degenerate import (
 )
 from scanner.stats.logp import log10_fisher, log10_matching_p, log10_permutation_p
 from scanner.stats.matching import (
-    AssignmentSolver,
     Matching,
+    MatchingRule,
     cosine_similarity_matrix,
-    match_similarities,
-    match_similarity,
+    match_for,
     spearman,
     unit_rows,
     unit_rows_tensor,
@@ -58,33 +57,40 @@ def _no_p_value(a: UnitScreen, b: UnitScreen) -> BlockTest:
                      cannot_test=f"too few informative units ({kept}; at least {MIN_INFORMATIVE_UNITS} needed)")
 
 
-def _identity_correlation(rows_a: np.ndarray, rows_b: np.ndarray, similarity: Callable[[], Any]) -> BlockTest:
+def _identity_correlation(rows_a: np.ndarray, rows_b: np.ndarray, similarity: Callable[[], Any],
+                           rule: MatchingRule) -> BlockTest:
     """Spearman between MATCH (on the informative rows) and the identity, on the rows' own indices."""
     a, b = screen_units(rows_a), screen_units(rows_b)
     if too_few(a, b):
         return _no_p_value(a, b)
     kept_a, kept_b = np.flatnonzero(a.informative), np.flatnonzero(b.informative)
-    matching = match_similarity(similarity(kept_a, kept_b))
-    rho = spearman(kept_a[matching.a_index].astype(float), kept_b[matching.b_index].astype(float))
+
+    def with_identity(matching: Matching) -> float:
+        return spearman(kept_a[matching.a_index].astype(float), kept_b[matching.b_index].astype(float))
+
+    (matching,) = match_for([similarity(kept_a, kept_b)],
+                            lambda m: log10_matching_p(with_identity(m[0]), m[0].size), rule)
+    rho = with_identity(matching)
     return BlockTest(rho=rho, log10_p=log10_matching_p(rho, matching.size), n_units=matching.size,
                      set_aside=describe(a, b))
 
 
-def phi_u(up_a: np.ndarray, up_b: np.ndarray) -> BlockTest:
+def phi_u(up_a: np.ndarray, up_b: np.ndarray, *, rule: MatchingRule = "screened") -> BlockTest:
     """phi_U: Spearman between MATCH of the up-projection weights (h, d) and the identity."""
-    return _identity_correlation(up_a, up_b, lambda ka, kb: cosine_similarity_matrix(up_a[ka], up_b[kb]))
+    return _identity_correlation(up_a, up_b, lambda ka, kb: cosine_similarity_matrix(up_a[ka], up_b[kb]), rule)
 
 
-def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = None) -> BlockTest:
+def phi_h(hidden_a: np.ndarray, hidden_b: np.ndarray, *, device: str | None = None,
+          rule: MatchingRule = "screened") -> BlockTest:
     """phi_H: Spearman between MATCH of the down-projection inputs (h, tokens) and the identity."""
     return _identity_correlation(
-        hidden_a, hidden_b, lambda ka, kb: cosine_similarity_matrix(hidden_a[ka], hidden_b[kb], device=device)
+        hidden_a, hidden_b, lambda ka, kb: cosine_similarity_matrix(hidden_a[ka], hidden_b[kb], device=device), rule
     )
 
 
 def phi_match(
     gate_a: np.ndarray, up_a: np.ndarray, gate_b: np.ndarray, up_b: np.ndarray, *, device: str | None = None,
-    up_sign_free: bool = False,
+    up_sign_free: bool = False, rule: MatchingRule = "screened",
 ) -> BlockTest:
     """Robust phi_MATCH: Spearman between the gate-activation and the up-activation matchings.
 
@@ -94,18 +100,19 @@ def phi_match(
     ``device`` (e.g. "cuda") computes the cosine matrices there; the matchings are the same. Units that are
     all-zero or constant in either view are set aside first, and each group of duplicated units keeps one
     (scanner.stats.degenerate). ``up_sign_free``: the up view's sign carries no identity (a gated MLP: negating a
-    unit's up row and its down column keeps the outputs), so up units are matched on |cosine|.
+    unit's up row and its down column keeps the outputs), so up units are matched on |cosine|. ``rule``: how MATCH
+    pairs units (scanner.stats.matching.MatchingRule).
     """
-    return phi_match_many([(gate_a, up_a, gate_b, up_b)], device=device, solver="host", up_sign_free=up_sign_free)[0]
+    return phi_match_many([(gate_a, up_a, gate_b, up_b)], device=device, rule=rule, up_sign_free=up_sign_free)[0]
 
 
 def phi_match_similarity(gate_similarity: Any, up_similarity: Any, stored_up: tuple[Any, Any],
-                         up_sign_free: bool = False) -> BlockTest:
+                         up_sign_free: bool = False, rule: MatchingRule = "screened") -> BlockTest:
     """phi_MATCH from the two precomputed cosine matrices (gate, and up as the test reads it: decoupled_up), each
     shaped (units_a, units_b); ``stored_up``: both sides' up rows as stored, in the matrices' unit order, which the
     closeness reads (paired_cosine)."""
-    by_up = match_similarity(up_similarity)
-    return _phi_match_from(gate_similarity, match_similarity(gate_similarity), by_up,
+    by_gate, by_up = match_for([gate_similarity, up_similarity], _agreement_log10_p, rule)
+    return _phi_match_from(gate_similarity, by_gate, by_up,
                            paired_cosine(*stored_up, by_up, up_sign_free))
 
 
@@ -114,21 +121,20 @@ MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def phi_match_many(
-    blocks: Sequence[MatchInputs], *, device: str | None = None, solver: AssignmentSolver = "auto",
+    blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "screened",
     max_matrix_bytes: int | None = None, up_sign_free: bool = False,
     screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None,
 ) -> list[BlockTest]:
-    """``[phi_match(*x, device=device, up_sign_free=up_sign_free) for x in blocks]``, with the assignments of many
-    blocks solved together; ``screens`` (each side's `screen_units` of every block, as `UnitScreen`s made with the
-    same ``up_sign_free``) spares screening units again that a caller screened before.
+    """``[phi_match(*x, device=device, up_sign_free=up_sign_free, rule=rule) for x in blocks]``; ``screens`` (each
+    side's `screen_units` of every block, as `UnitScreen`s made with the same ``up_sign_free``) spares screening
+    units again that a caller screened before.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
-    GPU memory, leaving room for the auction's working memory) are built there and their assignments solved as
-    one batch by the auction (``solver``, see scanner.stats.matching); the results are those of ``phi_match``
-    (every matching is certified optimal either way). On the host one block's matrices are held at a time.
+    GPU memory) are built there in one go and matched there (the greedy matching; the exact one selects candidates
+    there and solves on the host). On the host one block's matrices are held at a time.
     """
     if max_matrix_bytes is None:
-        max_matrix_bytes = _free_matrix_bytes(device) if device not in (None, "cpu") or solver == "auction" else 0
+        max_matrix_bytes = _free_matrix_bytes(device) if device not in (None, "cpu") else 0
     results: list[BlockTest | None] = []
     group: list[tuple[int, MatchInputs, str]] = []  # (position in results, informative inputs, what was set aside)
     group_bytes = 0
@@ -143,9 +149,8 @@ def phi_match_many(
             gates = [cosine_similarity_matrix(ga, gb, device=device) for _, (ga, _, gb, _), _ in group]
             ups = [cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
                                             sign_free=up_sign_free) for _, (ga, ua, gb, ub), _ in group]
-            matchings = match_similarities([*gates, *ups], solver)
-            for (k, (_, ua, _, ub), note), g, by_g, by_u in zip(group, gates, matchings[: len(group)],
-                                                                 matchings[len(group):], strict=True):
+            matchings = [match_for([g, u], _agreement_log10_p, rule) for g, u in zip(gates, ups, strict=True)]
+            for (k, (_, ua, _, ub), note), g, (by_g, by_u) in zip(group, gates, matchings, strict=True):
                 results[k] = replace(_phi_match_from(g, by_g, by_u, paired_cosine(ua, ub, by_u, up_sign_free)),
                                      set_aside=note)
             group, group_bytes = [], 0
@@ -207,6 +212,13 @@ def _free_matrix_bytes(device: str | None) -> int:
     if device is not None and torch.device(device).type == "cuda":
         return torch.cuda.mem_get_info(torch.device(device))[0] // 3
     return 1 << 30
+
+
+def _agreement_log10_p(matchings: list[Matching]) -> float:
+    """phi_MATCH's log10 p from the gate and the up matchings (what the screened rule screens on)."""
+    by_gate, by_up = matchings
+    return log10_matching_p(spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float)),
+                            by_gate.size)
 
 
 def _phi_match_from(gate_similarity: Any, by_gate: Matching, by_up: Matching, up_closeness: float) -> BlockTest:

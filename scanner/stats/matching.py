@@ -1,16 +1,25 @@
-"""MATCH (Algorithm 2): align the hidden units of two layers by maximum total cosine similarity."""
+"""MATCH (Algorithm 2): align the hidden units of two layers on the cosine similarity of their rows.
+
+The paper matches by the maximum-weight assignment (``exact``, certified optimal by scanner.stats.assignment). The
+greedy matching (``greedy``, scanner.stats.assignment.greedy) keeps what the p-values need (a function of one
+similarity matrix, the same whatever order the units come in) at about the cost of reading the matrix once, on the
+matrix's own device, but pairs related units a little worse. hubtrace's default (``screened``) matches every block
+greedily and, where that already finds the block related, matches it again exactly: unrelated blocks (the expensive
+ones for the exact solver) cost a greedy matching, related ones (cheap for it) get the paper's matching, p-value and
+closeness. Why each keeps the p-values valid: docs/statistics.md, "The matching rule".
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from scipy.stats import rankdata
 
 from scanner.stats.assignment import max_weight_assignment
-from scanner.stats.assignment.auction import auction_assignments
+from scanner.stats.assignment.greedy import greedy_matching
 
 _NORM_FLOOR = 1e-12
 
@@ -46,17 +55,19 @@ def cosine_similarity_matrix(a: Any, b: Any, *, device: str | None = None, sign_
     value, for a view whose sign an output-preserving change can flip unit by unit (a gated MLP's up output: negating
     a unit's up row and its down column leaves the model's outputs as they were).
 
-    With ``device`` None: a float32 numpy array computed on the CPU. With a torch device (``"cuda"``; a and b numpy
-    arrays or torch tensors, e.g. already resident there): a float32 torch tensor on it, which the solvers accept
-    as is (``match_similarities`` solves such matrices there; ``match_similarity`` selects candidates there, and
-    only candidates reach the CPU). Rows of any finite magnitude (1e-30 or 1e30) give the same cosines.
+    With ``device`` None: a float32 numpy array computed on the CPU (the product by torch, whose CPU kernels ran
+    about 3x numpy's on the project's 2-core VMs, BENCHMARKS.md). With a torch device (``"cuda"``; a and b numpy
+    arrays or torch tensors, e.g. already resident there): a float32 torch tensor on it, which ``match_similarity``
+    matches there (only the matching, or for the exact rule the candidates, reach the CPU). Rows of any finite
+    magnitude (1e-30 or 1e30) give the same cosines.
     """
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"MATCH needs two matrices with equal column counts, got {a.shape} and {b.shape}")
-    if device is None:
-        similarity = unit_rows(a) @ unit_rows(b).T
-        return np.abs(similarity, out=similarity) if sign_free else similarity
     import torch
+
+    if device is None:
+        similarity = (torch.from_numpy(unit_rows(a)) @ torch.from_numpy(unit_rows(b)).T).numpy()
+        return np.abs(similarity, out=similarity) if sign_free else similarity
 
     a_t, b_t = (unit_rows_tensor(torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x), device=device).float())
                 for x in (a, b))
@@ -86,52 +97,55 @@ def unit_rows_tensor(a: Any) -> Any:
     return a / torch.linalg.vector_norm(a, dim=1, keepdim=True).clamp_min(_NORM_FLOOR)
 
 
-def match(a: np.ndarray, b: np.ndarray) -> Matching:
-    """MATCH: the assignment of rows maximising total cosine similarity (rectangular: every smaller-side row)."""
-    return match_similarity(cosine_similarity_matrix(a, b))
+MatchingRule = Literal["screened", "greedy", "exact"]
+"""How MATCH pairs units (module docstring): ``screened`` (default) greedily, then exactly where the statistic on the
+greedy matchings reaches SCREEN_LOG10_P; ``greedy`` greedily only (the fastest, a GPU never waits on the host; a
+little less power and closeness on related models); ``exact`` the paper's maximum-weight assignment, for disputes.
+Every matching is complete on the smaller side and a function of its one matrix that permutes with its rows and
+columns."""
+MATCHING_RULES: tuple[str, ...] = get_args(MatchingRule)
+SCREEN_LOG10_P = -1.0
+"""``screened``: a statistic whose greedy matchings give log10 p at most this is computed again on exact ones (and
+reports that p-value); above it, the greedy one stands. Unrelated blocks reach it one time in ten."""
 
 
-def match_similarity(similarity: Any) -> Matching:
-    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device)."""
+def match(a: np.ndarray, b: np.ndarray, rule: MatchingRule = "screened") -> Matching:
+    """MATCH on the rows' cosine similarity (rectangular: every smaller-side row is paired)."""
+    return match_similarity(cosine_similarity_matrix(a, b), rule)
+
+
+def match_similarity(similarity: Any, rule: MatchingRule = "screened") -> Matching:
+    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device). With no
+    statistic to screen on, ``screened`` matches exactly (a unit map of blocks already found related)."""
+    if rule not in MATCHING_RULES:
+        raise ValueError(f"unknown matching rule {rule!r}; choose one of {', '.join(MATCHING_RULES)}")
     a_rows, b_rows = similarity.shape
     if a_rows <= b_rows:
-        a_index, b_index = max_weight_assignment(similarity)
+        a_index, b_index = _matched(similarity, rule)
     else:
-        b_index, a_index = max_weight_assignment(similarity.T)
+        b_index, a_index = _matched(similarity.T, rule)
     return Matching(a_index=np.asarray(a_index), b_index=np.asarray(b_index), a_rows=a_rows, b_rows=b_rows)
 
 
-AssignmentSolver = Literal["auto", "host", "auction"]
-"""Who solves MATCH's assignments: ``host`` the certified sparse solver (one CPU core per matrix), ``auction`` the
-batched auction on the matrices' own device (scanner.stats.assignment.auction), ``auto`` the host solver: measured
-on an H200 it beat the auction on a GPU too (BENCHMARKS.md, "GPU auction"). Every answer is certified optimal; only
-the time differs."""
+def _matched(similarity: Any, rule: MatchingRule) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, their columns) for a matrix with rows <= cols, every row matched."""
+    if rule == "greedy":
+        return np.arange(similarity.shape[0]), greedy_matching(similarity)
+    return max_weight_assignment(similarity)
 
 
-def match_similarities(similarities: Sequence[Any], solver: AssignmentSolver = "auto") -> list[Matching]:
-    """``[match_similarity(s) for s in similarities]``, with the square torch matrices of one shape solved together
-    by the auction where ``solver`` asks for it; any the auction cannot certify are solved on the host."""
-    out: list[Matching | None] = [None] * len(similarities)
-    groups: dict[tuple, list[int]] = {}
-    for k, s in enumerate(similarities):
-        if _auction_solves(s, solver):
-            groups.setdefault((tuple(s.shape), str(s.device), s.dtype), []).append(k)
-    for members in groups.values():
-        import torch
-
-        outcome = auction_assignments(torch.stack([similarities[k] for k in members]))
-        rows = np.arange(similarities[members[0]].shape[0])
-        for k, columns, certified in zip(members, outcome.columns, outcome.certified, strict=True):
-            if certified:
-                out[k] = Matching(a_index=rows, b_index=columns, a_rows=rows.size, b_rows=rows.size)
-    return [m if m is not None else match_similarity(s) for m, s in zip(out, similarities, strict=True)]
-
-
-def _auction_solves(similarity: Any, solver: AssignmentSolver) -> bool:
-    if solver != "auction" or type(similarity).__module__.split(".")[0] != "torch":
-        return False
-    rows, cols = similarity.shape
-    return rows == cols and rows >= 2
+def match_for(similarities: Sequence[Any], log10_p: Callable[[list[Matching]], float],
+              rule: MatchingRule = "screened") -> list[Matching]:
+    """MATCH of each of one statistic's matrices (phi_MATCH: gate and up; phi_U, phi_H: one) under ``rule``;
+    ``log10_p``: the statistic's log10 p from those matchings, which ``screened`` reads on the greedy ones to decide
+    whether to match exactly (SCREEN_LOG10_P). The reported p-value is then the exact matchings' where the greedy
+    one is at most SCREEN_LOG10_P, else the greedy one: valid whatever the two p-values' joint law
+    (docs/statistics.md, "The matching rule")."""
+    if rule == "screened":
+        greedy = [match_similarity(s, "greedy") for s in similarities]
+        if log10_p(greedy) > SCREEN_LOG10_P:
+            return greedy
+    return [match_similarity(s, "greedy" if rule == "greedy" else "exact") for s in similarities]
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:

@@ -136,8 +136,23 @@ def log10_binomial_tail_bound(k: int, n: int, rate: float) -> float:
 SCALE_BINS = 1000.0
 """Resolution (per unit of log |ratio|) at which the most common ratio (m - b) / (x - b) of a matrix is looked for."""
 ROUNDING_ULPS = 4.0
+"""A value is exactly what a scaled change gives when it differs from it by at most this many float32 spacings of the
+values involved (times one plus the scale)."""
+MAX_WEIGHT_SUM = 4.0
+"""Most total absolute weight a matrix's exact combination may have: mergekit's merges weigh their models by at most
+3 in all (a task-arithmetic merge of two task vectors at weight 1 weighs its base -1), a linear or SLERP merge by about
+1. Larger weights that cancel can fit anything to a tolerance that grows with them; a fit beyond this reproduces no
+position."""
+MAX_CONDITION = 1e4
+"""Largest condition number of a matrix's sources (their sampled values, columns scaled to unit length) a combination
+may be fitted on. Near-collinear sources (three models one of which is an average of the other two: a merge and its
+parents) leave the weights undetermined to float32 rounding, and lstsq then picks huge cancelling ones; float32
+values carry about 7 digits, so beyond 1e4 the weights are not known to 0.1%. A fit on such sources reproduces no
+position: the search tries the sets without the redundant model."""
+COMBINATION_ULPS = ROUNDING_ULPS * (1.0 + MAX_WEIGHT_SUM)
 """A value is exactly what a combination gives when it differs from it by at most this many float32 spacings of the
-values involved (times one plus the combination's total absolute weight)."""
+values involved: the rounding of a combination of total weight up to MAX_WEIGHT_SUM, fixed whatever the weights fitted
+(a tolerance that grew with them would accept any fit of large enough cancelling weights)."""
 
 
 def scaled_change_share(m: np.ndarray, b: np.ndarray, x: np.ndarray, per_matrix: int) -> VerbatimShare:
@@ -216,10 +231,22 @@ def exact_combination(m: np.ndarray, sources: Sequence[np.ndarray], per_matrix: 
 
 
 def _fit(m: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """One matrix: the least-squares weights, the positions they reproduce to rounding, the positions compared."""
+    """One matrix: the least-squares weights, the positions they reproduce to rounding (none when the sources are
+    ill-conditioned or the weights too large: MAX_CONDITION, MAX_WEIGHT_SUM), the positions compared."""
     live = (m != 0) | np.any(sources != 0, axis=1)
     target, design = m.astype(np.float64), sources.astype(np.float64)
     weights = np.linalg.lstsq(design, target, rcond=None)[0]
+    if not _well_conditioned(design[live]) or not np.abs(weights).sum() <= MAX_WEIGHT_SUM:
+        return weights, 0, int(live.sum())
     spacing = np.spacing(np.maximum(np.abs(m), np.abs(sources).max(axis=1))).astype(np.float64)
-    exact = np.abs(target - design @ weights) <= ROUNDING_ULPS * (1.0 + np.abs(weights).sum()) * spacing
+    exact = np.abs(target - design @ weights) <= COMBINATION_ULPS * spacing
     return weights, int((exact & live).sum()), int(live.sum())
+
+
+def _well_conditioned(design: np.ndarray) -> bool:
+    """Whether the sources' columns, each scaled to unit length, have a condition number of at most MAX_CONDITION."""
+    norms = np.linalg.norm(design, axis=0)
+    if len(design) < design.shape[1] or not np.all(norms > 0):
+        return False
+    singular = np.linalg.svd(design / norms, compute_uv=False)
+    return bool(singular[-1] > 0 and singular[0] / singular[-1] <= MAX_CONDITION)

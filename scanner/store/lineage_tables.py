@@ -30,24 +30,10 @@ def current_fingerprint_files(store: Store) -> list[tuple[str, str]]:
     return list(rows.iter_rows())
 
 
-def current_fingerprint_paths(store: Store) -> dict[tuple[str, str], str]:
-    """(model_id, input_set) -> the recorded fingerprint path of every current model (the file may have gone since)."""
-    rows = store.query("SELECT f.model_id, f.input_set, f.path FROM fingerprints f "
-                       "JOIN current_models m USING (model_id, revision)")
-    return {(r[0], r[1]): r[2] for r in rows.iter_rows()}
-
-
 def stored_block_maps(store: Store) -> dict[tuple[str, str, str, str, str], str]:
     """(model_a, revision_a, model_b, revision_b, input_set) -> the any-order block map kept for it (JSON)."""
     rows = store.query("SELECT model_a, revision_a, model_b, revision_b, input_set, pairs FROM block_maps")
     return {tuple(r[:5]): r[5] for r in rows.iter_rows()}
-
-
-def put_block_maps(store: Store, rows: list[tuple[str, str, str, str, str, str]]) -> None:
-    """Keep block maps (model_a, revision_a, model_b, revision_b, input_set, pairs JSON) so no rebuild makes one
-    twice."""
-    with store.transaction() as con:
-        con.executemany("INSERT OR REPLACE INTO block_maps VALUES (?, ?, ?, ?, ?, ?, now())", rows)
 
 
 def latest_pair_tests(store: Store, statistic: str) -> pl.DataFrame:

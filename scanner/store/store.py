@@ -92,6 +92,9 @@ class PairTestRow:
     closeness: float | None = None                      # phi_MATCH: mean cosine of matched activations (symmetric)
     value: float | None = None                          # a weight fingerprint's raw value (symmetric)
     cannot_test: str | None = None                      # why the pair could not be tested (log10_p is then NULL)
+    block_map: str | None = None                        # a related depth-changed pair's block map, made with the
+    #                                                     test (JSON, scanner.pair_block_map; in terms of the
+    #                                                     shallow and the deep model, so symmetric); None: none made
 
     def normalized(self) -> PairTestRow:
         """The same test with the smaller (model, revision) first; per-block layer indices follow their model."""
@@ -100,7 +103,7 @@ class PairTestRow:
         layers = [{**d, "layer_a": d.get("layer_b"), "layer_b": d.get("layer_a")} for d in self.layers]
         return PairTestRow(self.model_b, self.revision_b, self.model_a, self.revision_a, self.statistic,
                            self.input_set, self.log10_p, self.n_layers, layers, list(self.notes), self.reason,
-                           self.run_id, self.closeness, self.value, self.cannot_test)
+                           self.run_id, self.closeness, self.value, self.cannot_test, self.block_map)
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -613,8 +616,9 @@ class Store:
         return {(a, ra, b, rb) for a, ra, b, rb in rows}
 
     def put_pair_tests(self, rows: Iterable[PairTestRow]) -> None:
-        """Store a batch of tests in one transaction (all or none). A test of a pair at the same revisions,
-        statistic and input set replaces the stored one; one of a superseded revision is stored as superseded."""
+        """Store a batch of tests in one transaction (all or none), with the block maps made with them. A test of a
+        pair at the same revisions, statistic and input set replaces the stored one (a map, the pair's stored map);
+        one of a superseded revision is stored as superseded."""
         latest: dict[tuple[str, ...], PairTestRow] = {}
         for row in rows:
             _check(row.reason, PAIR_REASONS, "pair test reason")
@@ -644,6 +648,10 @@ class Store:
                     f"LEFT JOIN models ma ON ma.model_id = b.model_a AND ma.revision = b.revision_a "
                     f"LEFT JOIN models mb ON mb.model_id = b.model_b AND mb.revision = b.revision_b",
                     {"version": __version__, "now": _now()})
+                maps = [(r.model_a, r.revision_a, r.model_b, r.revision_b, r.input_set, r.block_map)
+                        for r in batch if r.block_map is not None]
+                if maps:
+                    con.executemany("INSERT OR REPLACE INTO block_maps VALUES (?, ?, ?, ?, ?, ?, now())", maps)
             finally:
                 with suppress(duckdb.TransactionException):  # aborted: the rollback drops the view
                     con.unregister("_pair_batch")

@@ -35,8 +35,15 @@ from scanner.architectures.sites import MLPSite, find_sites, site_weights
 from scanner.stats.matching import unit_rows_tensor
 from scanner.testing import adversary as adv
 
-#: The views an attacker can push, by name: what each MLP kind's test may read.
+#: The views an attacker can push, by name: every view the fingerprint holds or the test derives.
 VIEWS = ("gate", "up", "up_decoupled", "write")
+#: The views phi_MATCH reads, per MLP kind (scanner.stats.independence): what an attacker who read the code pushes.
+READ_VIEWS = {"gated": ("gate", "up_decoupled", "write"), "plain": ("gate", "up")}
+
+
+def read_views(mlp_kind: str) -> tuple[str, ...]:
+    """The views the test reads for units of ``mlp_kind`` ("gated" or "plain")."""
+    return READ_VIEWS[mlp_kind]
 
 TextSampler = Callable[[torch.Generator], torch.Tensor]
 """Draws a batch of token ids (batch, length) of the model's own language from a generator."""

@@ -223,21 +223,35 @@ def dead_chain(steps: int, twins: bool = False) -> Disguise:
                 return torch.cat([x, step.repeat_interleave(copies, dim=0)]).float()
 
             chain = units * steps * copies
+            parts = [between(m) for m in (w.up, w.gate, w.gate_bias, w.up_bias)]
             if twins:
                 write = torch.randn(w.down.shape[0], units * steps, dtype=torch.float64, generator=generator)
-                write = write * w.down.double().norm(dim=0).mean() / math.sqrt(w.down.shape[0])
+                # each twin's write scaled to the median size of a real unit's product (after a rescale, units span
+                # sixty decades: a write sized for the mean would overflow float32 against a large read row)
+                real = _unit_gain(w.up.double(), None if w.gate is None else w.gate.double(), _degree)
+                gain = _unit_gain(parts[0].double(), None if parts[1] is None else parts[1].double(), _degree)
+                gain = torch.where(gain > 0, gain, real.median())[units::copies]  # a step between zero units reads 0
+                write = write / write.norm(dim=0) * (real * w.down.double().norm(dim=0)).median() / gain
                 writes = torch.stack([write, -write], dim=2).reshape(w.down.shape[0], chain)
             else:
                 writes = torch.zeros(w.down.shape[0], chain, dtype=torch.float64)
             order = torch.randperm(units + chain, generator=generator)
             down = torch.cat([w.down.double(), writes], dim=1)[:, order].float()
-            parts = [between(m) for m in (w.up, w.gate, w.gate_bias, w.up_bias)]
             up, gate, gate_bias, up_bias = (None if m is None else m[order] for m in parts)
             return SiteWeights(up=up, down=down, gate=gate, gate_bias=gate_bias, up_bias=up_bias)
 
         return _transform_sites(model, change, width=lambda h: h * (1 + steps * copies))
 
     return disguise
+
+
+def _unit_gain(up: torch.Tensor, gate: torch.Tensor | None, degree: int | None) -> torch.Tensor:
+    """How much each unit's read side scales its output: |up row| (a plain unit's to its homogeneous degree), times
+    |gate row|^degree where the gate is positively homogeneous (a non-homogeneous gate saturates: no gain)."""
+    gain = up.norm(dim=1)
+    if gate is None:  # a plain unit's one input row carries the homogeneous degree
+        return gain ** (degree or 1)
+    return gain * gate.norm(dim=1) ** (degree or 0)
 
 
 def _zero_sum_noise(rows: torch.Tensor, parts: int, spread: float, generator: torch.Generator) -> torch.Tensor:

@@ -432,7 +432,8 @@ def _cached(root: Path, kind: str, digest: str) -> Zoo | None:
         zoo = Zoo.load(root)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    complete = all((m.path / "model.safetensors").is_file() for m in zoo.models.values())
+    complete = all((m.path / "model.safetensors").is_file() or (m.path / "adapter_model.safetensors").is_file()
+                   for m in zoo.models.values())  # an adapter-only upload holds the adapter alone
     return zoo if complete and zoo.kind == kind and zoo.spec_hash == digest else None
 
 

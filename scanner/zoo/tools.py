@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,15 +29,22 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 """Every linear layer of a block, as the common "all-linear" LoRA recipes target them."""
 
 
-def lora_finetune(parent: LlamaForCausalLM, language: MarkovLanguage, spec: TrainSpec, rank: int
-                  ) -> tuple[LlamaForCausalLM, TrainLog]:
+def lora_finetune(parent: LlamaForCausalLM, language: MarkovLanguage, spec: TrainSpec, rank: int,
+                  adapter_folder: Path | None = None, base_id: str = "") -> tuple[LlamaForCausalLM, TrainLog]:
     """A LoRA of ``rank`` trained with PEFT on a copy of ``parent`` (only the adapters learn), then merged into the
-    weights (``merge_and_unload``): a full checkpoint whose change from its base has rank ``rank`` per matrix."""
+    weights (``merge_and_unload``): a full checkpoint whose change from its base has rank ``rank`` per matrix.
+
+    With ``adapter_folder``, the adapter alone is saved there first, as PEFT's ``save_pretrained`` writes an
+    adapter-only upload, naming ``base_id`` as its base (what ``from_pretrained("org/name")`` would have recorded)."""
     peft_model = get_peft_model(copy.deepcopy(parent),
                                 LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
                                            target_modules=list(LORA_TARGETS)))
     trainable = [p for p in peft_model.parameters() if p.requires_grad]
     log = train_lm(peft_model, language, spec, trainable)
+    if adapter_folder is not None:
+        peft_model.save_pretrained(adapter_folder)
+        config_file = adapter_folder / "adapter_config.json"
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "base_model_name_or_path": base_id}))
     with single_thread():
         merged = peft_model.merge_and_unload()
     return merged.float().eval(), log

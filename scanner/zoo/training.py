@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -86,9 +86,11 @@ def train_lm(
     params: Iterable[torch.nn.Parameter] | None = None,
     *,
     teacher: PreTrainedModel | None = None,
+    after_step: Callable[[int], None] | None = None,
 ) -> TrainLog:
     """Train ``model`` in place on ``language`` (all parameters unless ``params`` is given): on the next token, or on
-    ``teacher``'s next-token distributions when one is given (distillation). Returns the log."""
+    ``teacher``'s next-token distributions when one is given (distillation). ``after_step(n)`` is called after the
+    n-th step (a run that publishes checkpoints saves them there). Returns the log."""
     initial = eval_loss(model, language)
     trainable = list(model.parameters() if params is None else params)
     if spec.optimizer == "adam":
@@ -99,13 +101,15 @@ def train_lm(
     seq_len = model.config.max_position_embeddings
     model.train()
     with single_thread():
-        for _ in range(spec.steps):
+        for step in range(1, spec.steps + 1):
             tokens = language.sample(spec.batch_size, seq_len, data)
             loss = lm_loss(model, tokens) if teacher is None else distillation_loss(model, teacher.eval(), tokens)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
+            if after_step is not None:
+                after_step(step)
     model.eval()
     return TrainLog(
         language_seed=language.seed,

@@ -1,4 +1,7 @@
-"""Certified fast maximum-weight assignment for MATCH's dense similarity matrices.
+"""MATCH's matchings: the greedy matching (``greedy``) and the certified maximum-weight assignment.
+
+The rest of this docstring is about the second (the paper's rule, MATCH's ``rule="exact"``); the greedy matching's
+own docstring says what it does and why it is valid, and scanner.stats.matching how the default rule combines them.
 
 ``max_weight_assignment(similarity)`` returns what ``linear_sum_assignment(similarity, maximize=True)``
 returns (row_ind = arange(rows), col_ind), but solves a sparse problem and proves, before returning,
@@ -61,8 +64,8 @@ similarity matrix on the GPU in the first place.
 
 Modules, by role: ``sources`` (where the matrix lives: the ``SimilaritySource`` protocol, numpy and torch),
 ``candidates`` (the candidate graph in CSR: growing it, checking matchings against it), ``certificate``
-(potentials and the checks (a)-(c)), ``solve`` (the rounds, the sparse solvers, the repair, the dense fallback),
-``auction`` (many square problems at once on a GPU, each certified by the same weak duality, else left to ``solve``).
+(potentials and the checks (a)-(c)), ``solve`` (the rounds, the sparse solvers, the repair, the dense fallback);
+``greedy`` (mutual-best rounds over each row's best candidates, on the matrix's own device).
 """
 
 from scanner.stats.assignment.solve import AssignmentResult, AssignmentStats, max_weight_assignment, solve_assignment
