@@ -1,6 +1,7 @@
 """Recall of candidate retrieval: on the zoo against the all-pairs scan, and on a synthetic hub grown from the zoo.
 
-    PYTHONPATH=. python bench/bench_retrieval_recall.py [--hub 1000] [--seed 0]
+    PYTHONPATH=. python bench/bench_retrieval_recall.py [--hub 1000] [--seed 0] [--cache DIR]
+    PYTHONPATH=. python bench/bench_retrieval_recall.py --truth .hubtrace-cache/zoo .hubtrace-cache/zoo-small-seed*
 
 Zoo: every pair is tested with φ_MATCH (the `pairs.select: all` baseline: the scan's sequential design), the
 dependent ones are those Benjamini-Hochberg keeps at q = 0.05, and the candidates (retrieved pairs and their
@@ -18,6 +19,8 @@ what testing all pairs can find, and pairs of one planted family, which also cou
 depth prune that kept only the donor blocks of a retrained-MLP parent is "in the family" of that parent's base).
 A zoo block's origin is its base's block at the same depth (a depth prune's kept blocks, from the zoo's ground
 truth; an MLP the zoo retrained is an origin of its own): block 0 and block 1 of one family are different weights.
+
+``--truth``: candidates against the ground truth of cached zoos (``truth_recall``), no all-pairs baseline.
 
 Each rule of ``--map-thresholds`` (the cosine down to which a selected pair's hits draw its block map; equal to
 the collision threshold 0.6 is the rule before the map threshold existed) runs on the same hub and entries.
@@ -78,6 +81,37 @@ def zoo_recall(fingerprints: dict[str, Fingerprint]) -> None:
           f"retrieval {seconds:.2f} s")
     for pair in sorted(missed):
         print("  missed", pair)
+
+
+def truth_recall(roots: list[Path]) -> None:
+    """Per cached zoo (any folder with a ground truth: the zoo, the small zoos of its recipe from other seeds, zoos
+    rebuilt under other CPU kernels): dependent pairs the candidates miss, independent pairs retrieved directly
+    (chance links), independent pairs of two families of several models joined by the closure, the largest score of
+    an independent pair, and the smallest best score a model has with any of its relatives (the margin of the
+    weakest-linked derivative over ``MIN_SCORE``)."""
+    from scanner.zoo import Zoo
+
+    for root in roots:
+        zoo = Zoo.load(root)
+        entries = {(m, "r"): retrieval_entry(fingerprint_model(zoo[m].path)) for m in zoo.ids}
+        with tempfile.TemporaryDirectory() as folder:
+            index = RetrievalIndex(folder, next(iter(entries.values())).input_set)
+            index.sync({key: (lambda e=e: e) for key, e in entries.items()})
+            scored = scored_pairs(index, entries)
+        score = {(p.model_a, p.model_b): p.score for p in scored}
+        retrieved = [p for p in scored if p.score >= MIN_SCORE]
+        direct = {(p.model_a, p.model_b) for p in retrieved}
+        closed = {(a[0], b[0]) for a, b in family_pairs(((p.model_a, "r"), (p.model_b, "r"), p.block_map)
+                                                         for p in retrieved)}
+        dependent = {tuple(sorted(p)) for p in zoo.pairs(dependent=True)}
+        size = Counter(zoo[m].family for m in zoo.ids)
+        chained = [p for p in (closed | direct) - dependent if min(size[zoo[p[0]].family], size[zoo[p[1]].family]) > 1]
+        independent = [score.get(tuple(sorted(p)), 0) for p in zoo.pairs(dependent=False)]
+        related = {m for pair in dependent for m in pair}
+        best_link = [max(score.get(p, 0) for p in dependent if m in p) for m in related]
+        print(f"{root}: {len(dependent - closed - direct)} of {len(dependent)} dependent pairs missed, "
+              f"{len(direct - dependent)} chance links, {len(chained)} pairs of two families chained, largest "
+              f"independent score {max(independent, default=0)}, weakest best link {min(best_link, default=0)}")
 
 
 def _components(edges: set[tuple[str, str]], models) -> set[frozenset[str]]:
@@ -211,13 +245,20 @@ def main() -> None:
     parser.add_argument("--hub", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-zoo", action="store_true", help="only the synthetic hub")
-    parser.add_argument("--signature-version", type=int, choices=(1, 2), default=SIGNATURE_VERSION,
-                        help="1: whole signatures; 2 (default): less the unit-choosing direction")
+    parser.add_argument("--truth", type=Path, nargs="+", default=[],
+                        help="cached zoo folders to check against their ground truth (read, never built), then stop")
+    parser.add_argument("--signature-version", type=int, choices=(1, SIGNATURE_VERSION), default=SIGNATURE_VERSION,
+                        help=f"1: whole signatures; {SIGNATURE_VERSION} (default): less the unit-choosing direction")
+    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("HUBTRACE_TEST_CACHE") or ".hubtrace-cache"),
+                        help="where the zoo is cached (default: HUBTRACE_TEST_CACHE, else .hubtrace-cache)")
     parser.add_argument("--map-thresholds", type=float, nargs="+", default=[MAP_THRESHOLD],
                         help="cosines down to which selected pairs' hits draw their block maps; one run each "
                              "(0.6, the collision threshold: the rule before the map threshold)")
     args = parser.parse_args()
-    zoo = build_zoo(Path(".hubtrace-cache/zoo"))
+    if args.truth:
+        truth_recall(args.truth)
+        return
+    zoo = build_zoo(args.cache / "zoo")
     fps = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     if not args.skip_zoo:
         zoo_recall(fps)

@@ -10,6 +10,14 @@ to `SAME_GATE_COSINE` form bounded groups, and each group becomes the rank-one f
 (output column x up row) products (a plain MLP's: the sum of their output columns). A unit that writes nothing, alone
 or after its group is summed, is dropped.
 
+Where act(z) - act(-z) = z (SiLU, GELU, ReLU: act(z) = z s(z) with s(z) + s(-z) = 1), a unit's gate row can be
+negated and the linear remainder written with other units: (k, r, w) is exactly (-k, r, w), (r, k, w), (-r, k, -w).
+So there gate rows are grouped up to sign, and a member whose gate points the other way adds its product to the
+group as it is (act(-k x) = act(k x) - k x: its act part has the same coefficient); what is left, a product of two
+linear maps, is not a unit's function and is not kept. The remainder units of such a copy then cancel in their group
+and are dropped as dead, and the flipped unit is its original up to its gate's sign, which the test does not read
+(`odd_linear`; scanner.stats.independence matches such gate views up to sign).
+
 Where the activation is positively homogeneous (ReLU: act(c z) = c^k act(z) for c > 0), rows of one direction and
 any positive scale are one gate, and the scale is folded into the product; elsewhere a gate is one only where its
 scale agrees too (to `SAME_SCALE`), since act(2z) is another function. An ordinary trained MLP has no two gate rows
@@ -19,6 +27,7 @@ canonical form is the MLP as stored, and nothing is copied.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -72,7 +81,7 @@ def canonical_mlp(weights: SiteWeights, activation: str) -> CanonicalMLP:
     zero_key = key_norms == 0
     if _silent_at_zero(activation):
         live &= ~zero_key
-    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree)
+    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation))
     if live.all() and (groups == np.arange(units)).all():
         return CanonicalMLP(weights, units, 0, 0)
     if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
@@ -83,11 +92,23 @@ def canonical_mlp(weights: SiteWeights, activation: str) -> CanonicalMLP:
     return _combined(weights, keys, reads, writes, key_norms, mass, groups, degree)
 
 
+@functools.cache
+def odd_linear(activation: str) -> bool:
+    """Whether act(z) - act(-z) = z (to float32 rounding), so that a gate row's sign can be turned at the price of a
+    linear remainder (see the module): then a gate view's sign carries no identity."""
+    if activation not in ACT2FN:
+        return False
+    z = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
+    act = ACT2FN[activation]
+    return bool(torch.allclose(act(z) - act(-z), z, rtol=1e-5, atol=1e-6))
+
+
 def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray, live: np.ndarray,
-                 zero_key: np.ndarray, degree: int) -> np.ndarray:
-    """The leader of each live unit's gate group (-1 for dead units); live units with an all-zero gate row (a linear
-    unit, act(0) times its up row) share one group."""
-    first, second = close_pairs([RowView(directions)], SAME_GATE_COSINE)
+                 zero_key: np.ndarray, degree: int, sign_free: bool) -> np.ndarray:
+    """The leader of each live unit's gate group (-1 for dead units), gate rows compared up to sign where
+    ``sign_free`` (`odd_linear`); live units with an all-zero gate row (a linear unit, act(0) times its up row) share
+    one group."""
+    first, second = close_pairs([RowView(directions, sign_free)], SAME_GATE_COSINE)
     if not degree:  # act(2z) is another function: one gate only at one scale
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.abs(np.log(key_norms[first] / key_norms[second]))
@@ -150,11 +171,13 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
 
 
 def _group_key(keys: np.ndarray, norms: np.ndarray, mass: np.ndarray, degree: int) -> tuple[np.ndarray, np.ndarray]:
-    """One gate row for a group (its members' directions averaged with weights their sizes, at their mean length, or
+    """One gate row for a group (its members' directions, turned to the largest member's sign where they point the
+    other way (`odd_linear`; elsewhere no member does), averaged with weights their sizes, at their mean length, or
     at length 1 where the activation is homogeneous) and each member's factor on it: |k_j|^degree where
     act(k_j x) = |k_j|^degree act(k x) folds the member's gate scale into its product, else 1."""
     weights = mass / max(float(mass.max()), 1e-300)
     directions = keys / np.where(norms > 0, norms, 1.0)[:, None]
+    directions = directions * np.where(directions @ directions[int(np.argmax(weights))] < 0, -1.0, 1.0)[:, None]
     mean = weights @ directions
     length = float(np.linalg.norm(mean))
     direction = mean / length if length > 0 else mean

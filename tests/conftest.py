@@ -20,9 +20,11 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -37,6 +39,7 @@ from scanner.zoo.tool_hub import build_tool_hub
 from scanner.zoo.tool_zoo import MergeZooSpec, build_merge_zoo
 from tests.null_support import NULL_KINDS
 from tests.null_support import null_zoo as null_zoo_of
+from tests.ray_support import ray_for_tests
 
 if TYPE_CHECKING:
     from scanner.fingerprint import Fingerprint
@@ -250,14 +253,30 @@ def seed_zoo(request: pytest.FixtureRequest) -> Zoo:
     return _seed_zoo(request.param)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray of 2 CPUs for one test module's scans (a module that needs other resources defines its own)."""
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+@pytest.fixture(scope="session", autouse=True)
+def private_ray_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every Ray this session starts, in process or in a command it runs, is its own: no cluster address inherited
+    from the shell (``RAY_ADDRESS`` would make a scan join it), and a Ray temp dir of the session's own
+    (``RAY_TMPDIR``: sessions, logs and ``ray_current_cluster`` of other test runs on the machine are never read,
+    and this session's are removed with it). Short, under /tmp: Ray's socket paths have a length limit."""
+    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", "RAY_TMPDIR")}
+    os.environ.pop("RAY_ADDRESS", None)
+    temp = Path(tempfile.mkdtemp(prefix="hubtrace-ray-", dir="/tmp"))
+    os.environ["RAY_TMPDIR"] = str(temp)
     yield
-    ray.shutdown()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A local Ray of 2 CPUs for one test module's scans (a module that needs other resources defines its own)."""
+    with ray_for_tests(address="local", num_cpus=2, include_dashboard=False):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,9 @@ EXACT: dict[str, adv.Disguise] = {
     "units split into 3 parts unlike in both": adv.split_unlike(3, 3.0, "both"),
     "3 dead units chained between every two units": adv.dead_chain(3),
     "twin units whose writes cancel chained between every two units": adv.dead_chain(2, twins=True),
+    # found by an independent check of the claim (act(z) - act(-z) = z): every unit's gate row negated, the linear
+    # remainder written with other units
+    "gate rows negated, the remainder written with other units": adv.flip_gates,
 }
 #: The outputs move by about the jitter (antithetic jitter: to second order).
 JITTERED: dict[str, adv.Disguise] = {

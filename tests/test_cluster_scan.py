@@ -21,6 +21,7 @@ from jobs.config import ConfigError
 from jobs.pool import FingerprintPool
 from jobs.scan_job import ScanObserver, run_scan
 from scanner.sources import ModelRecord
+from tests.ray_support import ray_for_tests
 from tests.s3_support import make_bucket
 from tests.scan_support import SUBSET, copy_models, query, scan_config
 
@@ -37,11 +38,12 @@ def cluster(s3_env):
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "resources": {"head": 1}, "include_dashboard": False, "_system_config": FAST_HEALTH_CHECKS})
     workers = [cluster.add_node(num_cpus=1, resources={f"worker{i}": 1}) for i in range(3)]
-    ray.init(address=cluster.address)
-    cluster.wait_for_nodes()
-    yield cluster, workers
-    ray.shutdown()
-    cluster.shutdown()
+    try:
+        with ray_for_tests(address=cluster.address):
+            cluster.wait_for_nodes()
+            yield cluster, workers
+    finally:
+        cluster.shutdown()
 
 
 class _KillNodes(ScanObserver):

@@ -66,7 +66,7 @@ def test_query_similar_lists_neighbours_by_score_without_testing(candidate_scan)
     result = CliRunner().invoke(app, ["query", "--db", str(config.db_path), "--similar", "kestrel/aurora-lite",
                                       "--format", "json"])
     assert result.exit_code == 0, result.output
-    rows, _ = json.JSONDecoder().raw_decode(result.output)   # the JSON array; Ray may print its workers' logs after it
+    rows = json.loads(result.stdout)
     assert rows[0]["model_id"] == "aurora-labs/aurora-base" and rows[0]["score"] >= 4
     assert "tundra-research/tundra-64" not in {r["model_id"] for r in rows if r["score"] >= 4}
     missing = CliRunner().invoke(app, ["query", "--db", str(config.db_path), "--similar", "no/such-model"])

@@ -25,6 +25,7 @@ from scanner.sources import ModelRecord
 from scanner.store import Store, queries
 from scanner.testing.broken import build_broken_corpus
 from scanner.testing.fake_hub import FakeHub
+from tests.ray_support import ray_for_tests
 from tests.scan_support import SUBSET, copy_models, query, scan_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,9 +38,8 @@ def local_ray():
     Its two GPUs are logical (Ray schedules them; there is no CUDA here): scans with ``devices.mode: auto`` get
     GPU actors that must still fall back to the CPU instead of waiting forever.
     """
-    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+    with ray_for_tests(address="local", num_cpus=2, num_gpus=2, include_dashboard=False):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,15 @@
 
 Pure: arrays in, pairs out; the index (scanner.retrieval.index) finds the hits.
 
-A collision is a pair of signatures (one of each model) at cosine >= ``threshold``. A pair's score is the larger
+A collision is a pair of signatures (one of each model) at cosine >= ``threshold``. A pair's score is the smaller
 of the two numbers of distinct signatures involved on either side, summed over all blocks: a count that does not
 change when either model's hidden units are relabelled (signatures form a set, see scanner.retrieval.signatures).
-The same hits also say which block of one model collides with which block of the other: the block map that
-depth-changed pairs are tested on.
+The smaller side, because a copied unit has one counterpart: a derivative's collisions pair its units one to one
+with its parent's (the zoo's pairs: 9 and 10 units, 11 and 11), while units that many models learn alike make a few
+units of one model collide with many of the other (2 units of an unrelated base against 5 of a fine-tune, a
+chance link that the family closure then spread over both families: bench/bench_retrieval_recall.py). The same
+hits also say which block of one model collides with which block of the other: the block map that depth-changed
+pairs are tested on.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class PairCollisions:
 
     @property
     def score(self) -> int:
-        return max(self.rows_a, self.rows_b)
+        """Units that can have a counterpart: the smaller side (see the module docstring)."""
+        return min(self.rows_a, self.rows_b)
 
 
 def vector_id(model_number: int, row: int | np.ndarray) -> np.ndarray:

@@ -2,29 +2,35 @@
 
 A unit's signature is its gate and up activation vectors over the canonical tokens, each scaled to unit length,
 projected to ``dim`` dimensions by a FIXED Gaussian matrix (same seed for every model, so signatures of any two
-models on the same input set are comparable), concatenated and scaled to unit length again. What the
-transformations of a derivative do to it:
+models on the same input set are comparable), each part scaled to unit length again and the two concatenated (unit
+length once more). What the transformations of a derivative do to it:
 
 * permuting hidden units permutes the signatures (the entry keeps a set of them, in a canonical order);
-* rescaling a unit's gate/up against its down projection (T6) is removed by the unit-length scaling, and a
-  negative factor (a gated MLP's up row and down column both negated: the outputs do not change) by the up part's
-  sign-free form (version 3): of a unit-length projection p, the traceless outer product p p^T - I/dim, projected
-  back to ``dim`` dimensions by a second fixed matrix; the cosine of two such parts is ((p.q)^2 - 1/dim)/(1 - 1/dim),
-  1 for p = +-q, near 0 for unrelated units, and it moves smoothly with p (no sign is ever chosen);
+* rescaling a unit's gate/up against its down projection (T6) is removed by the unit-length scaling;
+* a negative factor (a gated MLP's up row and down column both negated: the outputs do not change) flips the up
+  part; so a gated unit is stored in its canonical sign, the one that points its up part along the fixed up
+  direction (``canonical_signs``, version 4): a unit and its negation give one signature, and a relative's unit,
+  whose up part points about the same way, gets the same sign unless its projection on that direction is near 0.
+  Two units then meet at the mean of their gate and up cosines. A sign-free form of the up part (its square p p^T,
+  version 3) needs no sign at all, but it enters the up cosine squared: a unit whose views a long fine-tune moves
+  to cosine 0.55 meets its parent near 0.4 rather than 0.55, too few such units collide, and the zoo's 4x long
+  fine-tune goes unretrieved on some builds of the zoo (bench/bench_retrieval_recall.py; BENCHMARKS.md, "Candidate
+  retrieval");
 * rotating or permuting the residual stream (T1, T3) changes weights, not activations on token inputs;
 * a fine-tune, a merge or a width prune moves a kept unit's activations a little, so its signature stays close.
 
-Which units are kept is the set's only choice: the ``units_per_block`` units whose signature points furthest
-along one fixed direction. That is a function of each unit's own activations, so it is invariant to permuting
-units and to rescaling them, and a unit near the top of the parent stays near the top of a derivative; the
-entry is therefore the same set for a model and any relabelling of its units. Every expert of an MoE block
-competes for the block's places (an expert upcycled from a dense MLP brings the dense model's top units).
+Which units are kept is the set's only choice: the ``units_per_block`` units whose signature points furthest along
+one fixed direction (a gate half and an up half, of equal length; the up half read after the sign is set, so the
+choice is the same for a unit and its negation). That is a function of each unit's own activations, so it is
+invariant to permuting and rescaling units, and a unit near the top of the parent stays near the top of a
+derivative; the entry is therefore the same set for a model and any relabelling of its units. Every expert of an
+MoE block competes for the block's places (an expert upcycled from a dense MLP brings the dense model's top units).
 
-What is kept of a chosen unit is its signature less its component along that direction, scaled to unit length
-again (version 2; ``SignatureParams(version=1)`` keeps the whole signature, for comparisons). Every chosen unit
-lies far along the direction, so that component is what unrelated units have in common: left in, it raised the
-cosine of unrelated units by about 0.2 and their chance of passing the collision threshold about thirtyfold,
-which at hub scale buried the related pairs under unrelated ones (BENCHMARKS.md).
+What is kept of a chosen unit is its signature less its component along each half of that direction, each part
+scaled to unit length again (version 2 on; ``SignatureParams(version=1)`` keeps the whole signature, for
+comparisons). Every chosen unit lies far along the direction, so that component is what unrelated units have in
+common: left in, it raised the cosine of unrelated units by about 0.2 and their chance of passing the collision
+threshold about thirtyfold, which at hub scale buried the related pairs under unrelated ones (BENCHMARKS.md).
 
 Only informative units compete (``screen``): units that are all-zero, constant over the canonical tokens or
 of a direction another unit of the block repeats are set aside first (scanner.stats.degenerate, the screen φ_MATCH
@@ -45,7 +51,7 @@ from scanner.activations import MLPActivations
 from scanner.fingerprint import Fingerprint
 from scanner.stats.degenerate import screen_units
 
-SIGNATURE_VERSION = 3
+SIGNATURE_VERSION = 4
 _NORM_FLOOR = 1e-12
 
 
@@ -96,30 +102,30 @@ class RetrievalEntry:
 
 
 def projection(tokens: int, params: SignatureParams) -> tuple[np.ndarray, np.ndarray]:
-    """The fixed (tokens, dim) Gaussian projection and the (2*dim,) unit direction that picks units."""
+    """The fixed (tokens, dim) Gaussian projection and the (2*dim,) unit direction that picks units (its gate and
+    up halves of equal length, so neither part outweighs the other in the choice)."""
     rng = np.random.default_rng([params.seed, params.version, tokens])
     matrix = rng.standard_normal((tokens, params.dim)).astype(np.float32) / np.sqrt(params.dim, dtype=np.float32)
-    direction = rng.standard_normal(2 * params.dim).astype(np.float32)
-    return matrix, direction / np.linalg.norm(direction)
+    halves = _unit_rows(rng.standard_normal((2, params.dim)).astype(np.float32))
+    return matrix, halves.ravel() / np.sqrt(2, dtype=np.float32)
 
 
 def unit_signatures(gate: np.ndarray, up: np.ndarray, params: SignatureParams, up_sign_free: bool = False
                     ) -> np.ndarray:
-    """Signatures of every unit of one MLP: (units, 2*dim) float32 unit rows; ``up_sign_free`` (a gated MLP, from
-    version 3 on) makes the up part the same for a unit and its negation."""
-    matrix, _ = projection(gate.shape[1], params)
+    """Signatures of every unit of one MLP: (units, 2*dim) float32 unit rows; ``up_sign_free`` (a gated MLP) puts
+    each unit in its canonical sign (``canonical_signs``)."""
+    matrix, direction = projection(gate.shape[1], params)
     gate_part, up_part = (_unit_rows(_unit_rows(np.asarray(x, dtype=np.float32)) @ matrix) for x in (gate, up))
-    if up_sign_free and params.version >= 3:
-        up_part = sign_free_part(up_part, params)
+    if up_sign_free:
+        up_part = up_part * canonical_signs(up_part, direction[params.dim:])[:, None]
     return _unit_rows(np.concatenate([gate_part, up_part], axis=1))
 
 
-def sign_free_part(rows: np.ndarray, params: SignatureParams) -> np.ndarray:
-    """Unit rows p -> unit rows of R vec(p p^T - I/dim) (R a fixed (dim, dim^2) Gaussian): see the module docstring."""
-    dim = params.dim
-    mixing = np.random.default_rng([params.seed, params.version, 2]).standard_normal((dim, dim, dim)).astype(np.float32)
-    quadratic = np.einsum("ni,ikj,nj->nk", rows, mixing, rows, optimize=True)
-    return _unit_rows(quadratic - np.trace(mixing, axis1=0, axis2=2)[None, :] / dim)
+def canonical_signs(up_part: np.ndarray, up_direction: np.ndarray) -> np.ndarray:
+    """+1 or -1 per unit: the sign that points its up part along the direction's up half (+1 at a tie). The same
+    signature for a unit and its negation, so neither the choice of units nor the entry depends on a copier's
+    signs."""
+    return np.where(up_part @ up_direction < 0, -1.0, 1.0).astype(np.float32)
 
 
 def select_units(signatures: np.ndarray, params: SignatureParams, tokens: int, keep: int) -> np.ndarray:
@@ -133,8 +139,14 @@ def select_units(signatures: np.ndarray, params: SignatureParams, tokens: int, k
 
 
 def without_direction(signatures: np.ndarray, direction: np.ndarray) -> np.ndarray:
-    """Chosen units' signatures less their component along the choosing direction, unit length again."""
-    return _unit_rows(signatures - (signatures @ direction)[:, None] * direction[None, :])
+    """Chosen units' signatures less their component along each half of the choosing direction (the gate part's
+    along the gate half, the up part's along the up half), each part and the whole at unit length again."""
+    half = signatures.shape[1] // 2
+    parts = []
+    for part, axis in ((signatures[:, :half], direction[:half]), (signatures[:, half:], direction[half:])):
+        axis = axis / np.linalg.norm(axis)
+        parts.append(_unit_rows(part - (part @ axis)[:, None] * axis[None, :]))
+    return _unit_rows(np.concatenate(parts, axis=1))
 
 
 DEFAULT_PARAMS = SignatureParams()
@@ -148,8 +160,8 @@ def retrieval_entry(fingerprint: Fingerprint, params: SignatureParams = DEFAULT_
     fine-tune) still finds its parent: a unit in the parent's indexed top needs only to stay in the derivative's
     wider query top, not in its indexed one."""
     vectors, blocks, indexed = [], [], []
+    sign_free = fingerprint.meta.up_sign_free
     for layer, experts in enumerate(fingerprint.blocks):
-        sign_free = fingerprint.meta.up_sign_free
         signatures = np.concatenate([unit_signatures(e.gate, e.up, params, sign_free) for e in experts])
         if params.screen:
             signatures = signatures[informative_units(experts, sign_free)]

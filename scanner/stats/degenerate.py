@@ -63,6 +63,7 @@ class UnitScreen:
     group: np.ndarray  # int, one per unit: the leader of its duplicate group (itself alone), -1 set aside
     gate: np.ndarray | None = None  # informative units' gate rows where groups were combined (`combined_rows`)
     up: np.ndarray | None = None  # and their up rows
+    write: np.ndarray | None = None  # and their write rows, where the side has a write view
 
     @property
     def kept(self) -> int:
@@ -106,31 +107,35 @@ def screen_units(*views: np.ndarray, sign_free: Sequence[bool] | None = None,
 
 
 def combined_rows(screen: UnitScreen, gate: np.ndarray, reads: np.ndarray, *, sign_free: bool,
-                  writes: np.ndarray | None = None, magnitude: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """The informative units' gate and read rows (unit length), each duplicate group's those of the one function its
-    members compute together: its gate the members' gate directions averaged with weights c_j, its read the strongest
-    rank-one factor of sum_j c_j w_j r_j^T (scanner.stats.canonical), c_j the member's ``magnitude`` (the size of its
-    write times its read; None: equal). Without ``writes`` (views made without a residual stream) every member is
-    taken to write one direction, turned to its leader's sign where the read's sign is free."""
+                  writes: np.ndarray | None = None, magnitude: np.ndarray | None = None, gate_sign_free: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The informative units' gate, read and write rows (unit length), each duplicate group's those of the one
+    function its members compute together: its gate the members' gate directions averaged with weights c_j, its read
+    and write the strongest rank-one factor of sum_j c_j w_j r_j^T (scanner.stats.canonical), c_j the member's
+    ``magnitude`` (the size of its write times its read; None: equal). Without ``writes`` (views made without a
+    residual stream) every member is taken to write one direction, turned to its leader's sign where the read's sign
+    is free, and no write rows are returned. ``gate_sign_free``: gate directions are turned to the leader's sign
+    before they are averaged."""
     gates, rows = _unit_rows(gate), _unit_rows(reads)
     out_gate, out_read = gates[screen.informative].copy(), rows[screen.informative].copy()
     position = np.cumsum(screen.informative) - 1
     sizes = np.ones(rows.shape[0]) if magnitude is None else np.asarray(magnitude, dtype=np.float64)
     counts = np.bincount(screen.group[screen.group >= 0], minlength=rows.shape[0])
     written = None if writes is None else _unit_rows(writes)
+    out_write = None if written is None else written[screen.informative].copy()
     for leader in np.flatnonzero(screen.informative & (counts > 1)):
         members = np.flatnonzero(screen.group == leader)
         c = sizes[members] / max(float(sizes[members].max()), 1e-300)
-        out_gate[position[leader]] = c @ gates[members]
+        turned = np.where(gates[members] @ gates[leader] < 0, -1.0, 1.0) if gate_sign_free else np.ones(members.size)
+        out_gate[position[leader]] = (c * turned) @ gates[members]
         if written is None:
             turn = np.where(rows[members] @ rows[leader] < 0, -1.0, 1.0) if sign_free else np.ones(members.size)
             out_read[position[leader]] = (c * turn) @ rows[members]
             continue
         factors = rank_one_factors(written[members], rows[members], c, tolerance=STORED_PRECISION)
         if factors.reads.shape[0]:
-            out_read[position[leader]] = factors.reads[0]
-    return out_gate, out_read
+            out_read[position[leader]], out_write[position[leader]] = factors.reads[0], factors.writes[0]
+    return out_gate, out_read, out_write
 
 
 def _unit_rows(view: np.ndarray) -> np.ndarray:

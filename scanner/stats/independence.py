@@ -6,6 +6,8 @@ the two models were trained independently; FISHER combines blocks whose p-values
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
@@ -111,23 +113,33 @@ def phi_match_similarity(gate_similarity: Any, up_similarity: Any, stored_up: tu
     """phi_MATCH from the two precomputed cosine matrices (gate, and up as the test reads it: decoupled_up), each
     shaped (units_a, units_b); ``stored_up``: both sides' up rows as stored, in the matrices' unit order, which the
     closeness reads (paired_cosine)."""
-    by_gate, by_up = match_for([gate_similarity, up_similarity], _agreement_log10_p, rule)
-    return _phi_match_from(gate_similarity, by_gate, by_up,
-                           paired_cosine(*stored_up, by_up, up_sign_free))
+    matchings = match_for([gate_similarity, up_similarity], views_log10_p, rule)
+    return _phi_match_from(gate_similarity, matchings, paired_cosine(*stored_up, matchings[1], up_sign_free))
 
 
 MatchInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """(gate_a, up_a, gate_b, up_b): one block's (or expert's) activations of both models."""
 
+WriteViews = tuple[Any, Any] | None
+"""(write_a, write_b): one block's (or expert's) write views of both models, or None where a side has none."""
+
 
 def phi_match_many(
     blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "screened",
     max_matrix_bytes: int | None = None, up_sign_free: bool = False,
-    screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None,
+    screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None, writes: Sequence[WriteViews] | None = None,
+    gate_sign_free: bool = False,
 ) -> list[BlockTest]:
     """``[phi_match(*x, device=device, up_sign_free=up_sign_free, rule=rule) for x in blocks]``; ``screens`` (each
     side's `screen_units` of every block, as `UnitScreen`s made with the same ``up_sign_free``) spares screening
     units again that a caller screened before.
+
+    ``writes``: per block, both sides' write views (what each unit writes, scanner.activations). For a gated MLP
+    (``up_sign_free``) with both, the block's units are matched by a third view, and its p-value is the smallest of
+    the three view pairs' (gate and decoupled up, gate and write, decoupled up and write) times three (Bonferroni;
+    phi_MATCH version 4, see views_log10_p): a copy fine-tuned to push its read views away from the original's has
+    to push what each unit writes too, which costs it its outputs. ``gate_sign_free``: the gate view's sign carries
+    no identity either (scanner.canonical_mlp.odd_linear), so gate units are matched on |cosine| too.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
     GPU memory) are built there in one go and matched there (the greedy matching; the exact one selects candidates
@@ -136,55 +148,82 @@ def phi_match_many(
     if max_matrix_bytes is None:
         max_matrix_bytes = _free_matrix_bytes(device) if device not in (None, "cpu") else 0
     results: list[BlockTest | None] = []
-    group: list[tuple[int, MatchInputs, str]] = []  # (position in results, informative inputs, what was set aside)
+    group: list[tuple[int, MatchInputs, WriteViews, str]] = []  # (position, informative inputs, writes, set aside)
     group_bytes = 0
     given = list(screens) if screens is not None else [None] * len(blocks)
-    for inputs, screen in zip([*blocks, None], [*given, None], strict=True):
-        screened = None if inputs is None else _screened(inputs, screen, up_sign_free)
+    read_writes = list(writes) if writes is not None and up_sign_free else [None] * len(blocks)
+    for inputs, screen, write in zip([*blocks, None], [*given, None], [*read_writes, None], strict=True):
+        screened = None if inputs is None else _screened(inputs, screen, (gate_sign_free, up_sign_free), write)
         if isinstance(screened, BlockTest):
             results.append(screened)
             continue
-        size = 0 if screened is None else 8 * screened[1][0].shape[0] * screened[1][2].shape[0]  # two float32 matrices
+        views = 2 if screened is None or screened[2] is None else 3
+        size = 0 if screened is None else 4 * views * screened[1][0].shape[0] * screened[1][2].shape[0]
         if group and (screened is None or group_bytes + size > max_matrix_bytes):
-            gates = [cosine_similarity_matrix(ga, gb, device=device) for _, (ga, _, gb, _), _ in group]
-            ups = [cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
-                                            sign_free=up_sign_free) for _, (ga, ua, gb, ub), _ in group]
-            matchings = [match_for([g, u], _agreement_log10_p, rule) for g, u in zip(gates, ups, strict=True)]
-            for (k, (_, ua, _, ub), note), g, (by_g, by_u) in zip(group, gates, matchings, strict=True):
-                results[k] = replace(_phi_match_from(g, by_g, by_u, paired_cosine(ua, ub, by_u, up_sign_free)),
-                                     set_aside=note)
+            for k, test in _group_tests(group, device, rule, (gate_sign_free, up_sign_free)):
+                results[k] = test
             group, group_bytes = [], 0
         if screened is not None:
             results.append(None)
-            group.append((len(results) - 1, screened[1], screened[0]))
+            group.append((len(results) - 1, screened[1], screened[2], screened[0]))
             group_bytes += size
     return [r for r in results if r is not None]
 
 
-def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None,
-              up_sign_free: bool) -> BlockTest | tuple[str, MatchInputs]:
-    """One block's inputs reduced to its informative units (scanner.stats.degenerate) with a note of what was set
-    aside, or the block's no-p-value result when too few are left."""
+def _group_tests(group: list[tuple[int, MatchInputs, WriteViews, str]], device: str | None, rule: MatchingRule,
+                 sign_free: tuple[bool, bool]) -> list[tuple[int, BlockTest]]:
+    """phi_MATCH of a group of screened blocks, their cosine matrices built together (on ``device``); ``sign_free``:
+    (gate, up) views whose sign carries no identity."""
+    gate_sign_free, up_sign_free = sign_free
+    similarities = []
+    for _, (ga, ua, gb, ub), write, _ in group:
+        views = [cosine_similarity_matrix(ga, gb, device=device, sign_free=gate_sign_free),
+                 cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
+                                          sign_free=up_sign_free)]
+        if write is not None:
+            views.append(cosine_similarity_matrix(*write, device=device, sign_free=True))
+        similarities.append(views)
+    out = []
+    for (k, (_, ua, _, ub), _, note), views in zip(group, similarities, strict=True):
+        matchings = match_for(views, views_log10_p, rule)
+        out.append((k, replace(_phi_match_from(views[0], matchings, paired_cosine(ua, ub, matchings[1], up_sign_free)),
+                               set_aside=note)))
+    return out
+
+
+def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None, sign_free: tuple[bool, bool],
+              write: WriteViews = None) -> BlockTest | tuple[str, MatchInputs, WriteViews]:
+    """One block's inputs (and write views) reduced to its informative units (scanner.stats.degenerate) with a note
+    of what was set aside, or the block's no-p-value result when too few are left."""
     gate_a, up_a, gate_b, up_b = inputs
-    a, b = screens or (match_screen(gate_a, up_a, up_sign_free), match_screen(gate_b, up_b, up_sign_free))
+    gate_sign_free, up_sign_free = sign_free
+    a, b = screens or (match_screen(gate_a, up_a, up_sign_free, None if write is None else write[0],
+                                    gate_sign_free=gate_sign_free),
+                       match_screen(gate_b, up_b, up_sign_free, None if write is None else write[1],
+                                    gate_sign_free=gate_sign_free))
     if too_few(a, b):
         return _no_p_value(a, b)
     if not (a.set_aside or b.set_aside):
-        return "", inputs
+        return "", inputs, write
+    merged_write = None if write is None else (_merged(write[0], a, "write"), _merged(write[1], b, "write"))
     return describe(a, b), (_merged(gate_a, a, "gate"), _merged(up_a, a, "up"), _merged(gate_b, b, "gate"),
-                            _merged(up_b, b, "up"))
+                            _merged(up_b, b, "up")), merged_write
 
 
 def match_screen(gate: Any, up: Any, up_sign_free: bool, write: Any = None,
-                 magnitude: np.ndarray | None = None) -> UnitScreen:
-    """The screen phi_MATCH reads one side through: its gate and up views, the up view up to sign where it is free;
-    each duplicate group's up row the read of its members' one function, from their ``write`` views and sizes
-    (``magnitude``: |write| |up| per unit) where given (scanner.stats.degenerate.combined_reads)."""
-    screen = screen_units(gate, up, sign_free=(False, up_sign_free), mass=magnitude)
+                 magnitude: np.ndarray | None = None, gate_sign_free: bool = False) -> UnitScreen:
+    """The screen phi_MATCH reads one side through: its gate and up views, and its ``write`` view where given (units
+    are duplicates only if they agree in every view: a copy fine-tuned to make its units read alike still writes
+    apart), the up and write views up to sign where it is free; each duplicate group's rows those of its members'
+    one function, from their writes and sizes (``magnitude``: |write| |up| per unit; combined_rows)."""
+    views, flips = ((gate, up), (gate_sign_free, up_sign_free)) if write is None else \
+        ((gate, up, write), (gate_sign_free, up_sign_free, up_sign_free))
+    screen = screen_units(*views, sign_free=flips, mass=magnitude)
     if not screen.duplicated:
         return screen
-    gates, ups = combined_rows(screen, gate, up, sign_free=up_sign_free, writes=write, magnitude=magnitude)
-    return replace(screen, gate=gates, up=ups)
+    gates, ups, writes = combined_rows(screen, gate, up, sign_free=up_sign_free, writes=write, magnitude=magnitude,
+                                       gate_sign_free=gate_sign_free)
+    return replace(screen, gate=gates, up=ups, write=writes)
 
 
 def _merged(view: Any, screen: UnitScreen, part: str) -> Any:
@@ -214,17 +253,27 @@ def _free_matrix_bytes(device: str | None) -> int:
     return 1 << 30
 
 
-def _agreement_log10_p(matchings: list[Matching]) -> float:
-    """phi_MATCH's log10 p from the gate and the up matchings (what the screened rule screens on)."""
-    by_gate, by_up = matchings
-    return log10_matching_p(spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float)),
-                            by_gate.size)
+def _view_pairs(matchings: Sequence[Matching]) -> list[tuple[float, float]]:
+    """(Spearman rho, its log10 p) of every pair of the views' matchings: gate and decoupled up first."""
+    n = matchings[0].size
+    rhos = [spearman(x.larger_side.astype(float), y.larger_side.astype(float))
+            for x, y in itertools.combinations(matchings, 2)]
+    return [(rho, log10_matching_p(rho, n)) for rho in rhos]
 
 
-def _phi_match_from(gate_similarity: Any, by_gate: Matching, by_up: Matching, up_closeness: float) -> BlockTest:
-    rho = spearman(by_gate.larger_side.astype(float), by_up.larger_side.astype(float))
-    closeness = (matched_closeness(gate_similarity, by_gate) + up_closeness) / 2.0
-    return BlockTest(rho=rho, log10_p=log10_matching_p(rho, by_gate.size), n_units=by_gate.size, closeness=closeness)
+def views_log10_p(matchings: Sequence[Matching]) -> float:
+    """phi_MATCH's log10 p from its views' matchings (what the screened rule screens on): with two views (gate,
+    decoupled up), their agreement's; with a third (write), the smallest of the three pairs' times three
+    (Bonferroni: valid whatever the pairs' joint law, each pair's p-value valid by the argument for two views)."""
+    pairs = _view_pairs(matchings)
+    return min(0.0, min(p for _, p in pairs) + math.log10(len(pairs)))
+
+
+def _phi_match_from(gate_similarity: Any, matchings: Sequence[Matching], up_closeness: float) -> BlockTest:
+    """The block's test: rho of its strongest view pair, the combined p-value, the closeness of gate and up."""
+    rho, _ = min(_view_pairs(matchings), key=lambda pair: pair[1])
+    closeness = (matched_closeness(gate_similarity, matchings[0]) + up_closeness) / 2.0
+    return BlockTest(rho=rho, log10_p=views_log10_p(matchings), n_units=matchings[0].size, closeness=closeness)
 
 
 def paired_cosine(up_a: Any, up_b: Any, matching: Matching, sign_free: bool) -> float:

@@ -4,8 +4,11 @@ statistic's p-values with the ones it replaced."""
 
 from __future__ import annotations
 
-STATISTIC_VERSIONS: dict[str, int] = {"match": 3}
-"""match 3 (2026-11-28): units are matched by the greedy matching, and again by the maximum-weight assignment where
+STATISTIC_VERSIONS: dict[str, int] = {"match": 4}
+"""match 4: a gated MLP whose fingerprint holds what each unit writes (format 3) is matched by a third view, the
+write, and a block's p-value is the smallest of its three view pairs' times three (scanner.stats.independence,
+views_log10_p); fingerprints without a write view, and plain MLPs, are tested as in version 3.
+match 3 (2026-11-28): units are matched by the greedy matching, and again by the maximum-weight assignment where
 that finds a block related (scanner.stats.matching, ``screened``), where versions 1 and 2 took the maximum-weight
 assignment everywhere; a scan run with another ``pairs.matching`` notes it in each test's notes.
 match 2 (2026-11-26): the up view is matched less its projection on each unit's own gate view (scanner.stats.views);

@@ -23,6 +23,10 @@ MLP units (per dense MLP and per routed expert, read and written through `scanne
              ``spread`` times the share's size, so each part looks like some other unit.
   dead chain  units appended between every two units (in a random cycle), whose rows step from one unit's to the
              next and whose output columns are zero; ``twins``: each step a pair of units whose writes cancel.
+  flip gates  where act(z) - act(-z) = z (SiLU, GELU, ReLU), each unit's gate (input) row negated and the linear
+             remainder written with other units: a gated unit (k, r, w) becomes (-k, r, w), (r, k, w), (-r, k, -w);
+             a plain MLP's units (k, b; w) become (-k, -b; w) and its affine remainder, one map, is written as pairs
+             (a_j, w_j), (-a_j, -w_j) along a random orthonormal basis a_j of its input rows and bias.
 Routed experts: `permute_experts` reorders experts with their router rows (and a router's per-expert biases);
 `duplicate_experts` appends copies of experts that the router never selects, where the router has a selection bias
 to make sure of that (DeepSeek-V3's and GLM-4.5's e_score_correction_bias). Under a softmax top-k router without one,
@@ -45,7 +49,7 @@ from transformers.pytorch_utils import Conv1D
 from scanner.architectures.module_tree import decoder_stack
 from scanner.architectures.names import ROUTER_NAMES
 from scanner.architectures.sites import MLPSite, SiteWeights, find_sites, site_weights
-from scanner.canonical_mlp import HOMOGENEOUS_DEGREE
+from scanner.canonical_mlp import HOMOGENEOUS_DEGREE, odd_linear
 
 #: Config keys holding the routed-expert count.
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
@@ -243,6 +247,50 @@ def dead_chain(steps: int, twins: bool = False) -> Disguise:
         return _transform_sites(model, change, width=lambda h: h * (1 + steps * copies))
 
     return disguise
+
+
+def flip_gates(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
+    """Every unit's gate (input) row negated, the linear remainder written with other units (see the module)."""
+    if not odd_linear(_activation(model)):
+        raise UnsupportedDisguise(f"{_activation(model)!r} does not satisfy act(z) - act(-z) = z: a gate row's sign "
+                                  "cannot be turned without changing the outputs")
+    if _plain(model):
+        hidden = model.config.get_text_config().hidden_size
+        return _transform_sites(model, lambda w, _degree: _flipped_plain(w, generator),
+                                width=lambda h: h + 2 * (hidden + 1))
+    return _transform_sites(model, lambda w, _degree: _flipped_gated(w, generator), width=lambda h: 3 * h)
+
+
+def _flipped_gated(w: SiteWeights, generator: torch.Generator) -> SiteWeights:
+    """(k, r, w) -> (-k, r, w), (r, k, w), (-r, k, -w), biases along with their rows: act(-z) + z = act(z), and
+    (k x)(r x) = [act(r x) - act(-r x)](k x). Shuffled."""
+    zeros = torch.zeros(w.up.shape[0], dtype=torch.float64)
+    k, r, d = w.gate.double(), w.up.double(), w.down.double()
+    kb = zeros if w.gate_bias is None else w.gate_bias.double()
+    rb = zeros if w.up_bias is None else w.up_bias.double()
+    order = torch.randperm(3 * k.shape[0], generator=generator)
+
+    def rows(*parts: torch.Tensor) -> torch.Tensor:
+        return torch.cat(parts)[order].float()
+
+    biased = w.gate_bias is not None or w.up_bias is not None
+    return SiteWeights(up=rows(r, k, k), down=torch.cat([d, d, -d], dim=1)[:, order].float(), gate=rows(-k, r, -r),
+                       gate_bias=rows(-kb, rb, -rb) if biased else None, up_bias=rows(rb, kb, kb) if biased else None)
+
+
+def _flipped_plain(w: SiteWeights, generator: torch.Generator) -> SiteWeights:
+    """(k, b; w) -> (-k, -b; w), and the remainder sum_i w_i (k_i x + b_i) = L [x; 1] as units (a_j; L a_j) and
+    (-a_j; -L a_j) for a random orthonormal basis a_j of [x; 1] (act(z) - act(-z) = z). Shuffled."""
+    bias = torch.zeros(w.up.shape[0], dtype=torch.float64) if w.up_bias is None else w.up_bias.double()
+    rows = torch.cat([w.up.double(), bias[:, None]], dim=1)
+    remainder = w.down.double() @ rows
+    basis, triangle = torch.linalg.qr(torch.randn(rows.shape[1], rows.shape[1], dtype=torch.float64,
+                                                  generator=generator))
+    basis = basis * torch.sign(torch.diagonal(triangle))
+    inputs = torch.cat([-rows, basis.T, -basis.T])
+    outputs = torch.cat([w.down.double(), remainder @ basis, -(remainder @ basis)], dim=1)
+    order = torch.randperm(inputs.shape[0], generator=generator)
+    return SiteWeights(up=inputs[order, :-1].float(), down=outputs[:, order].float(), up_bias=inputs[order, -1].float())
 
 
 def _unit_gain(up: torch.Tensor, gate: torch.Tensor | None, degree: int | None) -> torch.Tensor:
