@@ -64,15 +64,14 @@ class MLPActivations:
         write, write_scale = peak_scaled(self.values("write")) if self.write is not None else (None, None)
         return MLPActivations(gate, up, gate_scale, up_scale, write, write_scale, self.dead, self.combined)
 
-    def screen(self, up_sign_free: bool, gate_sign_free: bool = False) -> UnitScreen:
-        """The units phi_MATCH reads (scanner.stats.degenerate), computed once per object and flags."""
+    def screen(self, up_sign_free: bool) -> UnitScreen:
+        """The units phi_MATCH reads (scanner.stats.degenerate), computed once per object and flag."""
         cache = self.__dict__.setdefault("_screens", {})
-        key = (up_sign_free, gate_sign_free)
-        if key not in cache:
+        if up_sign_free not in cache:
             write = None if self.write is None else self.write.astype(np.float32)
-            cache[key] = match_screen(host_rows(self.gate), host_rows(self.up), up_sign_free, write,
-                                      self.magnitude(), gate_sign_free=gate_sign_free)
-        return cache[key]
+            cache[up_sign_free] = match_screen(host_rows(self.gate), host_rows(self.up), up_sign_free, write,
+                                               self.magnitude())
+        return cache[up_sign_free]
 
     def magnitude(self) -> np.ndarray:
         """How much each unit contributes, |up row| |write row| (|up row| without a write view), from the stored rows

@@ -39,7 +39,6 @@ from scanner.activations import WRITE_STEPS, MLPActivations
 from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import SiteWeights
-from scanner.canonical_mlp import odd_linear
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, FingerprintError, one_line
 from scanner.files import file_sha256
@@ -107,12 +106,6 @@ class FingerprintMeta:
         """Whether the second view's sign carries no identity: a gated MLP's up output (negating a unit's up row and
         its down column keeps the outputs); a plain MLP's views both keep their sign."""
         return self.mlp_kind == "gated"
-
-    @property
-    def gate_sign_free(self) -> bool:
-        """Whether the first view's sign carries no identity: act(z) - act(-z) = z lets a copier negate any unit's
-        gate (input) row and write the linear remainder with other units (scanner.canonical_mlp.odd_linear)."""
-        return odd_linear(self.hidden_act)
 
     def routed_experts(self, block: int) -> int:
         """Routed experts of block ``block`` (its MLPs after them are shared experts or a dense MLP)."""

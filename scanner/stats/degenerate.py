@@ -107,15 +107,14 @@ def screen_units(*views: np.ndarray, sign_free: Sequence[bool] | None = None,
 
 
 def combined_rows(screen: UnitScreen, gate: np.ndarray, reads: np.ndarray, *, sign_free: bool,
-                  writes: np.ndarray | None = None, magnitude: np.ndarray | None = None, gate_sign_free: bool = False
+                  writes: np.ndarray | None = None, magnitude: np.ndarray | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The informative units' gate, read and write rows (unit length), each duplicate group's those of the one
     function its members compute together: its gate the members' gate directions averaged with weights c_j, its read
     and write the strongest rank-one factor of sum_j c_j w_j r_j^T (scanner.stats.canonical), c_j the member's
     ``magnitude`` (the size of its write times its read; None: equal). Without ``writes`` (views made without a
     residual stream) every member is taken to write one direction, turned to its leader's sign where the read's sign
-    is free, and no write rows are returned. ``gate_sign_free``: gate directions are turned to the leader's sign
-    before they are averaged."""
+    is free, and no write rows are returned."""
     gates, rows = _unit_rows(gate), _unit_rows(reads)
     out_gate, out_read = gates[screen.informative].copy(), rows[screen.informative].copy()
     position = np.cumsum(screen.informative) - 1
@@ -126,8 +125,7 @@ def combined_rows(screen: UnitScreen, gate: np.ndarray, reads: np.ndarray, *, si
     for leader in np.flatnonzero(screen.informative & (counts > 1)):
         members = np.flatnonzero(screen.group == leader)
         c = sizes[members] / max(float(sizes[members].max()), 1e-300)
-        turned = np.where(gates[members] @ gates[leader] < 0, -1.0, 1.0) if gate_sign_free else np.ones(members.size)
-        out_gate[position[leader]] = (c * turned) @ gates[members]
+        out_gate[position[leader]] = c @ gates[members]
         if written is None:
             turn = np.where(rows[members] @ rows[leader] < 0, -1.0, 1.0) if sign_free else np.ones(members.size)
             out_read[position[leader]] = (c * turn) @ rows[members]

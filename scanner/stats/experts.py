@@ -5,14 +5,13 @@ output is unchanged, every expert i of B is expert pi(i) of A). So the experts a
 expert-to-expert similarity that does not depend on the order of A's hidden units inside any expert:
 
     s(i, j) = mean over sampled units k of B's expert j of max over all units u of A's expert i of
-              |cos(gate_a[u], gate_b[k])|
+              cos(gate_a[u], gate_b[k])
 
 (a copied, camouflaged or fine-tuned expert scores near 1, an unrelated one near the cosine of random rows). It
 reads the gate view alone: a similarity that rewarded the same unit of A for matching in both views (the sum of the
 gate and up cosines, as it once was) would pick the expert pairs whose units agree across views, which is what
 phi_MATCH measures. Among many small experts that selection shows: a random tiny model with 512 experts of 32 units
-per block gave an independent pair log10 p = -5.3 paired on both views, -0.5 on the gate alone. The cosine is
-taken up to sign: with SiLU, GELU or ReLU a copier can negate any unit's gate row (scanner.canonical_mlp).
+per block gave an independent pair log10 p = -5.3 paired on both views, -0.5 on the gate alone.
 The pairing is the maximum-similarity assignment of s (one-to-one); when one side has a single MLP (a dense
 block against an upcycled MoE), every expert of the other side is paired with it.
 
@@ -75,7 +74,7 @@ def expert_similarity(
     out = np.zeros((len(gates_a), len(gates_b)))
     for i, gate_a in enumerate(gates_a):
         for j, gate_b in enumerate(gates_b):
-            out[i, j] = float(np.abs(gate_b @ gate_a.T).max(axis=1).mean())
+            out[i, j] = float((gate_b @ gate_a.T).max(axis=1).mean())
     return out
 
 

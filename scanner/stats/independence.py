@@ -128,7 +128,6 @@ def phi_match_many(
     blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "screened",
     max_matrix_bytes: int | None = None, up_sign_free: bool = False,
     screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None, writes: Sequence[WriteViews] | None = None,
-    gate_sign_free: bool = False,
 ) -> list[BlockTest]:
     """``[phi_match(*x, device=device, up_sign_free=up_sign_free, rule=rule) for x in blocks]``; ``screens`` (each
     side's `screen_units` of every block, as `UnitScreen`s made with the same ``up_sign_free``) spares screening
@@ -138,8 +137,7 @@ def phi_match_many(
     (``up_sign_free``) with both, the block's units are matched by a third view, and its p-value is the smallest of
     the three view pairs' (gate and decoupled up, gate and write, decoupled up and write) times three (Bonferroni;
     phi_MATCH version 4, see views_log10_p): a copy fine-tuned to push its read views away from the original's has
-    to push what each unit writes too, which costs it its outputs. ``gate_sign_free``: the gate view's sign carries
-    no identity either (scanner.canonical_mlp.odd_linear), so gate units are matched on |cosine| too.
+    to push what each unit writes too, which costs it its outputs.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
     GPU memory) are built there in one go and matched there (the greedy matching; the exact one selects candidates
@@ -153,14 +151,14 @@ def phi_match_many(
     given = list(screens) if screens is not None else [None] * len(blocks)
     read_writes = list(writes) if writes is not None and up_sign_free else [None] * len(blocks)
     for inputs, screen, write in zip([*blocks, None], [*given, None], [*read_writes, None], strict=True):
-        screened = None if inputs is None else _screened(inputs, screen, (gate_sign_free, up_sign_free), write)
+        screened = None if inputs is None else _screened(inputs, screen, up_sign_free, write)
         if isinstance(screened, BlockTest):
             results.append(screened)
             continue
         views = 2 if screened is None or screened[2] is None else 3
         size = 0 if screened is None else 4 * views * screened[1][0].shape[0] * screened[1][2].shape[0]
         if group and (screened is None or group_bytes + size > max_matrix_bytes):
-            for k, test in _group_tests(group, device, rule, (gate_sign_free, up_sign_free)):
+            for k, test in _group_tests(group, device, rule, up_sign_free):
                 results[k] = test
             group, group_bytes = [], 0
         if screened is not None:
@@ -171,13 +169,11 @@ def phi_match_many(
 
 
 def _group_tests(group: list[tuple[int, MatchInputs, WriteViews, str]], device: str | None, rule: MatchingRule,
-                 sign_free: tuple[bool, bool]) -> list[tuple[int, BlockTest]]:
-    """phi_MATCH of a group of screened blocks, their cosine matrices built together (on ``device``); ``sign_free``:
-    (gate, up) views whose sign carries no identity."""
-    gate_sign_free, up_sign_free = sign_free
+                 up_sign_free: bool) -> list[tuple[int, BlockTest]]:
+    """phi_MATCH of a group of screened blocks, their cosine matrices built together (on ``device``)."""
     similarities = []
     for _, (ga, ua, gb, ub), write, _ in group:
-        views = [cosine_similarity_matrix(ga, gb, device=device, sign_free=gate_sign_free),
+        views = [cosine_similarity_matrix(ga, gb, device=device),
                  cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
                                           sign_free=up_sign_free)]
         if write is not None:
@@ -191,16 +187,13 @@ def _group_tests(group: list[tuple[int, MatchInputs, WriteViews, str]], device: 
     return out
 
 
-def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None, sign_free: tuple[bool, bool],
+def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None, up_sign_free: bool,
               write: WriteViews = None) -> BlockTest | tuple[str, MatchInputs, WriteViews]:
     """One block's inputs (and write views) reduced to its informative units (scanner.stats.degenerate) with a note
     of what was set aside, or the block's no-p-value result when too few are left."""
     gate_a, up_a, gate_b, up_b = inputs
-    gate_sign_free, up_sign_free = sign_free
-    a, b = screens or (match_screen(gate_a, up_a, up_sign_free, None if write is None else write[0],
-                                    gate_sign_free=gate_sign_free),
-                       match_screen(gate_b, up_b, up_sign_free, None if write is None else write[1],
-                                    gate_sign_free=gate_sign_free))
+    a, b = screens or (match_screen(gate_a, up_a, up_sign_free, None if write is None else write[0]),
+                       match_screen(gate_b, up_b, up_sign_free, None if write is None else write[1]))
     if too_few(a, b):
         return _no_p_value(a, b)
     if not (a.set_aside or b.set_aside):
@@ -211,18 +204,17 @@ def _screened(inputs: MatchInputs, screens: tuple[UnitScreen, UnitScreen] | None
 
 
 def match_screen(gate: Any, up: Any, up_sign_free: bool, write: Any = None,
-                 magnitude: np.ndarray | None = None, gate_sign_free: bool = False) -> UnitScreen:
+                 magnitude: np.ndarray | None = None) -> UnitScreen:
     """The screen phi_MATCH reads one side through: its gate and up views, and its ``write`` view where given (units
     are duplicates only if they agree in every view: a copy fine-tuned to make its units read alike still writes
     apart), the up and write views up to sign where it is free; each duplicate group's rows those of its members'
     one function, from their writes and sizes (``magnitude``: |write| |up| per unit; combined_rows)."""
-    views, flips = ((gate, up), (gate_sign_free, up_sign_free)) if write is None else \
-        ((gate, up, write), (gate_sign_free, up_sign_free, up_sign_free))
+    views, flips = ((gate, up), (False, up_sign_free)) if write is None else \
+        ((gate, up, write), (False, up_sign_free, up_sign_free))
     screen = screen_units(*views, sign_free=flips, mass=magnitude)
     if not screen.duplicated:
         return screen
-    gates, ups, writes = combined_rows(screen, gate, up, sign_free=up_sign_free, writes=write, magnitude=magnitude,
-                                       gate_sign_free=gate_sign_free)
+    gates, ups, writes = combined_rows(screen, gate, up, sign_free=up_sign_free, writes=write, magnitude=magnitude)
     return replace(screen, gate=gates, up=ups, write=writes)
 
 
