@@ -257,15 +257,20 @@ def views_log10_p(matchings: Sequence[Matching]) -> float:
     """phi_MATCH's log10 p from its views' matchings (what the screened rule screens on): with two views (gate,
     decoupled up), their agreement's; with a third (write), the smallest of the three pairs' times three
     (Bonferroni: valid whatever the pairs' joint law, each pair's p-value valid by the argument for two views)."""
-    pairs = _view_pairs(matchings)
-    return min(0.0, min(p for _, p in pairs) + math.log10(len(pairs)))
+    return _strongest(_view_pairs(matchings))[1]
+
+
+def _strongest(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """The strongest view pair's rho, and its log10 p times the number of pairs (at most 1)."""
+    rho, log10_p = min(pairs, key=lambda pair: pair[1])
+    return rho, min(0.0, log10_p + math.log10(len(pairs)))
 
 
 def _phi_match_from(gate_similarity: Any, matchings: Sequence[Matching], up_closeness: float) -> BlockTest:
     """The block's test: rho of its strongest view pair, the combined p-value, the closeness of gate and up."""
-    rho, _ = min(_view_pairs(matchings), key=lambda pair: pair[1])
+    rho, log10_p = _strongest(_view_pairs(matchings))
     closeness = (matched_closeness(gate_similarity, matchings[0]) + up_closeness) / 2.0
-    return BlockTest(rho=rho, log10_p=views_log10_p(matchings), n_units=matchings[0].size, closeness=closeness)
+    return BlockTest(rho=rho, log10_p=log10_p, n_units=matchings[0].size, closeness=closeness)
 
 
 def paired_cosine(up_a: Any, up_b: Any, matching: Matching, sign_free: bool) -> float:
