@@ -19,12 +19,13 @@ from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.config import transformers_config
 from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import SiteWeights
-from scanner.canonical_mlp import canonical_mlp
+from scanner.canonical_mlp import canonical_mlp, odd_linear
 from scanner.checkpoint import Checkpoint
 from scanner.errors import CheckpointError, IncomparableError
 from scanner.stats.degenerate import UnitScreen, host_rows
 from scanner.stats.independence import match_screen
 from scanner.stats.matching import unit_rows_tensor
+from scanner.stats.views import oriented_rows
 
 
 @dataclass(frozen=True)
@@ -198,12 +199,12 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     up outputs (tokens, units) as the block computed them, used as they are where the canonical form is the MLP as
     stored (no second product).
     """
-    canonical = [canonical_mlp(w, activation) for w in experts]
+    canonical = [canonical_mlp(w, activation, mlp_input) for w in experts]
     weights = [c.weights for c in canonical]
     if weights[0].gate is None:
         if stream is None:
             raise ValueError("a plain MLP's second view reads the residual stream; none was given")
-        views = plain_views(mlp_input, stream, weights)
+        views = plain_views(mlp_input, stream, weights, sign_free=odd_linear(activation))
     else:
         rows = stream_rows(stream, weights[0].down) if stream is not None else None
         views = []
@@ -238,10 +239,21 @@ def write_view(rows: torch.Tensor, down: torch.Tensor) -> np.ndarray:
 RANK_TOLERANCE = 1e-5
 
 
-def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[SiteWeights]) -> list[MLPActivations]:
+def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[SiteWeights], *,
+                sign_free: bool = False) -> list[MLPActivations]:
     """A plain MLP's two views per unit: the fc pre-activation ``x W_fc^T + b`` on the MLP input, and the unit's
     write direction (its proj column) read on the residual stream, each token's row scaled to unit length, with
     what the site's first views linearly predict of it removed.
+
+    ``sign_free`` (the activation has act(z) - act(-z) = z: scanner.canonical_mlp.odd_linear): a unit (k, b; w)
+    computes exactly what (-k, -b; w) and a linear map do, and a copier who negates any unit's fc row and writes the
+    linear remainder with other units (which the canonical form cancels) changes no output, but both views: the
+    first's sign, and the second's regression, whose predictors turn unit by unit. The write view is then kept as
+    a second view free of the units' signs: the read-back less its prediction by a shared map with a sign of each
+    unit's own (`unpredicted_up_to_sign`), which a negated unit leaves as it was. phi_MATCH pairs it with the first
+    view turned to a positive mean (scanner.stats.views.oriented_rows) beside the pair as stored, which keeps the
+    power of the stored views on relatives (scanner.stats.independence). Otherwise the write view is the read-back
+    as it is (for the duplicate screen).
 
     Why the removal: training couples a unit's write direction to its read direction by a map that every unit of a
     block shares, and that map is learned alike by models trained alike (with tied embeddings a unit that reads a
@@ -264,13 +276,15 @@ def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[Sit
     first = [_plain_pre_activation(mlp_input, w) for w in experts]
     rows = stream_rows(stream, experts[0].down)
     read_back = torch.cat([(rows @ w.down).T for w in experts]).double().cpu()  # (units, tokens)
-    predictors = torch.cat(first).double().cpu()
-    second = unpredicted(unit_rows_tensor(read_back), unit_rows_tensor(predictors))
+    predictors = unit_rows_tensor(torch.cat(first).double().cpu())
+    second = unpredicted(unit_rows_tensor(read_back), predictors)
+    write = unpredicted_up_to_sign(unit_rows_tensor(read_back), oriented_rows(predictors)) if sign_free \
+        else read_back
     views, start = [], 0
     for pre in first:
         stop = start + pre.shape[0]
         views.append(MLPActivations(gate=pre.float().numpy(), up=second[start:stop].float().numpy(),
-                                    write=read_back[start:stop].float().numpy()))
+                                    write=write[start:stop].float().numpy()))
         start = stop
     return views
 
@@ -288,6 +302,24 @@ def unpredicted(targets: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor
 
     Through the predictors' (tokens, tokens) Gram matrix and its pseudo-inverse (directions below RANK_TOLERANCE of
     the largest are left out): memory and time linear in the units, however many experts a site pools."""
+    return _residuals(targets, predictors, sign_rounds=0)
+
+
+#: Rounds of `unpredicted_up_to_sign`'s alternation at most (it stops when no sign changes; it never raises the
+#: residual, and it settles in a handful on trained models).
+SIGN_ROUNDS = 20
+
+
+def unpredicted_up_to_sign(targets: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor:
+    """`unpredicted` where each unit's prediction may carry its own sign: targets y_i less s_i x_i C, with the shared
+    map C and the signs s_i started from `_spectral_signs` and alternated (C by least squares given the signs, each
+    s_i as the sign of y_i . x_i C given C) until no sign changes. Both steps turn with any unit's predictor, so the
+    residual does not depend on which units' predictors were negated; the fit reads only one model's units."""
+    return _residuals(targets, predictors, sign_rounds=SIGN_ROUNDS)
+
+
+def _residuals(targets: torch.Tensor, predictors: torch.Tensor, sign_rounds: int) -> torch.Tensor:
+    """`unpredicted` (``sign_rounds`` 0) and `unpredicted_up_to_sign`."""
     fitted = (targets.abs().amax(dim=1) > 0) & (predictors.abs().amax(dim=1) > 0)
     out = torch.zeros_like(targets)
     if not bool(fitted.any()):
@@ -295,10 +327,37 @@ def unpredicted(targets: torch.Tensor, predictors: torch.Tensor) -> torch.Tensor
     x, y = predictors[fitted], targets[fitted]
     energy, directions = torch.linalg.eigh(x.T @ x)
     keep = energy > RANK_TOLERANCE**2 * energy[-1]
-    directions = directions[:, keep]
-    coefficients = directions @ ((directions.T @ (x.T @ y)) / energy[keep, None])
-    out[fitted] = y - x @ coefficients
+    directions, energy = directions[:, keep], energy[keep]
+
+    def fit(signs: torch.Tensor) -> torch.Tensor:
+        return directions @ ((directions.T @ (x.T @ (signs[:, None] * y))) / energy[:, None])
+
+    signs = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
+    if sign_rounds:
+        signs = _spectral_signs(x @ (directions / energy.sqrt()), y)
+    coefficients = fit(signs)
+    for _ in range(sign_rounds):
+        turned = torch.where(((x @ coefficients) * y).sum(dim=1) < 0, -1.0, 1.0).to(x.dtype)
+        if bool((turned == signs).all()):
+            break
+        signs, coefficients = turned, fit(turned)
+    out[fitted] = y - signs[:, None] * (x @ coefficients)
     return out
+
+
+#: Power iterations for `_spectral_signs` (a fixed number: the result is a function of the rows alone).
+POWER_ITERATIONS = 60
+
+
+def _spectral_signs(basis: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Signs s maximising, relaxed, what the shared fit explains: |basis^T (s * targets)|^2 = s^T K s with
+    K_ij = (basis_i . basis_j)(targets_i . targets_j) (``basis``: orthonormal columns spanning the predictors): the
+    signs of K's leading eigenvector, by power iteration from all ones without forming K (units x units)."""
+    vector = torch.ones(basis.shape[0], dtype=basis.dtype, device=basis.device)
+    for _ in range(POWER_ITERATIONS):
+        vector = ((basis @ (basis.T @ (vector[:, None] * targets))) * targets).sum(dim=1)
+        vector = vector / torch.linalg.vector_norm(vector).clamp_min(torch.finfo(vector.dtype).tiny)
+    return torch.where(vector < 0, -1.0, 1.0).to(basis.dtype)
 
 
 def units_by_tokens(outputs: torch.Tensor) -> np.ndarray:

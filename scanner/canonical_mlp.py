@@ -6,9 +6,10 @@ parts' up rows or output columns need not be copies: u/2 + v and u/2 - v), into 
 units whose output columns are zero or with twins whose writes cancel. All of these leave the outputs exactly as they
 were, and all of them are undone here, in each MLP's own weights and in float64 (scanner.stats.canonical has the
 algebra and why a copier cannot steer it): units whose gate rows (input rows for a plain MLP, biases included) agree
-to `SAME_GATE_COSINE` form bounded groups, and each group becomes the rank-one factors of the sum of its members'
-(output column x up row) products (a plain MLP's: the sum of their output columns). A unit that writes nothing, alone
-or after its group is summed, is dropped.
+to `SAME_GATE_COSINE` as stored, or to `SAME_FUNCTION_COSINE` in what they compute on the MLP's inputs (rows may be
+stored far apart along directions the input never takes), form bounded groups, and each group becomes the rank-one
+factors of the sum of its members' (output column x up row) products (a plain MLP's: the sum of their output columns).
+A unit that writes nothing, alone or after its group is summed, is dropped.
 
 Where act(z) - act(-z) = z (SiLU, GELU, ReLU: act(z) = z s(z) with s(z) + s(-z) = 1), a unit's gate row can be
 negated and the linear remainder written with other units: (k, r, w) is exactly (-k, r, w), (r, k, w), (-r, k, -w).
@@ -21,8 +22,8 @@ and are dropped as dead, and the flipped unit is its original up to its gate's s
 Where the activation is positively homogeneous (ReLU: act(c z) = c^k act(z) for c > 0), rows of one direction and
 any positive scale are one gate, and the scale is folded into the product; elsewhere a gate is one only where its
 scale agrees too (to `SAME_SCALE`), since act(2z) is another function. An ordinary trained MLP has no two gate rows
-that close (nearest neighbours at cosine 0.55 in the zoo's models, 0.94 at most in SmolLM2-135M), so for it the
-canonical form is the MLP as stored, and nothing is copied.
+that close (nearest neighbours at cosine 0.55 in the zoo's models, 0.94 at most in SmolLM2-135M; on the canonical
+tokens 0.96 and 0.9998), so for it the canonical form is the MLP as stored, and nothing is copied.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ HOMOGENEOUS_DEGREE = {"relu": 1, "leaky_relu": 1, "relu2": 2}
 #: changes what each part computes by about the angle times the size of the parts' up rows, which he chose large to
 #: hide the unit: a change of the outputs as large as training makes.
 SAME_GATE_COSINE = 0.95
+#: Two units share a gate, too, when their gates' pre-activations on the MLP's own inputs (the canonical tokens'),
+#: biases included, agree to this cosine: rows that differ only along directions the input never takes (LayerNorm's
+#: output has none along 1 / gain; a widened stream's never-written coordinates have none at all) compute one
+#: function however far apart they are stored, and agree there to float rounding (1 - 1e-12). Far tighter than
+#: `SAME_GATE_COSINE`, because a few hundred tokens are fewer than a real model's input dimensions and its inputs
+#: on random tokens lie close together: SmolLM2-135M's nearest two gates agree there to 0.9998 (deep blocks), the
+#: zoo's to 0.96. A copier who moves the parts of a split unit apart by the angle this leaves (0.014 rad) changes
+#: each part's pre-activation by that fraction, times parts he made large to hide the unit.
+SAME_FUNCTION_COSINE = 0.9999
 #: Gate rows of a non-homogeneous activation are one gate only where their lengths agree to this fraction too.
 SAME_SCALE = 0.05
 #: A unit whose size (|output column| |up row| |gate row|^degree, unchanged by every output-preserving rescale)
@@ -66,13 +76,16 @@ class CanonicalMLP:
         return self.dead == 0 and self.combined == 0
 
 
-def canonical_mlp(weights: SiteWeights, activation: str) -> CanonicalMLP:
+def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None) -> CanonicalMLP:
     """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
-    weights' device and dtype, units in the order of their groups' lowest stored index."""
+    weights' device and dtype, units in the order of their groups' lowest stored index. ``inputs`` (tokens, d): the
+    MLP's input on the canonical tokens, where gates are also compared by what they compute there
+    (`SAME_FUNCTION_COSINE`)."""
     units = weights.up.shape[0]
     gated = weights.gate is not None
     key_map, key_bias = (weights.gate, weights.gate_bias) if gated else (weights.up, weights.up_bias)
     directions, key_norms = _directions(key_map, key_bias)
+    functions = None if inputs is None else _directions(*_pre_activation(inputs, key_map, key_bias))
     degree = HOMOGENEOUS_DEGREE.get(activation, 0)
     mass = _norms(weights.down.T) * key_norms ** degree
     if gated:
@@ -81,7 +94,7 @@ def canonical_mlp(weights: SiteWeights, activation: str) -> CanonicalMLP:
     zero_key = key_norms == 0
     if _silent_at_zero(activation):
         live &= ~zero_key
-    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation))
+    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
     if live.all() and (groups == np.arange(units)).all():
         return CanonicalMLP(weights, units, 0, 0)
     if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
@@ -89,7 +102,7 @@ def canonical_mlp(weights: SiteWeights, activation: str) -> CanonicalMLP:
     keys = _rows(key_map, key_bias)
     reads = _rows(weights.up, weights.up_bias) if gated else None
     writes = weights.down.detach().double().cpu().numpy().T
-    return _combined(weights, keys, reads, writes, key_norms, mass, groups, degree)
+    return _combined(weights, keys, reads, writes, key_norms, mass, groups, degree, functions)
 
 
 @functools.cache
@@ -104,16 +117,16 @@ def odd_linear(activation: str) -> bool:
 
 
 def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray, live: np.ndarray,
-                 zero_key: np.ndarray, degree: int, sign_free: bool) -> np.ndarray:
-    """The leader of each live unit's gate group (-1 for dead units), gate rows compared up to sign where
-    ``sign_free`` (`odd_linear`); live units with an all-zero gate row (a linear unit, act(0) times its up row) share
-    one group."""
-    first, second = close_pairs([RowView(directions, sign_free)], SAME_GATE_COSINE)
-    if not degree:  # act(2z) is another function: one gate only at one scale
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.abs(np.log(key_norms[first] / key_norms[second]))
-        keep = ratio <= math.log1p(SAME_SCALE)
-        first, second = first[keep], second[keep]
+                 zero_key: np.ndarray, degree: int, sign_free: bool,
+                 functions: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """The leader of each live unit's gate group (-1 for dead units): gate rows that agree as stored
+    (`SAME_GATE_COSINE`) or in what they compute on the inputs (``functions``: the pre-activations' directions and
+    lengths, `SAME_FUNCTION_COSINE`), up to sign where ``sign_free`` (`odd_linear`); live units with an all-zero gate
+    row (a linear unit, act(0) times its up row) share one group."""
+    first, second = _close_gates(directions, key_norms, degree, sign_free, SAME_GATE_COSINE)
+    if functions is not None:
+        more = _close_gates(*functions, degree, sign_free, SAME_FUNCTION_COSINE)
+        first, second = np.concatenate([first, more[0]]), np.concatenate([second, more[1]])
     linear = np.flatnonzero(live & zero_key)
     if linear.size > 1:
         pairs = np.array([(a, b) for i, a in enumerate(linear) for b in linear[i + 1:]]).T
@@ -122,8 +135,32 @@ def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray
     return leader_groups(directions.shape[0], first, second, order, eligible=live)
 
 
+def _close_gates(directions: np.ndarray, norms: np.ndarray, degree: int, sign_free: bool,
+                 cosine: float) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of units whose gate ``directions`` agree to ``cosine`` (up to sign where ``sign_free``) and, where the
+    activation is not homogeneous (act(2z) is another function), whose lengths agree to `SAME_SCALE`."""
+    first, second = close_pairs([RowView(directions, sign_free)], cosine)
+    if not degree:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.abs(np.log(norms[first] / norms[second]))
+        keep = ratio <= math.log1p(SAME_SCALE)
+        first, second = first[keep], second[keep]
+    return first, second
+
+
+def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor,
+                    key_bias: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+    """(units, tokens): each gate's pre-activation on the inputs, bias included, on the maps' device in float32 at
+    least (a half-precision product would round away the agreement the bar reads), in the form `_directions` reads
+    (no further bias)."""
+    dtype = torch.promote_types(key_map.dtype, torch.float32)
+    pre = inputs.to(device=key_map.device, dtype=dtype) @ key_map.detach().to(dtype).T
+    return (pre if key_bias is None else pre + key_bias.detach().to(dtype)).T, None
+
+
 def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, writes: np.ndarray,
-              key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray, degree: int) -> CanonicalMLP:
+              key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray, degree: int,
+              functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
     """New maps: per group, one gate row (`_group_key`) and the factors of its members' summed products."""
     units = keys.shape[0]
     out_keys, out_reads, out_writes = [], [], []
@@ -137,7 +174,8 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
             if reads is not None:
                 out_reads.append(reads[leader])
             continue
-        key, scale = _group_key(keys[members], key_norms[members], mass[members], degree)
+        key, scale = _group_key(keys[members], key_norms[members], mass[members], degree,
+                                None if functions is None else (functions[0][members], functions[1][members]))
         if reads is None:  # plain: act(k x) times the sum of the output columns
             total = (scale[:, None] * writes[members].astype(np.float64)).sum(axis=0)
             bound = float(np.sum(scale * np.linalg.norm(writes[members].astype(np.float64), axis=1)))
@@ -170,20 +208,33 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
     return CanonicalMLP(canonical, units, dead, combined)
 
 
-def _group_key(keys: np.ndarray, norms: np.ndarray, mass: np.ndarray, degree: int) -> tuple[np.ndarray, np.ndarray]:
+def _group_key(keys: np.ndarray, norms: np.ndarray, mass: np.ndarray, degree: int,
+               functions: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
     """One gate row for a group (its members' directions, turned to the largest member's sign where they point the
     other way (`odd_linear`; elsewhere no member does), averaged with weights their sizes, at their mean length, or
     at length 1 where the activation is homogeneous) and each member's factor on it: |k_j|^degree where
-    act(k_j x) = |k_j|^degree act(k x) folds the member's gate scale into its product, else 1."""
+    act(k_j x) = |k_j|^degree act(k x) folds the member's gate scale into its product, else 1.
+
+    With the members' pre-activations on the inputs (``functions``: directions and lengths), "the other way" and
+    "length" are read there: members that compute one function may be stored far apart along directions the input
+    never takes (`SAME_FUNCTION_COSINE`), where their stored rows' signs and lengths say nothing."""
     weights = mass / max(float(mass.max()), 1e-300)
+    lead = int(np.argmax(weights))
     directions = keys / np.where(norms > 0, norms, 1.0)[:, None]
-    directions = directions * np.where(directions @ directions[int(np.argmax(weights))] < 0, -1.0, 1.0)[:, None]
-    mean = weights @ directions
+    agree = directions @ directions[lead] if functions is None else functions[0].astype(np.float64) @ functions[0][lead]
+    turn = np.where(agree < 0, -1.0, 1.0)
+    mean = weights @ (directions * turn[:, None])
     length = float(np.linalg.norm(mean))
     direction = mean / length if length > 0 else mean
+    if functions is None:  # each member's gate: its length times the key's direction
+        scales = norms
+    else:  # each member's pre-activation over that of the key at unit length (one function: the same direction)
+        lengths = functions[1]
+        key_function = (weights * turn * lengths / np.where(norms > 0, norms, 1.0)) @ functions[0].astype(np.float64)
+        scales = lengths / max(float(np.linalg.norm(key_function)) / max(length, 1e-300), 1e-300)
     if degree:
-        return direction, norms ** degree
-    return direction * float(weights @ norms / weights.sum()), np.ones(keys.shape[0])
+        return direction, scales ** degree
+    return direction * float(weights @ scales / weights.sum()), np.ones(keys.shape[0])
 
 
 def _rows(matrix: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:

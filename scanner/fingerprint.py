@@ -52,8 +52,10 @@ from scanner.value_sample import block_sample
 
 #: 3: the views are those of each MLP's canonical units (scanner.canonical_mlp: units that compute one function
 #: combined, units that write nothing dropped), and every unit's write view is kept beside its read views, as int8
-#: steps of its peak. Fingerprints of an earlier format are re-made.
-FINGERPRINT_FORMAT = 3
+#: steps of its peak. 4: the canonical form also groups gates by what they compute on the block's inputs, and a plain
+#: MLP's views are free of each unit's gate sign where act(z) - act(-z) = z (scanner.activations.plain_views).
+#: Fingerprints of an earlier format are re-made.
+FINGERPRINT_FORMAT = 4
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).
 STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale")

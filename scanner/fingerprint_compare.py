@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar, get_args
 
 from scanner.activations import MLPActivations
+from scanner.canonical_mlp import odd_linear
 from scanner.errors import IncomparableError
 from scanner.fingerprint import Fingerprint
 from scanner.results import LayerResult, PairTestResult
@@ -205,11 +206,12 @@ def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], sta
 
         return parallel_map(hidden, pairs, workers)
     sign_free = a.meta.up_sign_free
+    gate_sign_free = plain_gate_sign_free(a) and plain_gate_sign_free(b)
 
     def matched(group: list[BlockPair]) -> list[BlockOutcome]:
         mlps = [mlp for pair in group for mlp in pair.mlps]
         tests = iter(phi_match_many([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, rule=rule,
-                                    up_sign_free=sign_free,
+                                    up_sign_free=sign_free, gate_sign_free=gate_sign_free,
                                     screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps],
                                     writes=[None if x.write is None or y.write is None else (x.write, y.write)
                                             for x, y in mlps]))
@@ -218,6 +220,12 @@ def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], sta
     if device is not None:
         return matched(pairs)
     return parallel_map(lambda pair: matched([pair])[0], pairs, workers)
+
+
+def plain_gate_sign_free(fp: Fingerprint) -> bool:
+    """Whether the fingerprint's plain MLPs keep a write view free of their units' signs (act(z) - act(-z) = z:
+    scanner.activations.plain_views), which phi_MATCH then reads (scanner.stats.independence.phi_match_many)."""
+    return fp.meta.mlp_kind == "plain" and odd_linear(fp.meta.hidden_act)
 
 
 def outcome(pair: BlockPair, tests: list[BlockTest]) -> BlockOutcome:

@@ -33,6 +33,7 @@ from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import retrieval_entry
 from scanner.testing import adversary as adv
+from scanner.testing.null_shift import split_writes_null_shift, widened_unlike_split
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 
@@ -167,15 +168,40 @@ def test_random_compositions_of_disguises_keep_a_copy_dependent(request, kind: K
                folder=tmp_path / f"copy-{number}")
 
 
-def test_negated_gates_keep_a_gated_copy_dependent(gated, tmp_path: Path) -> None:
-    """Found by an independent check of the claim: with act(z) - act(-z) = z every unit (k, r, w) is (-k, r, w),
-    (r, k, w), (-r, k, -w) (once log10 p -0.5 on this Llama). The canonical form drops the remainder pairs (gate rows
-    grouped up to sign: their act parts cancel), and the negated units' decoupled up and write views, which do not
-    involve the gate's sign, pair them with the original's (phi_MATCH version 4). A plain MLP has no such pair of
-    views: there it remains a known defeat (docs/statistics.md)."""
-    fp_copy = _check(gated, adv.flip_gates, EXACT_TOLERANCE, seed=15, folder=tmp_path / "copy")
-    assert all(dead == 2 * stored // 3 and combined == 0
-               for stored, dead, combined in fp_copy.meta.summaries["canonical_units"])
+@pytest.mark.parametrize("kind", [None, *(k for k in KINDS if not k.moe)],
+                         ids=lambda k: "gated" if k is None else k.name)
+def test_negated_gates_keep_a_copy_dependent(request, kind: Kind | None, tmp_path: Path) -> None:
+    """Found by an independent check of the claim: with act(z) - act(-z) = z every gated unit (k, r, w) is (-k, r, w),
+    (r, k, w), (-r, k, -w) (once log10 p -0.5 on this Llama), and every plain unit (k, b; w) is (-k, -b; w) plus a
+    linear map written with pairs of units (-0.2 to -0.6 on the plain kinds). The canonical form drops the remainder
+    pairs (gate rows grouped up to sign: their act parts cancel), leaving the original's units with their gates
+    negated: a gated MLP's decoupled up and write views, which do not involve the gate's sign, pair them with the
+    original's (phi_MATCH version 4); a plain MLP's first view is turned to a positive mean and its write regression
+    lets each unit's coupling carry its own sign (scanner.activations.plain_views), so both views are the original's."""
+    case = request.getfixturevalue("gated") if kind is None else request.getfixturevalue("trained_kinds")[kind.name]
+    fp_copy = _check(case, adv.flip_gates, EXACT_TOLERANCE, seed=15, folder=tmp_path / "copy")
+    kept = [stored - dead for stored, dead, _ in fp_copy.meta.summaries["canonical_units"]]
+    assert kept == [stored for stored, _, _ in case[1].meta.summaries["canonical_units"]]
+    assert all(combined == 0 for _, _, combined in fp_copy.meta.summaries["canonical_units"])
+
+
+@pytest.mark.parametrize("parts", [2, 8])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.name.startswith("plain")], ids=lambda k: k.name)
+def test_parts_moved_along_layernorms_null_direction_keep_a_copy_dependent(trained_kinds, kind: Kind, parts: int,
+                                                                         tmp_path: Path) -> None:
+    """Found by the same check: LayerNorm's output has no component along 1 / gain, so the parts of a unit split with
+    unlike output columns can have their input rows moved apart along it (-0.2 to -1.5 before the canonical form read
+    what gates compute on the inputs). Each part computes what it did; the canonical form groups them again."""
+    _check(trained_kinds[kind.name], split_writes_null_shift(parts), EXACT_TOLERANCE, seed=16,
+           folder=tmp_path / "copy")
+
+
+@pytest.mark.parametrize("parts", [4, 16])
+def test_parts_moved_along_never_written_stream_coordinates_keep_a_copy_dependent(gated, parts: int,
+                                                                                  tmp_path: Path) -> None:
+    """The RMSNorm form of the same: the stream widened by coordinates nothing writes, each part's gate row moved
+    along them (-0.6 and -0.8 at spread 3 before)."""
+    _check(gated, widened_unlike_split(parts, spread=3.0), EXACT_TOLERANCE, seed=17, folder=tmp_path / "copy")
 
 
 def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from scanner.architectures.sites import SiteWeights
-from scanner.canonical_mlp import SAME_GATE_COSINE, canonical_mlp
+from scanner.canonical_mlp import SAME_FUNCTION_COSINE, SAME_GATE_COSINE, canonical_mlp
 from scanner.stats.canonical import RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
 WIDTH, UNITS = 24, 16
@@ -188,3 +188,38 @@ def test_same_gate_bar_leaves_trained_units_apart() -> None:
     cosines = directions @ directions.T
     cosines.fill_diagonal_(-1)
     assert float(cosines.max()) < SAME_GATE_COSINE and canonical_mlp(w, "silu").unchanged
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_parts_stored_apart_along_a_direction_the_input_never_takes_come_back_as_the_unit(activation: str) -> None:
+    """Inputs that lie in a hyperplane (LayerNorm's output: nothing along 1 / gain): a plain unit split into parts with
+    unlike output columns, each part's input row moved by its own multiple of the hyperplane's normal (bias
+    compensated). The parts' stored rows are far apart; what they compute on the inputs is one function, and the
+    canonical form, given the inputs, gives back the unit (without them it cannot)."""
+    w = _plain(5)
+    g = torch.Generator().manual_seed(6)
+    normal = torch.randn(WIDTH, generator=g, dtype=torch.float64)
+    offset = torch.randn(WIDTH, generator=g, dtype=torch.float64)
+    x = torch.randn(256, WIDTH, generator=g, dtype=torch.float64)
+    x = x - (x @ normal)[:, None] * normal / (normal @ normal) + offset  # every input: normal . x = normal . offset
+    split = _split_unlike(w, 4, "writes", seed=7)
+    shift = torch.linspace(-3.0, 3.0, split.up.shape[0], dtype=torch.float64)[torch.randperm(
+        split.up.shape[0], generator=g)] * split.up.norm(dim=1) / normal.norm()
+    moved = SiteWeights(up=split.up + shift[:, None] * normal, down=split.down,
+                        up_bias=split.up_bias - shift * float(normal @ offset))
+    assert torch.allclose(_output(moved, activation, x), _output(w, activation, x), atol=1e-9)
+    assert canonical_mlp(moved, activation).weights.up.shape[0] > 2 * UNITS  # the stored rows leave most parts apart
+    canonical = canonical_mlp(moved, activation, x)
+    assert canonical.weights.up.shape[0] == UNITS and canonical.combined == 3 * UNITS
+    back = canonical.weights
+    assert torch.allclose(_output(back, activation, x), _output(w, activation, x), atol=1e-6)
+
+
+def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
+    """Gates of random rows on inputs of more dimensions than the bar can confuse: none grouped."""
+    w = _gated(13, units=200)
+    x = torch.randn(256, WIDTH, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    pre = x @ w.gate.T
+    pre = pre / pre.norm(dim=0, keepdim=True)
+    assert float((pre.T @ pre).fill_diagonal_(0).max()) < SAME_FUNCTION_COSINE
+    assert canonical_mlp(w, "silu", x).unchanged

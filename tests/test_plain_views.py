@@ -15,6 +15,7 @@ import torch
 
 from scanner.activations import plain_views
 from scanner.architectures.sites import SiteWeights
+from scanner.stats.views import oriented_rows
 
 TOKENS, WIDTH, UNITS = 256, 24, 80
 
@@ -34,10 +35,13 @@ class Block:
         x = _layer_norm(self.h, self.gain, self.bias)
         return torch.relu(x @ self.fc.T + self.fc_bias) @ self.proj.T
 
-    def views(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def views(self, sign_free: bool = False) -> tuple[torch.Tensor, ...]:
+        """The first and second views, and with ``sign_free`` the sign-free write view."""
         x = _layer_norm(self.h, self.gain, self.bias)
-        v = plain_views(x, self.h, [SiteWeights(up=self.fc, down=self.proj, up_bias=self.fc_bias)])[0]
-        return torch.from_numpy(v.gate).double(), torch.from_numpy(v.up).double()
+        v = plain_views(x, self.h, [SiteWeights(up=self.fc, down=self.proj, up_bias=self.fc_bias)],
+                        sign_free=sign_free)[0]
+        views = (torch.from_numpy(v.gate).double(), torch.from_numpy(v.up).double())
+        return (*views, torch.from_numpy(v.write).double()) if sign_free else views
 
 
 def _directions(rows: torch.Tensor) -> torch.Tensor:
@@ -128,3 +132,32 @@ def test_a_unit_split_in_copies_and_units_that_never_write_change_no_view() -> N
         assert torch.allclose(first_split[half], first, atol=1e-5)
         assert torch.allclose(second_split[half], second, atol=1e-5)
     assert bool((second_split[2 * UNITS:] == 0).all())
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_negated_units_keep_the_sign_free_views(share: float) -> None:
+    """Where act(z) - act(-z) = z, (k, b; w) is (-k, -b; w) plus a linear map (which the canonical form cancels:
+    tests/test_adversary flip_gates). With ``sign_free`` the write view is the read-back less its prediction up to
+    each unit's sign, and it is what it was whether the copier turned every unit or a random share of them (which
+    changes the stored regression's predictors unit by unit); the first view turned to a positive mean is too."""
+    block = _block()
+    turned = torch.rand(UNITS, generator=torch.Generator().manual_seed(5), dtype=torch.float64) < share
+    sign = torch.where(turned, -1.0, 1.0).double()
+    copy = Block(block.h, block.gain, block.bias, block.fc * sign[:, None], block.fc_bias * sign, block.proj)
+    original, negated = block.views(sign_free=True), copy.views(sign_free=True)
+    assert bool(turned.any())
+    assert torch.allclose(oriented_rows(negated[0]), oriented_rows(original[0]), atol=1e-6)
+    assert torch.allclose(negated[2], original[2], atol=1e-5)
+    if share < 1:  # the stored views do change: the first's sign, the second's regression
+        assert not torch.allclose(negated[1], original[1], atol=1e-3)
+
+
+def test_the_sign_free_write_view_of_an_untouched_block_is_its_second_view() -> None:
+    """On a block whose writes are coupled to its reads (as training leaves them, with units of either sign), letting
+    each unit's coupling carry its own sign removes the same coupling as the shared regression: the sign-free write
+    view is the stored second view, and the stored views are as without ``sign_free``."""
+    block = _block()
+    stored, free = block.views(), block.views(sign_free=True)
+    assert bool((stored[0].mean(dim=1) < 0).any()) and bool((stored[0].mean(dim=1) > 0).any())
+    assert torch.allclose(free[0], stored[0]) and torch.allclose(free[1], stored[1])
+    assert torch.allclose(free[2], stored[1], atol=1e-5)

@@ -6,7 +6,6 @@ the two models were trained independently; FISHER combines blocks whose p-values
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -32,7 +31,7 @@ from scanner.stats.matching import (
     unit_rows,
     unit_rows_tensor,
 )
-from scanner.stats.views import decoupled_up
+from scanner.stats.views import decoupled_up, oriented_rows
 
 Theta = TypeVar("Theta")
 
@@ -128,6 +127,7 @@ def phi_match_many(
     blocks: Sequence[MatchInputs], *, device: str | None = None, rule: MatchingRule = "screened",
     max_matrix_bytes: int | None = None, up_sign_free: bool = False,
     screens: Sequence[tuple[UnitScreen, UnitScreen]] | None = None, writes: Sequence[WriteViews] | None = None,
+    gate_sign_free: bool = False,
 ) -> list[BlockTest]:
     """``[phi_match(*x, device=device, up_sign_free=up_sign_free, rule=rule) for x in blocks]``; ``screens`` (each
     side's `screen_units` of every block, as `UnitScreen`s made with the same ``up_sign_free``) spares screening
@@ -139,6 +139,12 @@ def phi_match_many(
     phi_MATCH version 4, see views_log10_p): a copy fine-tuned to push its read views away from the original's has
     to push what each unit writes too, which costs it its outputs.
 
+    ``gate_sign_free``: a plain MLP whose activation has act(z) - act(-z) = z, whose write views are its second view
+    free of the units' signs (scanner.activations.plain_views). Its units are matched in four views, and its p-value
+    is the smaller of two pairs' times two: the first and second views as stored (their power on relatives), and the
+    first turned to a positive mean (`oriented_rows`) with the sign-free write view, which a copy whose units were
+    negated leaves as they were. The stored and the turned first view are one view read twice and are never paired.
+
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free
     GPU memory) are built there in one go and matched there (the greedy matching; the exact one selects candidates
     there and solves on the host). On the host one block's matrices are held at a time.
@@ -149,13 +155,13 @@ def phi_match_many(
     group: list[tuple[int, MatchInputs, WriteViews, str]] = []  # (position, informative inputs, writes, set aside)
     group_bytes = 0
     given = list(screens) if screens is not None else [None] * len(blocks)
-    read_writes = list(writes) if writes is not None and up_sign_free else [None] * len(blocks)
+    read_writes = list(writes) if writes is not None and (up_sign_free or gate_sign_free) else [None] * len(blocks)
     for inputs, screen, write in zip([*blocks, None], [*given, None], [*read_writes, None], strict=True):
         screened = None if inputs is None else _screened(inputs, screen, up_sign_free, write)
         if isinstance(screened, BlockTest):
             results.append(screened)
             continue
-        views = 2 if screened is None or screened[2] is None else 3
+        views = 2 if screened is None or screened[2] is None else 3 if up_sign_free else 4
         size = 0 if screened is None else 4 * views * screened[1][0].shape[0] * screened[1][2].shape[0]
         if group and (screened is None or group_bytes + size > max_matrix_bytes):
             for k, test in _group_tests(group, device, rule, up_sign_free):
@@ -176,8 +182,11 @@ def _group_tests(group: list[tuple[int, MatchInputs, WriteViews, str]], device: 
         views = [cosine_similarity_matrix(ga, gb, device=device),
                  cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
                                           sign_free=up_sign_free)]
-        if write is not None:
+        if write is not None and up_sign_free:
             views.append(cosine_similarity_matrix(*write, device=device, sign_free=True))
+        elif write is not None:  # a plain MLP whose gate sign is free (phi_match_many)
+            views += [cosine_similarity_matrix(oriented_rows(ga), oriented_rows(gb), device=device),
+                      cosine_similarity_matrix(*write, device=device)]
         similarities.append(views)
     out = []
     for (k, (_, ua, _, ub), _, note), views in zip(group, similarities, strict=True):
@@ -245,18 +254,26 @@ def _free_matrix_bytes(device: str | None) -> int:
     return 1 << 30
 
 
+#: Which views' matchings are compared, by the number of views (phi_match_many): two (gate, decoupled up): that
+#: pair; three (and write): every pair; four (a plain MLP's first and second view, its first view turned to a
+#: positive mean, its sign-free write view): as stored, and turned with the sign-free view.
+VIEW_PAIRS = {2: ((0, 1),), 3: ((0, 1), (0, 2), (1, 2)), 4: ((0, 1), (2, 3))}
+
+
 def _view_pairs(matchings: Sequence[Matching]) -> list[tuple[float, float]]:
-    """(Spearman rho, its log10 p) of every pair of the views' matchings: gate and decoupled up first."""
+    """(Spearman rho, its log10 p) of each compared pair of the views' matchings (`VIEW_PAIRS`), the stored gate
+    and decoupled up first."""
     n = matchings[0].size
-    rhos = [spearman(x.larger_side.astype(float), y.larger_side.astype(float))
-            for x, y in itertools.combinations(matchings, 2)]
+    rhos = [spearman(matchings[i].larger_side.astype(float), matchings[j].larger_side.astype(float))
+            for i, j in VIEW_PAIRS[len(matchings)]]
     return [(rho, log10_matching_p(rho, n)) for rho in rhos]
 
 
 def views_log10_p(matchings: Sequence[Matching]) -> float:
     """phi_MATCH's log10 p from its views' matchings (what the screened rule screens on): with two views (gate,
-    decoupled up), their agreement's; with a third (write), the smallest of the three pairs' times three
-    (Bonferroni: valid whatever the pairs' joint law, each pair's p-value valid by the argument for two views)."""
+    decoupled up), their agreement's; with more, the smallest of the compared pairs' (`VIEW_PAIRS`) times their
+    number (Bonferroni: valid whatever the pairs' joint law, each pair's p-value valid by the argument for two
+    views)."""
     return _strongest(_view_pairs(matchings))[1]
 
 

@@ -1,5 +1,5 @@
-"""The second view as phi_MATCH reads it: each unit's up (second) activations less their projection on the same
-unit's gate (first) activations.
+"""Views as phi_MATCH reads them: the second view less what it shares with the first (`decoupled_up`), and a first
+view read free of each unit's sign (`oriented_rows`).
 
 Why: independently trained models learn some of the same features (on the canonical tokens, a unit that fires on
 one token fires on it in both views), and a unit of A and a unit of B that share such a feature then agree in *both*
@@ -29,3 +29,21 @@ def decoupled_up(gate: Any, up: Any) -> Any:
         return u - (u * g).sum(dim=1, keepdim=True) * g
     g, u = unit_rows(gate), unit_rows(up)
     return u - np.einsum("ij,ij->i", u, g)[:, None] * g
+
+
+def oriented_rows(rows: Any) -> Any:
+    """Rows (units, tokens) each turned so that its mean over the tokens is positive (a zero mean stays), numpy or
+    torch as given, in their dtype.
+
+    Why: where act(z) - act(-z) = z (SiLU, GELU, ReLU), a plain unit (k, b; w) computes what (-k, -b; w) and a linear
+    map do, and a copier may negate any unit's first view at no cost (scanner.canonical_mlp cancels the units that
+    write the linear remainder). The rule reads the unit's own row only, so a negated unit's turned row is the
+    original's and the null argument holds; a unit whose mean is near zero may turn differently in a relative, so a
+    plain MLP's first view is matched both as stored and turned (scanner.stats.independence)."""
+    if hasattr(rows, "cpu"):
+        import torch
+
+        turn = torch.where(rows.float().mean(dim=1, keepdim=True) < 0, -1.0, 1.0)
+        return rows * turn.to(rows.dtype)
+    turn = np.where(np.asarray(rows, dtype=np.float32).mean(axis=1, keepdims=True) < 0, -1.0, 1.0)
+    return (rows * turn).astype(rows.dtype, copy=False)

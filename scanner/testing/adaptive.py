@@ -29,16 +29,19 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from scanner.activations import unpredicted
+from scanner.activations import unpredicted, unpredicted_up_to_sign
 from scanner.architectures.module_tree import decoder_stack
 from scanner.architectures.sites import MLPSite, find_sites, site_weights
+from scanner.canonical_mlp import odd_linear
 from scanner.stats.matching import unit_rows_tensor
+from scanner.stats.views import oriented_rows
 from scanner.testing import adversary as adv
+from scanner.testing.adversary import mlp_activation
 
 #: The views an attacker can push, by name: every view the fingerprint holds or the test derives.
 VIEWS = ("gate", "up", "up_decoupled", "write")
 #: The views phi_MATCH reads, per MLP kind (scanner.stats.independence): what an attacker who read the code pushes.
-READ_VIEWS = {"gated": ("gate", "up_decoupled", "write"), "plain": ("gate", "up")}
+READ_VIEWS = {"gated": ("gate", "up_decoupled", "write"), "plain": ("gate", "up", "write")}
 
 
 def read_views(mlp_kind: str) -> tuple[str, ...]:
@@ -157,9 +160,19 @@ def _views(model: PreTrainedModel, canonical: torch.Tensor) -> dict[tuple[str, i
                 decoupled = u - (u * g).sum(dim=1, keepdim=True) * g
             else:
                 up = decoupled = unpredicted(unit_rows_tensor(write.double()), unit_rows_tensor(first.double()))
+                write = _plain_write_view(model, first, write)
             for name, view in (("gate", first), ("up", up), ("up_decoupled", decoupled), ("write", write)):
                 out[(name, block, expert)] = view.float()
     return out
+
+
+def _plain_write_view(model: PreTrainedModel, first: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
+    """A plain MLP's write view as scanner.activations.plain_views keeps it: where the activation makes the gate's
+    sign free, the read-back less its prediction by the first views up to each unit's sign (which phi_MATCH reads);
+    elsewhere the read-back (which it does not)."""
+    if odd_linear(mlp_activation(model)):
+        return unpredicted_up_to_sign(unit_rows_tensor(write.double()), oriented_rows(unit_rows_tensor(first.double())))
+    return write
 
 
 def _keep(sink: dict, key: tuple) -> Callable[..., None]:

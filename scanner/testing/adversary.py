@@ -117,8 +117,8 @@ def rescale_units(low: float = 1e-30, high: float = 1e30) -> Disguise:
             gate = _log_uniform(units, low, high, generator) if degree else torch.ones(units, dtype=torch.float64)
             base = identity_plan(units)
             if _plain(model) and not degree:
-                raise UnsupportedDisguise(f"{_activation(model)!r} is not positively homogeneous: a plain MLP's units "
-                                          "cannot be rescaled without changing its outputs")
+                raise UnsupportedDisguise(f"{mlp_activation(model)!r} is not positively homogeneous: a plain MLP's "
+                                          "units cannot be rescaled without changing its outputs")
             if _plain(model):  # one input map: its rows carry the homogeneous scale, c > 0
                 return UnitPlan(base.source, up.abs(), base.gate_scale, 1.0 / up.abs() ** degree)
             return UnitPlan(base.source, up, gate, 1.0 / (up * gate ** (degree or 0)))
@@ -251,8 +251,8 @@ def dead_chain(steps: int, twins: bool = False) -> Disguise:
 
 def flip_gates(model: PreTrainedModel, generator: torch.Generator) -> PreTrainedModel:
     """Every unit's gate (input) row negated, the linear remainder written with other units (see the module)."""
-    if not odd_linear(_activation(model)):
-        raise UnsupportedDisguise(f"{_activation(model)!r} does not satisfy act(z) - act(-z) = z: a gate row's sign "
+    if not odd_linear(mlp_activation(model)):
+        raise UnsupportedDisguise(f"{mlp_activation(model)!r} does not satisfy act(z) - act(-z) = z: a gate row's sign "
                                   "cannot be turned without changing the outputs")
     if _plain(model):
         hidden = model.config.get_text_config().hidden_size
@@ -434,7 +434,7 @@ def _transform_sites(model: PreTrainedModel, change: Callable[[SiteWeights, int 
                      width: Callable[[int], int] | None = None) -> PreTrainedModel:
     """Every MLP's weights (dense, or each routed expert) replaced by ``change`` of them (given the activation's
     homogeneity degree, None if it has none); the model rebuilt from its config when the widths change."""
-    degree = HOMOGENEOUS_DEGREE.get(_activation(model))
+    degree = HOMOGENEOUS_DEGREE.get(mlp_activation(model))
     seen = False
     for layer in decoder_stack(model).layers:
         for site in find_sites(layer):
@@ -807,7 +807,8 @@ def _embeddings(model: PreTrainedModel, hidden: int) -> list[nn.Embedding]:
 # -- helpers -------------------------------------------------------------------------------------------------------
 
 
-def _activation(model: PreTrainedModel) -> str:
+def mlp_activation(model: PreTrainedModel) -> str:
+    """The MLP activation the model's config names (transformers' ACT2FN name), or "unknown"."""
     text = model.config.get_text_config()
     for key in ("hidden_act", "mlp_hidden_act", "activation_function", "hidden_activation", "activation"):
         value = getattr(text, key, None)
