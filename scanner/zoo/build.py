@@ -361,8 +361,8 @@ class ZooBuilder:
 
     def distill(self, model_id: str, teacher: str, steps: int, lr: float, *, policy: CardClass,
                 license_id: str, kind: ModelKind = "llama", data_of: str | None = None) -> None:
-        """A student with weights of its own: a base of a new family (no weight lineage), its teacher in details;
-        ``kind`` is the teacher's, ``data_of`` as for `base`."""
+        """A student with weights of its own: a base of a new family (no weight lineage), its teacher in details. It
+        takes the teacher's shape, so ``kind`` must be the teacher's; ``data_of`` as for `base`."""
         init_seed = derived_seed(self.seed, f"{model_id}/init")
         language = self.languages[teacher]
         student, log = distill(self.models[teacher], arch_of(self.models[teacher]), init_seed, language,
