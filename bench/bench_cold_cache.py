@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("chain", "seed1", "seed2", "seed3", "independent", "zoo", "smollm2", "null-llama", "null-gpt2",
-         "null-gpt_neox", "null-mixtral")
+         "null-gpt_neox", "null-mixtral", "null-stress-distilled-llama", "null-stress-same-order-llama",
+         "null-stress-widths-llama")
 
 
 def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, float]:
@@ -37,7 +38,7 @@ def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, f
         torch.set_num_threads(threads)
     from scanner.zoo import ChainSpec, build_chain, build_zoo, train_independent_models
     from tests.lineage_support import seed_zoo
-    from tests.null_support import null_zoo
+    from tests.null_support import null_stress_zoo, null_zoo
 
     start, cpu = time.perf_counter(), time.process_time()
     if name == "zoo":
@@ -48,6 +49,9 @@ def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, f
         seed_zoo(cache, int(name[4:]))
     elif name == "chain":
         build_chain(cache / "chain", spec=ChainSpec(length=3))
+    elif name.startswith("null-stress-"):
+        family, kind = name.removeprefix("null-stress-").rsplit("-", 1)
+        null_stress_zoo(cache, family, kind)
     elif name.startswith("null-"):
         null_zoo(cache, name.removeprefix("null-"))
     elif name == "smollm2":

@@ -35,9 +35,11 @@ import pytest
 from scanner.zoo import ChainSpec, Zoo, build_chain, build_zoo, train_independent_models
 from scanner.zoo.encoders import GROUND_TRUTH as ENCODER_GROUND_TRUTH
 from scanner.zoo.encoders import EncoderZoo, build_encoder_zoo
+from scanner.zoo.null_stress import STRESS_FAMILIES
 from scanner.zoo.tool_hub import build_tool_hub
 from scanner.zoo.tool_zoo import MergeZooSpec, build_merge_zoo
 from tests.null_support import NULL_KINDS
+from tests.null_support import null_stress_zoo as null_stress_zoo_of
 from tests.null_support import null_zoo as null_zoo_of
 from tests.ray_support import ray_for_tests
 
@@ -63,7 +65,7 @@ OTHER_SEEDS = (1, 2, 3)
 #: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind
 #: (test_adversary.py), and Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo", "tool_hub"})
+                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo", "null_stress_zoo", "tool_hub"})
 
 
 #: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
@@ -120,9 +122,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 #: Longest builds first, so the last to start is a short one (the wall time is the busiest worker's). CPU seconds
 #: measured alone (bench/bench_cold_cache.py): zoo 429, SmolLM2 family 188 on one thread, independent 216, each seed
 #: zoo 142, chain 44, tool hub 19; the null zoos (one thread, loaded Xeon) GPT-2 159, Mixtral 141, GPT-NeoX 107,
-#: Llama 93.
+#: Llama 93; the Llama null-stress zoos (wall, niced, load ~3) distilled 104, same order 78, widths 75.
 _BUILD_ORDER = ("zoo", "independent", "smollm2", "encoders", "null-gpt2", "null-mixtral", "seed1", "seed2", "seed3",
-                "merges", "null-gpt_neox", "null-llama", "chain", "tool-hub")
+                "merges", "null-gpt_neox", "null-stress-distilled-llama", "null-llama", "null-stress-same-order-llama",
+                "null-stress-widths-llama", "chain", "tool-hub")
 
 
 def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
@@ -147,6 +150,9 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
     if "null_zoo" in names:
         kind = item.callspec.params["null_zoo"]  # type: ignore[attr-defined]
         found[f"null-{kind}"] = partial(null_zoo_of, CACHE, kind)
+    if "null_stress_zoo" in names:
+        family = item.callspec.params["null_stress_zoo"]  # type: ignore[attr-defined]
+        found[f"null-stress-{family}-llama"] = partial(null_stress_zoo_of, CACHE, family, "llama")
     if "tool_hub" in names:
         found["tool-hub"] = partial(build_tool_hub, CACHE / "tool-hub")
     return {name: found[name] for name in _BUILD_ORDER if name in found}
@@ -245,6 +251,13 @@ def tool_hub() -> Zoo:
 def null_zoo(request: pytest.FixtureRequest) -> Zoo:
     """N_NULL independently trained models of one MLP kind, one language and recipe (tests/null_support.py)."""
     return null_zoo_of(CACHE, request.param)
+
+
+@pytest.fixture(scope="session", params=STRESS_FAMILIES)
+def null_stress_zoo(request: pytest.FixtureRequest) -> Zoo:
+    """The Llama null-stress zoo of one family (scanner.zoo.null_stress): students of one teacher, identical data
+    order, or other widths; N_NULL models each (tests/null_support.py)."""
+    return null_stress_zoo_of(CACHE, request.param, "llama")
 
 
 @pytest.fixture(scope="session", params=OTHER_SEEDS)

@@ -1,14 +1,20 @@
-"""The null zoos: independently trained tiny models of every MLP kind, one language and one recipe, other seeds.
+"""The null zoos: independently trained tiny models of every MLP kind, one language and one recipe, other seeds; and
+the null-stress zoos (scanner.zoo.null_stress): students of one teacher, identical data order, other widths.
 
-Shared by the fixture that caches them (tests/conftest.py), the tests that read them (tests/test_trained_null.py)
-and the benchmark that reports their figures on other seeds (bench/bench_trained_null.py).
+Shared by the fixtures that cache them (tests/conftest.py), the tests that read them (tests/test_trained_null.py,
+tests/test_null_stress.py) and the benchmarks that report their figures on other seeds (bench/bench_trained_null.py,
+bench/bench_null_stress.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from scipy.stats import binom
+
 from scanner.zoo import ArchSpec, Zoo, train_independent_models
+from scanner.zoo.arch import ModelKind
+from scanner.zoo.null_stress import NullStressSpec, StressFamily, build_null_stress
 
 #: One kind of MLP each: gated (Llama), plain with learned positions and tied embeddings (GPT-2), plain with rotary
 #: positions and parallel attention (GPT-NeoX), routed gated experts (Mixtral).
@@ -30,3 +36,17 @@ def null_zoo(cache: Path, kind: str, seed: int = 0) -> Zoo:
     folder = cache / (f"null-{kind}" if seed == 0 else f"null-{kind}-seed{seed}")
     return train_independent_models(folder, n=N_NULL, seed=seed, steps=NULL_STEPS, arch=NULL_ARCH[kind], kind=kind,
                                     languages=1)
+
+
+def null_stress_zoo(cache: Path, family: StressFamily, kind: ModelKind, seed: int = 0) -> Zoo:
+    """The null-stress zoo of ``family`` and ``kind`` (N_NULL models, the kind's NULL_ARCH, NULL_STEPS of training),
+    cached (file-locked) under cache/null-stress-<family>-<kind>; another seed goes to a folder of its own."""
+    folder = cache / (f"null-stress-{family}-{kind}" + ("" if seed == 0 else f"-seed{seed}"))
+    spec = NullStressSpec(family=family, kind=kind, n=N_NULL, seed=seed, arch=NULL_ARCH[kind], steps=NULL_STEPS)
+    return build_null_stress(folder, spec)
+
+
+def binomial_bound(pairs: int, level: float = 0.01, alpha: float = 1e-3) -> int:
+    """The largest count of ``pairs`` p-values at or below ``level`` that valid p-values exceed with probability at
+    most ``alpha`` (independent pairs; pairs that share a model spread the count a little more)."""
+    return int(binom.isf(alpha, pairs, level))

@@ -20,7 +20,7 @@ little) plus 1.7e-4 (the count) per kind, about 0.5% for the four.
 from __future__ import annotations
 
 import pytest
-from scipy.stats import binom, kstest
+from scipy.stats import kstest
 from transformers import AutoModelForCausalLM
 
 from scanner.fingerprint import Fingerprint, fingerprint_model
@@ -30,15 +30,12 @@ from scanner.zoo import Zoo, ZooSpec
 from scanner.zoo.derivations import finetune
 from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.training import TrainSpec
+from tests.null_support import binomial_bound
 
 KS_ALPHA = 1e-3
 #: The largest count of pairs at p <= LEVEL that valid p-values exceed with probability at most COUNT_ALPHA.
 LEVEL, COUNT_ALPHA = 0.01, 1e-3
 DEPENDENT = -20.0  # log10 p a fine-tune must reach
-
-
-def binomial_bound(pairs: int) -> int:
-    return int(binom.isf(COUNT_ALPHA, pairs, LEVEL))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +52,8 @@ def test_phi_match_p_values_of_independently_trained_models_are_valid(null_zoo: 
     small = sum(p <= LEVEL for p in p_values)
     kind = next(iter(null_prints.values())).meta.model_type
     assert ks.pvalue >= KS_ALPHA, f"{kind}: one-sided KS D={ks.statistic:.3f}, p={ks.pvalue:.2g}"
-    assert small <= binomial_bound(len(pairs)), f"{kind}: {small} of {len(pairs)} pairs at p <= {LEVEL}"
+    bound = binomial_bound(len(pairs), LEVEL, COUNT_ALPHA)
+    assert small <= bound, f"{kind}: {small} of {len(pairs)} pairs at p <= {LEVEL}"
 
 
 def test_a_fine_tune_of_a_trained_model_tests_dependent(null_zoo: Zoo, null_prints, tmp_path) -> None:

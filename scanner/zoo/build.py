@@ -292,10 +292,13 @@ class ZooBuilder:
         false_base: str | None = None,
         twin_of: str | None = None,
         kind: ModelKind = "llama",
+        data_of: str | None = None,
     ) -> None:
+        """An independently initialised model trained on ``language``, on the data order of ``data_of`` (a name
+        whose draws other runs can share; by default the model's own)."""
         init_seed = derived_seed(self.seed, f"{model_id}/init")
         model = new_model(arch, init_seed, kind)
-        log = train_lm(model, language, self.train_spec(model_id, steps, lr))
+        log = train_lm(model, language, self.train_spec(data_of or model_id, steps, lr))
         details: dict[str, Any] = {"init_seed": init_seed, "training": log.to_json()}
         if twin_of is not None:
             details["twin_of"] = twin_of
@@ -357,12 +360,13 @@ class ZooBuilder:
                  language=language, details={"blocks": list(blocks), "training": log.to_json()})
 
     def distill(self, model_id: str, teacher: str, steps: int, lr: float, *, policy: CardClass,
-                license_id: str) -> None:
-        """A student with weights of its own: a base of a new family (no weight lineage), its teacher in details."""
+                license_id: str, kind: ModelKind = "llama", data_of: str | None = None) -> None:
+        """A student with weights of its own: a base of a new family (no weight lineage), its teacher in details. It
+        takes the teacher's shape, so ``kind`` must be the teacher's; ``data_of`` as for `base`."""
         init_seed = derived_seed(self.seed, f"{model_id}/init")
         language = self.languages[teacher]
         student, log = distill(self.models[teacher], arch_of(self.models[teacher]), init_seed, language,
-                               self.train_spec(model_id, steps, lr))
+                               self.train_spec(data_of or model_id, steps, lr), kind)
         self.add(model_id, student, parents=(), relation="distilled", policy=policy, license_id=license_id,
                  language=language, details={"teacher": teacher, "init_seed": init_seed, "training": log.to_json()})
 

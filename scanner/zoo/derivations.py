@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM
+from transformers import LlamaForCausalLM, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from scanner.zoo.arch import ArchSpec, arch_of, new_model
+from scanner.zoo.arch import ArchSpec, ModelKind, arch_of, new_model
 from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.training import TrainLog, TrainSpec, single_thread, train_lm
 
@@ -64,11 +64,12 @@ def stack_blocks(parent: LlamaForCausalLM, blocks: Sequence[int]) -> LlamaForCau
     return child
 
 
-def distill(teacher: LlamaForCausalLM, arch: ArchSpec, init_seed: int, language: MarkovLanguage,
-            spec: TrainSpec) -> tuple[LlamaForCausalLM, TrainLog]:
-    """A student of its own random initialisation trained to match the teacher's next-token distributions on the
-    teacher's language (knowledge distillation, KL at temperature 1): it inherits behaviour, not weights."""
-    student = new_model(arch, init_seed)
+def distill(teacher: PreTrainedModel, arch: ArchSpec, init_seed: int, language: MarkovLanguage,
+            spec: TrainSpec, kind: ModelKind = "llama") -> tuple[PreTrainedModel, TrainLog]:
+    """A student of its own random initialisation (a model of ``kind``) trained to match the teacher's next-token
+    distributions on the teacher's language (knowledge distillation, KL at temperature 1): it inherits behaviour, not
+    weights."""
+    student = new_model(arch, init_seed, kind)
     return student, train_lm(student, language, spec, teacher=teacher)
 
 
