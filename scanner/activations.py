@@ -199,7 +199,8 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     up outputs (tokens, units) as the block computed them, used as they are where the canonical form is the MLP as
     stored (no second product).
     """
-    canonical = [canonical_mlp(w, activation, mlp_input) for w in experts]
+    given = computed[0] if computed is not None and len(experts) == 1 else None
+    canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given) for w in experts]
     weights = [c.weights for c in canonical]
     if weights[0].gate is None:
         if stream is None:

@@ -76,16 +76,20 @@ class CanonicalMLP:
         return self.dead == 0 and self.combined == 0
 
 
-def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None) -> CanonicalMLP:
+def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None,
+                  pre_activation: torch.Tensor | None = None) -> CanonicalMLP:
     """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
     weights' device and dtype, units in the order of their groups' lowest stored index. ``inputs`` (tokens, d): the
     MLP's input on the canonical tokens, where gates are also compared by what they compute there
-    (`SAME_FUNCTION_COSINE`)."""
+    (`SAME_FUNCTION_COSINE`); ``pre_activation`` (tokens, units): the gates' pre-activations on them, bias included,
+    where the caller has them already."""
     units = weights.up.shape[0]
     gated = weights.gate is not None
     key_map, key_bias = (weights.gate, weights.gate_bias) if gated else (weights.up, weights.up_bias)
     directions, key_norms = _directions(key_map, key_bias)
-    functions = None if inputs is None else _directions(*_pre_activation(inputs, key_map, key_bias))
+    if pre_activation is None and inputs is not None:
+        pre_activation = _pre_activation(inputs, key_map, key_bias)
+    functions = None if pre_activation is None else _directions(pre_activation.T, None)
     degree = HOMOGENEOUS_DEGREE.get(activation, 0)
     mass = _norms(weights.down.T) * key_norms ** degree
     if gated:
@@ -148,14 +152,12 @@ def _close_gates(directions: np.ndarray, norms: np.ndarray, degree: int, sign_fr
     return first, second
 
 
-def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor,
-                    key_bias: torch.Tensor | None) -> tuple[torch.Tensor, None]:
-    """(units, tokens): each gate's pre-activation on the inputs, bias included, on the maps' device in float32 at
-    least (a half-precision product would round away the agreement the bar reads), in the form `_directions` reads
-    (no further bias)."""
+def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    """(tokens, units): each gate's pre-activation on the inputs, bias included, on the maps' device in float32 at
+    least (a half-precision product would round away the agreement the bar reads)."""
     dtype = torch.promote_types(key_map.dtype, torch.float32)
     pre = inputs.to(device=key_map.device, dtype=dtype) @ key_map.detach().to(dtype).T
-    return (pre if key_bias is None else pre + key_bias.detach().to(dtype)).T, None
+    return pre if key_bias is None else pre + key_bias.detach().to(dtype)
 
 
 def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, writes: np.ndarray,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scanner.stats.independence import phi_match, phi_match_similarity
+from scanner.stats.independence import phi_match, phi_match_many, phi_match_similarity
 from scanner.stats.matching import cosine_similarity_matrix
 from scanner.stats.views import decoupled_up
 
@@ -85,3 +85,27 @@ def test_tensors_resident_on_a_device_give_what_arrays_give() -> None:
     on_cpu = paired_cosine(up.astype(np.float32), other, matching, True)
     assert abs(paired_cosine(torch.from_numpy(up.astype(np.float32)), torch.from_numpy(other), matching, True)
                - on_cpu) < 1e-6
+
+
+def test_a_plain_copy_with_negated_units_is_read_through_its_turned_and_sign_free_views() -> None:
+    """A plain MLP whose gate sign is free (phi_match_many ``gate_sign_free``): a copy with a random half of its units'
+    first views negated (the stored second view changed too, as a negated unit changes its regression) but the
+    sign-free write view as it was (scanner.activations.plain_views) tests dependent through the pair (first view
+    turned to a positive mean, write view), not through the stored pair; an independent B does not, either way; and
+    a copy as stored keeps the stored pair's p-value but for the factor two of the second pair."""
+    rng = np.random.default_rng(3)
+    first, second, write = (rng.standard_normal((UNITS, TOKENS)) + 0.2 for _ in range(3))
+    order = rng.permutation(UNITS)
+    sign = rng.choice([-1.0, 1.0], size=(UNITS, 1))
+    negated = (first * sign)[order], rng.standard_normal((UNITS, TOKENS)), write[order]
+    stored = phi_match_many([(first, second, negated[0], negated[1])])[0]
+    free = phi_match_many([(first, second, negated[0], negated[1])], writes=[(write, negated[2])],
+                          gate_sign_free=True)[0]
+    assert stored.log10_p > -3 and free.log10_p < -100
+    b = [rng.standard_normal((UNITS, TOKENS)) for _ in range(3)]
+    assert phi_match_many([(first, second, b[0], b[1])], writes=[(write, b[2])], gate_sign_free=True)[0].log10_p > -3
+    same = (first[order], second[order], write[order])
+    two_pairs = phi_match_many([(first, second, same[0], same[1])], writes=[(write, same[2])], gate_sign_free=True)
+    one_pair = phi_match_many([(first, second, same[0], same[1])])
+    assert one_pair[0].log10_p < -100
+    assert two_pairs[0].log10_p <= one_pair[0].log10_p + np.log10(2.0) + 1e-9

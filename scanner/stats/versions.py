@@ -4,9 +4,12 @@ statistic's p-values with the ones it replaced."""
 
 from __future__ import annotations
 
-STATISTIC_VERSIONS: dict[str, int] = {"match": 4}
-"""match 4: a gated MLP whose fingerprint holds what each unit writes (format 3) is matched by a third view, the
-write, and a block's p-value is the smallest of its three view pairs' times three (scanner.stats.independence,
+STATISTIC_VERSIONS: dict[str, int] = {"match": 5}
+"""match 5: a plain MLP whose activation has act(z) - act(-z) = z (fingerprint format 4) is matched in four views, and
+a block's p-value is the smaller of two pairs' times two: its first and second views as stored, and its first view
+turned to a positive mean with its write view free of the units' signs (scanner.stats.independence, VIEW_PAIRS).
+match 4 (2026-11-28): a gated MLP whose fingerprint holds what each unit writes (format 3) is matched by a third
+view, the write, and a block's p-value is the smallest of its three view pairs' times three (scanner.stats.independence,
 views_log10_p); fingerprints without a write view, and plain MLPs, are tested as in version 3.
 match 3 (2026-11-28): units are matched by the greedy matching, and again by the maximum-weight assignment where
 that finds a block related (scanner.stats.matching, ``screened``), where versions 1 and 2 took the maximum-weight
