@@ -1,17 +1,23 @@
 """Issue 43: a near copy costs its maker. The adaptive attack (scanner.testing.adaptive) fine-tunes a copy of a trained
-gated model (the Llama null zoo's first model) to keep its outputs while pushing every view the test reads (gate,
-decoupled up, write) away from the original's; the copy must either pay for it in its outputs (KL above 0.01
-nats/token on held-out text) or still test dependent at log10 p <= -6 in both argument orders.
+model to keep its outputs while pushing every view the test reads (gate, decoupled up, write) away from the original's;
+the copy must either pay for it in its outputs (KL above 0.01 nats/token on held-out text of the model's language) or
+still test dependent at log10 p <= -6 in both argument orders. The originals: the gated Llama and Mixtral's routed
+experts (each null zoo's first model, tests/null_support.py).
 
-The attack and the training are seeded; on another machine's build of the null zoo the KL and the p-values move a
-little, and the margins below are wide (measured on this machine: KL 0.009 at weight 0.1 with log10 p about -200,
-docs/statistics.md "Known to defeat the test" and BENCHMARKS.md). The two-view statistic fell to -1.3 on that copy,
-so the assertion could fail.
+Each case's price ``weight`` puts the KL near 0.01 on this machine, where the assertion is hardest to meet. Measured
+(Xeon, loaded 2-core VM; docs/statistics.md "Known to defeat the test", BENCHMARKS.md): the Llama at weight 0 KL
+0.0010, log10 p -851 (the attack's own noise); at weight 0.1 KL 0.0093, -207 (the two-view statistic, version 3, fell
+to -1.3 on that copy, so the assertion could fail); Mixtral at weight 0.3 KL 0.0085, -35.1 and -35.2 (version 3:
+-0.0). Why another machine's build of the null zoo will not flip them: the attack and the training are seeded, and a
+zoo built elsewhere differs in the last bits, which moves the KL and the p-values a little. A failure needs a copy
+that pays at most 0.01 and reaches above -6, which on these curves takes a KL of 0.017 or more (Llama 0.0165 gives
+-14.9; Mixtral falls from -35.1 at 0.0085 to -4.2 at 0.019): the copy would have to hide as well as one that paid
+70% more. Plain MLPs and the hybrid (a tiny Jamba) are not here: their copies hide at a KL far below 0.01 (GPT-2
+0.0011, GPT-NeoX 0.0003, Jamba 0.0006), a known defeat (docs/statistics.md).
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,32 +27,31 @@ from transformers import AutoModelForCausalLM
 from scanner.fingerprint import fingerprint_model
 from scanner.fingerprint_compare import compare_fingerprints
 from scanner.inputs import canonical_inputs
+from scanner.quiet import no_progress_bars
 from scanner.testing.adaptive import attack, read_views
+from scanner.zoo import Zoo
 from scanner.zoo.languages import MarkovLanguage
-from tests.conftest import CACHE
-from tests.null_support import null_zoo
+from scanner.zoo.training import single_thread
 
 PRICE_PAID, STILL_DEPENDENT = 0.01, -6.0
 
 
-@pytest.fixture(scope="module")
-def original():
-    first = null_zoo(CACHE, "llama")["indie-00/solo-00"]
+@pytest.mark.parametrize(("null_zoo", "weight"), [("llama", 0.0), ("llama", 0.1), ("mixtral", 0.3)],
+                         indirect=["null_zoo"])
+def test_a_copy_fine_tuned_against_the_statistic_pays_or_stays_dependent(null_zoo: Zoo, weight: float,
+                                                                         tmp_path: Path) -> None:
+    first = null_zoo["indie-00/solo-00"]
     language = MarkovLanguage(first.details["training"]["language_seed"], vocab_size=256)
-    return first.path, AutoModelForCausalLM.from_pretrained(first.path).eval(), language
-
-
-@pytest.mark.parametrize("weight", [0.0, 0.1])
-def test_a_gated_copy_fine_tuned_against_the_statistic_pays_or_stays_dependent(original, weight: float) -> None:
-    path, model, language = original
-    copy = attack(model, lambda g: language.sample(8, 64, g), torch.from_numpy(canonical_inputs(256).ids),
-                  weight=weight, views=read_views("gated"), steps=300)
+    original = AutoModelForCausalLM.from_pretrained(first.path).eval()
+    fp_original = fingerprint_model(first.path)
+    with single_thread():  # reproducible reductions, and no threads spin-waiting on a loaded machine
+        copy = attack(original, lambda g: language.sample(8, 64, g), torch.from_numpy(canonical_inputs(256).ids),
+                      weight=weight, views=read_views(fp_original.meta.mlp_kind), steps=300)
     if weight > 0:  # the attack did push: the views moved far from the original's
         assert max(copy.agreement.values()) < 0.5, copy.agreement
-    with tempfile.TemporaryDirectory() as folder:
-        copy.model.save_pretrained(folder)
-        fp_copy = fingerprint_model(Path(folder))
-    fp_original = fingerprint_model(path)
+    with no_progress_bars():
+        copy.model.save_pretrained(tmp_path)
+    fp_copy = fingerprint_model(tmp_path)
     forward, backward = compare_fingerprints(fp_original, fp_copy), compare_fingerprints(fp_copy, fp_original)
     assert copy.kl > PRICE_PAID or max(forward.log10_p, backward.log10_p) <= STILL_DEPENDENT, \
         (copy.kl, forward.log10_p, backward.log10_p)
