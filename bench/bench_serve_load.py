@@ -1,35 +1,42 @@
-"""`hubtrace serve` under load: 50 clients reading pages while others run slow SQL and walk away from it, or hold
-downloads they read slowly or not at all.
+"""`hubtrace serve` under load: 50 clients reading pages while others run slow SQL and walk away from it, hold
+downloads they read slowly or not at all, or hold connections that send nothing.
 
     PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 3 x 60 s of load
     PYTHONPATH=. python bench/bench_serve_load.py --models 2000 --big-family 300 --seconds 30
     PYTHONPATH=. python bench/bench_serve_load.py --serve --sql-slots 1 --query-seconds 10
 
 The database is bench/bench_serve.py's synthetic hub, built once under .hubtrace-cache/bench-load/. One real server
-process with its default bounds (jobs.web.limits; --serve passes other options) is loaded three times for --seconds
+process with its default bounds (jobs.web.limits; --serve passes other options) is loaded four times for --seconds
 each, so each later phase's difference is its clients' doing whatever else the machine runs:
 
-1. pages alone: --page-clients threads (default 50), each fetching the front page, model pages, family views,
-   searches and discrepancies in a loop, every response read whole, waiting --think seconds (default 5) before the
-   next, as a reader does (each starts at a random moment of its first pause);
+1. pages alone: --page-clients threads (default 50), each a visitor of its own address (127.0.1.x; Linux answers
+   every address of 127.0.0.0/8), fetching the front page, model pages, family views, searches and discrepancies in
+   a loop, every response read whole, waiting --think seconds (default 5) before the next, as a reader does (each
+   starts at a random moment of its first pause);
 2. the same, while --sql-clients threads (default 4) run a statement that would work for hours (a 10^12-row cross
    join) again and again, which the server stops at its time limit or turns away (503) when its SQL lanes are
    taken, and one more client sends the statement and hangs up at once, every two seconds (the server must stop it,
    not run it for nobody);
-3. the same pages, while --idle-clients connections (default 40) send half a request line and nothing more,
-   --stalled-clients (default 8) ask for the biggest table and the biggest SQL answer as CSV and read nothing (the
-   server cuts each off after --write-seconds of nothing taken, and they ask again), and --slow-clients (default 4)
-   download the biggest table at 64 KB/s.
+3. the same pages, while --idle-clients visitors (default 40, each of its own address) hold a connection that sends
+   half a request line and nothing more (opened again when the server closes it), --stalled-clients (default 8)
+   ask for the biggest table and the biggest SQL answer as CSV and read nothing (the server cuts each off after
+   --write-seconds of nothing taken, and they ask again), and --slow-clients (default 4) download the biggest table
+   at 64 KB/s;
+4. the same pages, while one visitor (127.0.0.2) holds --hog-idle connections (default 150) that send nothing and
+   --hog-trickling (default 50) that send a request's header a byte every half second (slowloris), each opened
+   again half a second after the server closes or refuses it.
 
 Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst), what became of the SQL and
-download requests, and the server's resident memory (sampled every 0.2 s from /proc: before, peak, after). Goals:
-pages p95 <= 1 s while the slow SQL runs (issue 34), and pages answered within a second while any number of
-downloads are open (issue 44), the server's memory bounded.
+download requests and of the idle connections, and the server's resident memory (sampled every 0.2 s from /proc:
+before, peak, after). Goals: pages p95 <= 1 s while the slow SQL runs (issue 34), and pages answered within a
+second while any number of downloads and idle connections are open (issue 44), the server's memory bounded.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import http.client
 import os
 import random
 import socket
@@ -46,12 +53,25 @@ from urllib.parse import urlsplit
 
 from bench_serve import cached_database
 
-from tests.serve_support import Server, page_url, serving, unread
+from tests.serve_support import Hog, Server, page_url, serving, unread
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache" / "bench-load"
 SLOW = "SELECT sum(a.range * b.range) AS s FROM range(1000000) a, range(1000000) b"
 BIG_TABLE = "pair_tests"
 BIG_SQL = "SELECT * FROM pair_tests t JOIN models m ON m.model_id = t.model_a"
+HOG = "127.0.0.2"
+
+
+class FromAddress(urllib.request.HTTPHandler):
+    """urllib's HTTP from one source address: each client is a visitor of its own (the server bounds connections per
+    address)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self.address = address
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(http.client.HTTPConnection, source_address=(self.address, 0)), req)
 
 
 def rss_mb(pid: int) -> float:
@@ -70,29 +90,31 @@ class Phase:
     failures: Counter = field(default_factory=Counter)
     sql: Counter = field(default_factory=Counter)
     downloads: Counter = field(default_factory=Counter)
+    connections: Counter = field(default_factory=Counter)
     memory: list[float] = field(default_factory=list)
 
 
 def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int = 0,
-         downloads: bool = False) -> Phase:
-    """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any; and the idle,
-    stalled and slow download clients, if ``downloads``)."""
+         downloads: bool = False, hog: bool = False) -> Phase:
+    """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any; the idle,
+    stalled and slow download clients, if ``downloads``; the visitor holding connections, if ``hog``)."""
     phase = Phase([[] for _ in pages])
     stop = threading.Event()
     table, answer = page_url(server.url, f"/tables/{BIG_TABLE}.csv"), page_url(server.url, "/sql.csv", q=BIG_SQL)
 
     def pages_client(offset: int) -> None:
         i = offset
+        opener = urllib.request.build_opener(FromAddress(f"127.0.1.{offset + 1}"))
         stop.wait(random.Random(offset).uniform(0, args.think))  # readers arrive over a pause, not all at once
         while not stop.is_set():
             k = i % len(pages)
             i += 1
             started = time.perf_counter()
             try:
-                with urllib.request.urlopen(page_url(server.url, pages[k][0], **pages[k][1]), timeout=120) as answer:
+                with opener.open(page_url(server.url, pages[k][0], **pages[k][1]), timeout=120) as answer:
                     answer.read()
                 phase.latencies[k].append(time.perf_counter() - started)
-            except (urllib.error.URLError, TimeoutError) as error:
+            except (urllib.error.URLError, OSError) as error:
                 phase.failures[type(error).__name__] += 1
             stop.wait(args.think)
 
@@ -118,11 +140,26 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
             phase.sql["sent and left"] += 1
             stop.wait(2.0)
 
-    def idle_client() -> None:
+    def idle_client(address: str) -> None:
         parts = urlsplit(server.url)
-        with socket.create_connection((parts.hostname, parts.port)) as client:
-            client.sendall(b"GET / HT")  # half a request line, then nothing
-            stop.wait()
+        while not stop.is_set():
+            try:
+                with socket.create_connection((parts.hostname, parts.port), source_address=(address, 0)) as client:
+                    client.sendall(b"GET / HT")  # half a request line, then nothing
+                    phase.connections["idle: opened"] += 1
+                    client.settimeout(0.5)
+                    while not stop.is_set():
+                        try:
+                            if not client.recv(1):
+                                break
+                        except TimeoutError:
+                            continue
+                    else:
+                        return
+            except OSError:
+                pass
+            phase.connections["idle: closed by the server"] += 1
+            stop.wait(0.5)
 
     def stalled_client(url: str) -> None:
         while not stop.is_set():  # asks, reads nothing for --stall seconds, hangs up, asks again
@@ -153,21 +190,27 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
         background += [threading.Thread(target=sql_client) for _ in range(sql_clients)]
         background.append(threading.Thread(target=leaving_client))
     if downloads:
-        background += [threading.Thread(target=idle_client) for _ in range(args.idle_clients)]
+        background += [threading.Thread(target=idle_client, args=(f"127.0.2.{k + 1}",))
+                       for k in range(args.idle_clients)]
         background += [threading.Thread(target=stalled_client, args=(table if k % 2 else answer,))
                        for k in range(args.stalled_clients)]
         background += [threading.Thread(target=slow_client) for _ in range(args.slow_clients)]
     for thread in background:
         thread.start()
-    if sql_clients or downloads:
-        time.sleep(2.0)  # the slow statements and downloads are running before the pages start
-    readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
-    for thread in readers:
-        thread.start()
-    time.sleep(args.seconds)
-    stop.set()
-    for thread in readers + background:
-        thread.join()
+    with Hog(server.url, HOG, idle=args.hog_idle if hog else 0, trickling=args.hog_trickling if hog else 0,
+             reconnect=True) as holder:
+        if sql_clients or downloads or hog:
+            time.sleep(2.0)  # the slow statements, downloads and held connections are there before the pages start
+        readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
+        for thread in readers:
+            thread.start()
+        time.sleep(args.seconds)
+        stop.set()
+        for thread in readers + background:
+            thread.join()
+        if hog:
+            phase.connections.update({"hog: opened": holder.opened, "hog: closed or refused by the server":
+                                      holder.closed_by_server, "hog: open at the end": holder.held})
     return phase
 
 
@@ -193,6 +236,8 @@ def report(title: str, phase: Phase, pages: list[tuple[str, dict]], seconds: flo
         print(f"SQL requests: {dict(phase.sql)}")
     if phase.downloads:
         print(f"download clients: {dict(phase.downloads)}")
+    if phase.connections:
+        print(f"idle connections: {dict(phase.connections)}")
     print(f"server memory (RSS) peak: {max(phase.memory, default=float('nan')):.0f} MB")
 
 
@@ -204,7 +249,10 @@ def main() -> None:
     parser.add_argument("--page-clients", type=int, default=50)
     parser.add_argument("--sql-clients", type=int, default=4)
     parser.add_argument("--think", type=float, default=5.0, help="seconds each page client waits between pages")
-    parser.add_argument("--idle-clients", type=int, default=40, help="connections that send half a request")
+    parser.add_argument("--idle-clients", type=int, default=40, help="visitors whose connection sends half a request")
+    parser.add_argument("--hog-idle", type=int, default=150, help="connections one visitor holds that send nothing")
+    parser.add_argument("--hog-trickling", type=int, default=50,
+                        help="connections the same visitor holds that send a request a byte every half second")
     parser.add_argument("--stalled-clients", type=int, default=8, help="downloads asked for and never read")
     parser.add_argument("--slow-clients", type=int, default=4, help="downloads read at 64 KB/s")
     parser.add_argument("--stall", type=float, default=40.0, help="seconds a stalled client holds its connection")
@@ -222,6 +270,7 @@ def main() -> None:
         alone = load(server, pages, args)
         loaded = load(server, pages, args, sql_clients=args.sql_clients)
         held = load(server, pages, args, downloads=True)
+        hogged = load(server, pages, args, hog=True)
         time.sleep(1.0)
         after = rss_mb(server.process.pid)
         stopped = (Path(tmp) / "stderr.txt").read_text().count("stopped a statement")
@@ -232,8 +281,10 @@ def main() -> None:
            args.seconds)
     report(f"pages while {args.idle_clients} idle connections, {args.stalled_clients} downloads nobody reads and "
            f"{args.slow_clients} read at 64 KB/s are open", held, pages, args.seconds)
+    report(f"pages while one visitor holds {args.hog_idle} idle and {args.hog_trickling} trickling connections",
+           hogged, pages, args.seconds)
     print(f"\nstatements the server stopped: {stopped}; server memory (RSS): {before:.0f} MB before, "
-          f"{max(alone.memory + loaded.memory + held.memory):.0f} MB peak, {after:.0f} MB after")
+          f"{max(alone.memory + loaded.memory + held.memory + hogged.memory):.0f} MB peak, {after:.0f} MB after")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ from __future__ import annotations
 import html
 import json
 import re
+import selectors
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -83,6 +86,104 @@ def unread(url: str) -> Iterator[socket.socket]:
         client.connect((parts.hostname, parts.port))
         client.sendall(f"GET {parts.path}?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
         yield client
+
+
+class Hog:
+    """One visitor (one source address, ``source``) holding ``idle`` connections that send nothing and ``trickling``
+    ones that send a request's header a byte every ``every`` seconds without ever finishing it (slowloris), kept by a
+    thread of its own while the block runs. The trickling ones connect first. With ``reconnect``, each connection the
+    server closes is opened again ``every`` seconds later, as a determined visitor would."""
+
+    PREFIX = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+    def __init__(self, url: str, source: str, *, idle: int, trickling: int, every: float = 0.5,
+                 reconnect: bool = False) -> None:
+        self.address = urllib.parse.urlsplit(url)
+        self.source, self.every, self.reconnect = source, every, reconnect
+        self.kinds = ["trickling"] * trickling + ["idle"] * idle
+        self.selector = selectors.DefaultSelector()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._hold)
+        self.reopen: list[tuple[float, str]] = []
+        """Connections to open again (with ``reconnect``): when, and of which kind."""
+        self.opened = 0
+        self.closed_by_server = 0
+        """Connections the server closed (a reset or an end of stream) while the hog held them."""
+        self.sent_after_open = 0
+        """Bytes the trickling connections sent after their first line, all together."""
+
+    def __enter__(self) -> Hog:
+        for kind in self.kinds:
+            if not self._open(kind) and self.reconnect:
+                self.reopen.append((time.monotonic() + self.every, kind))
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        for key in list(self.selector.get_map().values()):
+            key.fileobj.close()
+        self.selector.close()
+
+    @property
+    def held(self) -> int:
+        """Connections open now, as far as the hog has seen."""
+        return len(self.selector.get_map())
+
+    def _open(self, kind: str) -> bool:
+        """Open one connection of ``kind``; False if the server reset it at once (a loopback connection can be
+        accepted and reset before connect() returns)."""
+        self.opened += 1
+        client = socket.socket()
+        try:
+            client.settimeout(30)
+            client.bind((self.source, 0))
+            client.connect((self.address.hostname, self.address.port))
+            if kind == "trickling":
+                client.sendall(self.PREFIX)
+        except (ConnectionResetError, BrokenPipeError):
+            client.close()
+            self.closed_by_server += 1
+            return False
+        client.setblocking(False)
+        self.selector.register(client, selectors.EVENT_READ, kind)
+        return True
+
+    def _hold(self) -> None:
+        next_byte = time.monotonic() + self.every
+        while not self.stop.is_set():
+            for key, _ in self.selector.select(timeout=min(self.every, 0.1)):
+                try:
+                    ended = key.fileobj.recv(4096) == b""
+                except OSError:  # reset (refused) or gone
+                    ended = True
+                if ended:
+                    self._lost(key)
+            now = time.monotonic()
+            if now >= next_byte:
+                next_byte = now + self.every
+                for key in [k for k in self.selector.get_map().values() if k.data == "trickling"]:
+                    try:
+                        key.fileobj.send(b"a")
+                        self.sent_after_open += 1
+                    except OSError:
+                        self._lost(key)
+            while self.reopen and self.reopen[0][0] <= now and not self.stop.is_set():
+                kind = self.reopen.pop(0)[1]
+                try:
+                    opened = self._open(kind)
+                except OSError:  # not even taken by the kernel now
+                    opened = False
+                if not opened:
+                    self.reopen.append((now + self.every, kind))
+
+    def _lost(self, key: selectors.SelectorKey) -> None:
+        self.selector.unregister(key.fileobj)
+        key.fileobj.close()
+        self.closed_by_server += 1
+        if self.reconnect:
+            self.reopen.append((time.monotonic() + self.every, key.data))
 
 
 def page_url(base: str, path: str, **params: str) -> str:

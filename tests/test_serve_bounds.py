@@ -1,9 +1,11 @@
 """`hubtrace serve` bounded per visitor in bytes and time (issue 44): a real server process on a real database, asked
-over HTTP by clients that never read, by downloads past the byte cap, and by downloads of wide rows.
+over HTTP by clients that never read, by downloads past the byte cap, by downloads of wide rows, and by a visitor
+holding connections that send nothing or a request a byte at a time.
 
 Clients that never read are raw sockets with a 4 KB receive window; the server's memory is its peak resident set
-(VmHWM) read from /proc. Timeouts here guard against a server that never answers; they are not speed limits (the
-figures for that are in BENCHMARKS.md, bench/bench_serve_load.py).
+(VmHWM) read from /proc. A second visitor is a second address of the loopback network (Linux answers every address
+of 127.0.0.0/8). Timeouts here guard against a server that never answers; they are not speed limits (the figures for
+that are in BENCHMARKS.md, bench/bench_serve_load.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import io
 import json
 import os
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -22,11 +26,16 @@ import duckdb
 import pytest
 
 from scanner.store import Store
-from tests.serve_support import get, page_url, serving, unread
+from tests.serve_support import Hog, Server, get, page_url, serving, unread
 
 GUARD_S = 120.0
 """How long a test waits for an answer that must come (a guard against a hang, not a speed limit)."""
+CLOSE_GUARD_S = 60.0
+"""How long a test waits for the server to close a connection whose bounds (a few seconds) have passed: waitress
+alone closes a connection only after 120 s without a byte, and one that sends a byte now and then never."""
 ROW_BYTES = 1000
+HOG = "127.0.0.2"
+"""The address of a visitor who holds connections (the pages are asked for from 127.0.0.1)."""
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +61,20 @@ def until(status: int, url: str, seconds: float = GUARD_S) -> int:
 def sockets(pid: int) -> int:
     """How many sockets the process holds open (its listening socket and its connections)."""
     return sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+def eventually(holds: Callable[[], bool], seconds: float = CLOSE_GUARD_S) -> bool:
+    """Whether ``holds()``, asked until it is true or ``seconds`` pass (a guard against a hang, not a limit)."""
+    deadline = time.monotonic() + seconds
+    while not holds() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return holds()
+
+
+def server_holds(server: Server, count: int) -> int:
+    """The sockets the server holds once they are ``count`` (or after `CLOSE_GUARD_S`)."""
+    eventually(lambda: sockets(server.process.pid) == count)
+    return sockets(server.process.pid)
 
 
 def test_a_sql_download_ends_before_the_row_that_would_pass_its_byte_cap(db: Path, tmp_path: Path) -> None:
@@ -107,12 +130,9 @@ def test_clients_that_do_not_read_hold_no_page_thread_and_are_cut_off(db: Path, 
         turned_away = get(table, timeout=GUARD_S)  # the download lanes are taken: come back later, at once
         assert turned_away.status == 503 and "table downloads are running" in turned_away.text
         # the two downloads that took nothing for --write-seconds are cut off (the server closes their connections
-        # while they still read nothing; the six turned away stay open, idle, until waitress's idle timeout), and
-        # their lanes answer the next download
-        deadline = time.monotonic() + GUARD_S
-        while sockets(server.process.pid) > alone + 6 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert sockets(server.process.pid) == alone + 6
+        # while they still read nothing; the six turned away are closed after --request-seconds without a next
+        # request), and their lanes answer the next download
+        assert server_holds(server, alone) == alone
         assert until(200, table) == 200
 
 
@@ -140,3 +160,65 @@ def test_a_value_that_cannot_be_written_past_the_first_batch_cuts_its_download_v
                     response.read()
         assert get(page_url(server.url, "/sql", q=sql), timeout=GUARD_S).status == 200  # the page: all as text
         assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
+
+
+def test_a_visitor_holding_idle_and_trickling_connections_keeps_no_one_else_out(db: Path, tmp_path: Path) -> None:
+    """Once one visitor's hundred connections that sent nothing held every other visitor out for two minutes
+    (waitress accepted no more until it closed them, 120 s after their last byte), and connections that sent a
+    request a byte at a time were never closed. With the default bounds: the visitor's connections beyond its share
+    are refused as they come, the rest closed when they have not sent a whole request in time, however they
+    trickle, and another visitor's page is answered meanwhile."""
+    log = tmp_path / "stderr.txt"
+    with serving(db, log) as server:
+        with Hog(server.url, HOG, idle=150, trickling=50) as hog:
+            assert get(page_url(server.url, "/"), timeout=CLOSE_GUARD_S).status == 200
+            # every one closed by the server, the trickling ones while they trickled
+            assert eventually(lambda: not hog.held) and hog.closed_by_server == 200 and hog.sent_after_open > 0
+        assert get(page_url(server.url, "/tables"), timeout=CLOSE_GUARD_S).status == 200
+    assert f"refusing connections from {HOG}: it holds 16" in log.read_text()
+
+
+def test_a_visitor_holds_its_share_of_connections_and_no_more(db: Path, tmp_path: Path) -> None:
+    """The share is of connections open at once, per address: the visitor's first four are kept (they have ten
+    minutes to send a request here), the rest refused as they come; another address has a share of its own, and
+    the visitor's next connection is refused while its four stay open."""
+    options = ("--connections-per-address", "4", "--request-seconds", "600")
+    with serving(db, tmp_path / "stderr.txt", *options) as server:
+        alone = sockets(server.process.pid)
+        with Hog(server.url, HOG, idle=30, trickling=0) as hog:
+            assert eventually(lambda: hog.closed_by_server >= 26) and hog.closed_by_server == 26 and hog.held == 4
+            assert server_holds(server, alone + 4) == alone + 4
+            assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
+            with Hog(server.url, "127.0.0.3", idle=4, trickling=0) as other:
+                assert server_holds(server, alone + 8) == alone + 8 and other.closed_by_server == 0
+            assert server_holds(server, alone + 4) == alone + 4
+            with Hog(server.url, HOG, idle=1, trickling=0) as one_more:  # the share still taken: refused
+                assert eventually(lambda: one_more.closed_by_server == 1)
+            assert hog.held == 4 and hog.closed_by_server == 26  # the four kept all along
+
+
+def test_a_connection_is_closed_when_it_sends_no_request_or_takes_no_answer_not_while_it_reads(
+        db: Path, tmp_path: Path) -> None:
+    """A kept-alive connection that asks for nothing more is closed after --request-seconds (waitress alone waits
+    120 s); an answer the app has finished, waiting whole in the server's buffer for a client that takes none of
+    it, after --write-seconds (waitress alone waits 120 s); a download its client reads steadily for longer than
+    both is not cut."""
+    with serving(db, tmp_path / "stderr.txt", "--write-seconds", "3") as server:
+        alone = sockets(server.process.pid)
+        parts = urllib.parse.urlsplit(server.url)
+        kept = http.client.HTTPConnection(parts.hostname, parts.port, timeout=CLOSE_GUARD_S)
+        kept.request("GET", "/tables")
+        answer = kept.getresponse()
+        assert answer.status == 200 and answer.read() and not answer.will_close  # kept alive for a next request
+        leftover = page_url(server.url, "/sql.csv", q="SELECT i, pad FROM wide ORDER BY i LIMIT 2000")  # 2 MB
+        with unread(leftover):
+            received = 0
+            with urllib.request.urlopen(page_url(server.url, "/sql.csv", q="SELECT i, pad FROM wide ORDER BY i"),
+                                        timeout=GUARD_S) as download:
+                while chunk := download.read(1 << 16):
+                    received += len(chunk)
+                    time.sleep(0.01)  # 60 MB at most 6.5 MB/s: longer than either bound
+            assert received == len("i,pad\r\n") + sum(len(str(i)) + ROW_BYTES + 3 for i in range(60000))
+            assert kept.sock.recv(1) == b""  # closed by the server (a guard of CLOSE_GUARD_S, then TimeoutError)
+            assert server_holds(server, alone) == alone  # the unread answer's connection closed too
+        kept.close()

@@ -43,6 +43,18 @@ def serve_command(
     write_seconds: Annotated[float, typer.Option(
         "--write-seconds", min=1, help="Seconds a response waits for a client that takes none of it; then the "
                                        "connection is closed.")] = ServeLimits.write_seconds,
+    request_seconds: Annotated[float, typer.Option(
+        "--request-seconds", min=0.5, help="Seconds a client may take to send a whole request, from when its "
+                                           "connection opens or its last answer was sent; then the connection is "
+                                           "closed.")] = ServeLimits.request_seconds,
+    connections: Annotated[int, typer.Option(
+        "--connections", min=2, help="Connections open at once; more wait to be accepted. Keep it below the open "
+                                     "files a process may have (ulimit -n).")] = ServeLimits.connections,
+    connections_per_address: Annotated[int, typer.Option(
+        "--connections-per-address", min=1, help="Connections one client address may hold at once; more are "
+                                                 "refused at once. Behind a reverse proxy every visitor has the "
+                                                 "proxy's address: raise it to --connections and let the proxy "
+                                                 "bound its clients.")] = ServeLimits.connections_per_address,
     memory_limit: Annotated[str, typer.Option(
         "--memory-limit", help="Memory DuckDB may use for all requests together (e.g. 1GB, 500MB).")
     ] = EngineLimits.memory,
@@ -58,24 +70,27 @@ def serve_command(
 
     from jobs.web.app import LOCAL_NAMES, create_app
     from jobs.web.bounds import DOWNLOADS, SQL
-    from jobs.web.channel import write_timeout_channel
+    from jobs.web.channel import Admission, bounded_channel
     from jobs.web.database import EXTENSION
 
     local = _loopback(host)
     limits = ServeLimits(query_seconds, download_rows, download_mb << 20, sql_slots, download_slots, write_seconds,
+                         request_seconds, connections, connections_per_address,
                          EngineLimits(memory_limit, threads, spill))
     # a missing, locked, outdated or newer database, or a limit DuckDB cannot read: a StoreError, one line
     app = create_app(db, host_names=LOCAL_NAMES | {host} if local else None, limits=limits)
     try:
-        # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen
+        # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen;
+        # poll() rather than select(), which fails past file descriptor 1023 (--connections may reach it)
         server = create_server(app, host=host, port=port, threads=PAGE_THREADS + sql_slots + download_slots,
-                               ident="hubtrace", channel_request_lookahead=1)
+                               ident="hubtrace", channel_request_lookahead=1, connection_limit=connections,
+                               asyncore_use_poll=True)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    channel = write_timeout_channel(write_seconds)
+    admission = Admission(bounded_channel(request_seconds, write_seconds), connections_per_address)
     for listener in server.map.values() if isinstance(server, MultiSocketServer) else [server]:  # one per address
         if isinstance(listener, BaseWSGIServer):
-            listener.channel_class = channel
+            listener.channel_class = admission
     if not local:
         typer.echo(f"hubtrace: warning: listening on {host}: anyone who can reach this address can read the whole "
                    "database", err=True)

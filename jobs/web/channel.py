@@ -1,35 +1,67 @@
-"""waitress's connection with a write timeout: a client that stops reading is cut off, and its thread freed.
+"""waitress's connections bounded in time and in number per visitor, so that no client holds the server.
 
-waitress hands a response to the client from a buffer; when more than ``outbuf_high_watermark`` (16 MB) waits
-unsent, the thread writing the response waits until the client takes some, for as long as the connection stays
-open, and its idle timeout (``channel_timeout``) spares a connection with a request in progress. Eight clients that
-asked for a big table and read nothing once held every page thread. Here that wait ends after ``write_seconds``
-in which the client took no byte: the main loop closes the connection (its socket and buffers go at once, however
-full), and the writer stops as for a client that left (waitress's ClientDisconnected), so the app's streaming code
-releases its lane.
+waitress's own bounds are for a crowd, not for a hostile visitor: at most ``connection_limit`` connections (beyond
+them it accepts none until some close), each closed after ``channel_timeout`` (120 s) in which it sent or took no
+byte and asked for nothing. One visitor opening a hundred connections that send nothing, or that send a request a
+byte every few seconds (never idle in that sense), held every other visitor out. Here:
 
-This reaches into waitress 3's `HTTPChannel` (its wait for the buffer to drain, and the readiness checks its main
-loop makes of every connection); tests/test_serve_bounds.py holds it to the behaviour.
+* a connection waiting for a request (just opened, or kept alive after an answer) must deliver the whole of one
+  within ``request_seconds``; then the main loop closes it, however many bytes it trickles (the app takes GET only,
+  so a whole request is its header);
+* a writer waits at most ``write_seconds`` in which the client took no byte. waitress hands a response to the client
+  from a buffer; when more than ``outbuf_high_watermark`` (16 MB) waits unsent, the thread writing it waits until
+  the client takes some, for as long as the connection stays open. Eight clients that asked for a big table and read
+  nothing once held every page thread. Here that wait ends: the main loop closes the connection (its socket and
+  buffers go at once, however full), and the writer stops as for a client that left (waitress's
+  ClientDisconnected), so the app's streaming code releases its lane. An answer the app has finished that still
+  waits in the buffer for a client that takes none of it for ``write_seconds`` is closed the same way;
+* a connection from an address that already holds ``per_address`` connections is refused as it is accepted
+  (`Admission`), so one visitor holds at most its share of ``connection_limit``.
+
+An answer whose client keeps taking it, however slowly, is never cut by these bounds.
+
+This reaches into waitress 3's `HTTPChannel` (its wait for the buffer to drain, the readiness checks its main loop
+makes of every connection on every turn, at least once a second) and its servers' ``channel_class`` (called with
+each accepted socket); tests/test_serve_bounds.py holds it to the behaviour.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
+import sys
 import time
+from dataclasses import dataclass, field
 
 from waitress.channel import HTTPChannel
 
 POLL_S = 0.25
 """How often a waiting writer looks at the clock (the main loop also wakes it whenever the client takes bytes)."""
+TOLD_EVERY_S = 60.0
+"""How often the server's stderr names an address it refuses connections from (a refused client may retry at
+once, many times a second)."""
 
 
-class WriteTimeoutChannel(HTTPChannel):
-    """An HTTPChannel whose writer waits at most `write_seconds` for a client that takes no bytes."""
+class BoundedChannel(HTTPChannel):
+    """An HTTPChannel closed when its client takes `request_seconds` to send a request, or `write_seconds` to take
+    any byte of an answer that waits for it."""
 
+    request_seconds: float = 5.0
     write_seconds: float = 30.0
     last_taken: float = 0.0
     """When the client last took bytes (waitress's own last_activity counts bytes it sent us too)."""
     stalled: bool = False
     """Set by a writer that waited `write_seconds` in vain; the main loop then closes the connection."""
+    answered: float = 0.0
+    """When the connection last had a request being answered (or opened): the clock of `write_seconds` for the rest
+    of a finished answer."""
+    waiting_since: float = 0.0
+    """When the connection last had a request being answered or an answer waiting (or opened): the clock of
+    `request_seconds`."""
+
+    def __init__(self, server, sock, addr, adj, map=None) -> None:
+        super().__init__(server, sock, addr, adj, map=map)
+        self.waiting_since = self.answered = self.creation_time
 
     def _flush_some(self, do_close: bool = True) -> bool:
         sent = super()._flush_some(do_close=do_close)
@@ -54,17 +86,65 @@ class WriteTimeoutChannel(HTTPChannel):
                 self.outbuf_lock.wait(POLL_S)
 
     def readable(self) -> bool:
-        """Asked by the main loop of every connection on each turn: where a stalled one is closed. (A socket whose
-        client reads nothing is never ready for writing, so waitress's own way, closing on the next write, would
-        wait for the client.)"""
-        if self.stalled and self.connected:
+        """Asked by the main loop of every connection on each turn: where an overdue one is closed. (A socket whose
+        client reads nothing is never ready for writing, and one that trickles a request is always ready for
+        reading, so neither would come to waitress's own checks in time.)"""
+        if self.connected and self._overdue(time.time()):
             self.handle_close()
         return self.connected and super().readable()
 
     def writable(self) -> bool:
         return self.connected and super().writable()
 
+    def _overdue(self, now: float) -> bool:
+        """Whether the client has had its time: to take bytes of an answer, or to send a request."""
+        if self.stalled:
+            return True
+        if self.requests:  # being answered: its writer keeps the time of what the client takes
+            self.waiting_since = self.answered = now
+            return False
+        if self.total_outbufs_len:  # the rest of a finished answer waits for the client
+            self.waiting_since = now
+            return now - max(self.answered, self.last_taken) >= self.write_seconds
+        return now - self.waiting_since >= self.request_seconds
 
-def write_timeout_channel(write_seconds: float) -> type[WriteTimeoutChannel]:
-    """The channel class of a server whose writes wait at most ``write_seconds`` for the client."""
-    return type("WriteTimeoutChannel", (WriteTimeoutChannel,), {"write_seconds": write_seconds})
+
+def bounded_channel(request_seconds: float, write_seconds: float) -> type[BoundedChannel]:
+    """The channel class of a server whose clients have ``request_seconds`` to send a request and ``write_seconds``
+    to take bytes of an answer."""
+    return type("BoundedChannel", (BoundedChannel,), {"request_seconds": request_seconds,
+                                                      "write_seconds": write_seconds})
+
+
+@dataclass
+class Admission:
+    """A listener's ``channel_class``: accepts a connection as a `channel` unless its client's address already holds
+    ``per_address`` connections, and then closes it at once with a reset (the client sees its connection refused;
+    the server keeps nothing of it, not even a closing socket).
+
+    An address is a visitor only where visitors connect directly: behind a reverse proxy every connection comes from
+    the proxy's address, and the proxy has to bound its clients (docs/serve.md)."""
+
+    channel: type[BoundedChannel]
+    per_address: int
+    told: dict[str, float] = field(default_factory=dict)
+    """When the server last said it refuses an address's connections."""
+
+    def __call__(self, server, sock: socket.socket, addr, adj, map) -> BoundedChannel | None:
+        address = addr[0]
+        held = sum(1 for channel in map.values()
+                   if isinstance(channel, BoundedChannel) and channel.addr[0] == address)
+        if held < self.per_address:
+            return self.channel(server, sock, addr, adj, map=map)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        self._tell(address)
+        return None
+
+    def _tell(self, address: str) -> None:
+        now = time.monotonic()
+        if now - self.told.get(address, -TOLD_EVERY_S) >= TOLD_EVERY_S:
+            self.told = {seen: at for seen, at in self.told.items() if now - at < TOLD_EVERY_S}
+            self.told[address] = now
+            sys.stderr.write(f"hubtrace serve: refusing connections from {address}: it holds {self.per_address} "
+                             f"(--connections-per-address)\n")

@@ -18,4 +18,7 @@ class ServeLimits:
     sql_slots: int = 2
     download_slots: int = 2
     write_seconds: float = 30.0
+    request_seconds: float = 5.0
+    connections: int = 256
+    connections_per_address: int = 16
     engine: EngineLimits = field(default_factory=EngineLimits)
