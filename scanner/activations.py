@@ -199,6 +199,8 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     up outputs (tokens, units) as the block computed them, used as they are where the canonical form is the MLP as
     stored (no second product).
     """
+    if stream is not None and _mean_free(stream):
+        experts = [replace(w, down=_columns_mean_free(w.down)) for w in experts]
     given = computed[0] if computed is not None and len(experts) == 1 else None
     canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given) for w in experts]
     weights = [c.weights for c in canonical]
@@ -219,6 +221,22 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
             views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up),
                                         write=None if rows is None else write_view(rows, w.down)))
     return [replace(v, dead=c.dead, combined=c.combined) for v, c in zip(views, canonical, strict=True)]
+
+
+def _mean_free(stream: torch.Tensor) -> bool:
+    """Whether every row of the stream has no mean (to float rounding): the caller removed it because the block's
+    norms do not see the all-ones direction (scanner.architectures.norms)."""
+    rows = stream.reshape(-1, stream.shape[-1]).float()
+    return bool((rows.mean(dim=1).abs() <= 1e-5 * rows.abs().amax(dim=1).clamp_min(1e-30)).all())
+
+
+def _columns_mean_free(down: torch.Tensor) -> torch.Tensor:
+    """Output columns less their all-ones component, in float64 before the maps' dtype: where the block does not see
+    that direction, a unit that writes only along it (or twins whose writes differ only along it) writes nothing, and
+    the canonical form must see it so (an independent check padded copies with such units:
+    scanner/testing/stream_offset.py). The views read the same on a mean-free stream either way."""
+    wide = down.detach().double()
+    return (wide - wide.mean(dim=0, keepdim=True)).to(down.dtype)
 
 
 def stream_rows(stream: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

@@ -94,8 +94,10 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     mass = _norms(weights.down.T) * key_norms ** degree
     if gated:
         mass = mass * _directions(weights.up, weights.up_bias)[1]
-    live = mass > DEAD * float(np.median(mass[mass > 0])) if (mass > 0).any() else np.zeros(units, dtype=bool)
     zero_key = key_norms == 0
+    silent = _silent(activation, zero_key, pre_activation)
+    reference = mass[(mass > 0) & ~silent]
+    live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
     if _silent_at_zero(activation):
         live &= ~zero_key
     groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
@@ -286,6 +288,19 @@ def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tens
     """The rows as one tensor of ``like``'s device and dtype (the maps are used beside the given ones)."""
     stacked = np.stack(rows) if rows else np.zeros((0, dims))
     return torch.from_numpy(stacked).to(device=like.device, dtype=like.dtype)
+
+
+def _silent(activation: str, zero_key: np.ndarray, pre_activation: torch.Tensor | None) -> np.ndarray:
+    """Units that compute exactly nothing: an all-zero gate row where act(0) = 0, or (with the pre-activations on the
+    inputs) an activation that is exactly zero on every token. They are left out of the median `DEAD` is measured
+    against: a copier who appends many such units of any size (act(0 x) = 0, or ReLU(k x - 1e4) = 0) would otherwise
+    move the median and have every real unit called dead (an independent check did: scanner/testing/silent_units.py)."""
+    silent = zero_key.copy() if _silent_at_zero(activation) else np.zeros_like(zero_key)
+    if pre_activation is not None and activation in ACT2FN:
+        with torch.no_grad():
+            zero = (ACT2FN[activation](pre_activation.float()) == 0).all(dim=0)
+        silent |= zero.cpu().numpy()
+    return silent
 
 
 def _silent_at_zero(activation: str) -> bool:

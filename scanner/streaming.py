@@ -43,6 +43,7 @@ from scanner.adapters import ArchitectureAdapter
 from scanner.architectures.adapter import ModuleTreeAdapter
 from scanner.architectures.config import transformers_config
 from scanner.architectures.module_tree import build_meta_model, init_owners
+from scanner.architectures.norms import mean_free, norms_remove_mean
 from scanner.architectures.shape import GLUWeights
 from scanner.architectures.sites import MLPSite, SiteWeights, site_weights
 from scanner.checkpoint import Checkpoint
@@ -120,7 +121,9 @@ def stream_blocks(
                 projection.register_forward_hook(lambda _m, _a, out, part=part, sink=outputs: sink.update({part: out}))
                 for part, projection in projections.items()
             ]
-            stream = hidden  # the residual stream the block writes into, which the write view reads
+            # the residual stream the block writes into, which the write view reads (less its all-ones direction
+            # where the block's norms do not see it: scanner.architectures.norms)
+            stream = mean_free(hidden) if norms_remove_mean(module, hidden.shape[-1]) else hidden
             try:
                 out = module(hidden, *calls[layer].args, **calls[layer].kwargs)
             finally:
@@ -211,6 +214,8 @@ def _forward_layer_by_layer(
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
             stream = _layer_input(args, kwargs) if sites else None
+            if stream is not None and norms_remove_mean(module, stream.shape[-1]):
+                stream = mean_free(stream)
             for site, experts_of_site in by_expert.items():
                 width = getattr(module.get_submodule(site.path), site.up).shape[-1]  # d (the param is on meta)
                 site_input = functools.partial(_site_input, captured, site, width)

@@ -34,6 +34,8 @@ from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import retrieval_entry
 from scanner.testing import adversary as adv
 from scanner.testing.null_shift import split_writes_null_shift, widened_unlike_split
+from scanner.testing.silent_units import loud_silent_units
+from scanner.testing.stream_offset import stream_offset
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 
@@ -194,6 +196,28 @@ def test_parts_moved_along_layernorms_null_direction_keep_a_copy_dependent(train
     what gates compute on the inputs). Each part computes what it did; the canonical form groups them again."""
     _check(trained_kinds[kind.name], split_writes_null_shift(parts), EXACT_TOLERANCE, seed=16,
            folder=tmp_path / "copy")
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.name.startswith("plain")], ids=lambda k: k.name)
+def test_writes_along_the_direction_layernorm_removes_keep_a_copy_dependent(trained_kinds, kind: Kind,
+                                                                          tmp_path: Path) -> None:
+    """Found by a second independent check: where only LayerNorms read the residual stream, every writer may add any
+    multiple of the all-ones vector (LayerNorm(x + c 1) = LayerNorm(x)). An offset of 10 on every token and output
+    columns grown by 100 times their size along it, after every unit's gate was negated, drowned both write views
+    and hid the copy (-0.35 and 0.0); the write views now read the stream and the columns less that direction
+    (scanner.architectures.norms)."""
+    _check(trained_kinds[kind.name], adv.compose(adv.flip_gates, stream_offset(offset=10.0, per_unit=100.0)),
+           EXACT_TOLERANCE, seed=18, folder=tmp_path / "copy")
+
+
+@pytest.mark.parametrize("kind", [None, *KINDS], ids=lambda k: "gated" if k is None else k.name)
+def test_units_that_compute_nothing_do_not_move_the_dead_unit_bar(request, kind: Kind | None, tmp_path: Path) -> None:
+    """Found by the same check: three times as many units as the MLP has, each 1e8 times the median unit's size and
+    computing exactly nothing (an all-zero gate row, or ReLU/GELU of a bias of -1e4), moved the median the dead-unit
+    bar is a fraction of, and every real unit was dropped: CANNOT TEST, and on MoE layouts the comparison raised.
+    The median now leaves out units that compute nothing on the canonical inputs (scanner.canonical_mlp)."""
+    case = request.getfixturevalue("gated") if kind is None else request.getfixturevalue("trained_kinds")[kind.name]
+    _check(case, loud_silent_units(3.0, 1e8), EXACT_TOLERANCE, seed=19, folder=tmp_path / "copy")
 
 
 @pytest.mark.parametrize("parts", [4, 16])

@@ -1,12 +1,12 @@
-"""Silent units of enormous size (bench/redteam/loud_silent.py) that move the dead-unit bar's median, on every kind.
+"""Silent units of enormous size (scanner/testing/silent_units.py) that move the dead-unit bar's median, on every kind.
 A comparison that raises (MoE: every expert left with no units, expert pairing on NaN similarities) is recorded as a
 row with its error."""
 
 import copy
 
 from bench.redteam.harness import _record, case, evaluate, kinds_from_argv
-from bench.redteam.loud_silent import loud_silent_units
 from scanner.testing import adversary as adv
+from scanner.testing.silent_units import loud_silent_units
 from tests.adversary_support import probe_ids
 
 ALL = ["gated", "plain-relu", "plain-gelu", "moe-softmax", "moe-dense-first", "moe-interleaved", "hybrid"]

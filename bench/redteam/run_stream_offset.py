@@ -1,10 +1,10 @@
-"""Writes along the all-ones direction LayerNorm removes (bench/redteam/stream_offset.py) on the plain kinds, alone
+"""Writes along the all-ones direction LayerNorm removes (scanner/testing/stream_offset.py) on the plain kinds, alone
 and with the odd-part flip and the suite's own disguises."""
 
 from bench.redteam.disguises import plain_flip
 from bench.redteam.harness import evaluate, kinds_from_argv
-from bench.redteam.stream_offset import stream_offset
 from scanner.testing import adversary as adv
+from scanner.testing.stream_offset import stream_offset
 
 for kind in kinds_from_argv(["plain-relu", "plain-gelu"]):
     for offset in (1.0, 10.0, 30.0):

@@ -68,13 +68,16 @@ def expert_similarity(
     experts_b: Sequence[tuple[np.ndarray, np.ndarray]],
     units: int = SIMILARITY_UNITS,
 ) -> np.ndarray:
-    """(E_a, E_b) similarities s(i, j) of (gate, up) activations shaped (units, tokens); see the module docstring."""
+    """(E_a, E_b) similarities s(i, j) of (gate, up) activations shaped (units, tokens); see the module docstring.
+    An expert left with no units (its canonical form dropped every one: it computes nothing) is similar to none:
+    0, so the pairing goes on over the others instead of failing on an empty maximum."""
     gates_a = [unit_rows(g) for g, _ in experts_a]
     gates_b = [unit_rows(g[_sample(g.shape[0], units)]) for g, _ in experts_b]
     out = np.zeros((len(gates_a), len(gates_b)))
     for i, gate_a in enumerate(gates_a):
         for j, gate_b in enumerate(gates_b):
-            out[i, j] = float((gate_b @ gate_a.T).max(axis=1).mean())
+            if gate_a.shape[0] and gate_b.shape[0]:
+                out[i, j] = float((gate_b @ gate_a.T).max(axis=1).mean())
     return out
 
 

@@ -31,6 +31,7 @@ from transformers import PreTrainedModel
 
 from scanner.activations import unpredicted, unpredicted_up_to_sign
 from scanner.architectures.module_tree import decoder_stack
+from scanner.architectures.norms import mean_free, norms_remove_mean
 from scanner.architectures.sites import MLPSite, find_sites, site_weights
 from scanner.canonical_mlp import odd_linear
 from scanner.stats.matching import unit_rows_tensor
@@ -148,6 +149,8 @@ def _views(model: PreTrainedModel, canonical: torch.Tensor) -> dict[tuple[str, i
         x = captured[(index, site.path)].reshape(-1, captured[(index, site.path)].shape[-1]).float()
         stream = captured[(index, "stream")]
         stream = stream.reshape(-1, stream.shape[-1]).float()
+        if norms_remove_mean(layer, stream.shape[-1]):  # as the fingerprint reads it (scanner.streaming)
+            stream = mean_free(stream)
         stream = stream / torch.linalg.vector_norm(stream, dim=1, keepdim=True).clamp_min(1e-30)
         for expert, w in enumerate(site_weights(layer, site, trainable=True)):
             first = x @ (w.gate if w.gate is not None else w.up).T

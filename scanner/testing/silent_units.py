@@ -2,12 +2,13 @@
 MLP (dense or routed expert) to move the median that the dead-unit bar is a fraction of.
 
 scanner.canonical_mlp marks a unit dead when its size |output column| |up row| |gate row|^degree is below
-`DEAD` (1e-6) times the median size over the MLP's units with a non-zero size, and drops it. That median is taken
-before units with an all-zero gate row are set aside, and over every stored unit. A gated unit with an all-zero
+`DEAD` (1e-6) times the median size over the MLP's units with a non-zero size, and drops it. That median was taken
+before units with an all-zero gate row were set aside, and over every stored unit. A gated unit with an all-zero
 gate row computes act(0) (r x) w = 0 exactly (SiLU: act(0) = 0) whatever its up row r and output column w, so r and
 w may be as large as the copier likes; a plain unit with an all-zero input row and a bias of -B computes act(-B) w,
 exactly 0 in float32 for ReLU and GELU once B is a few hundred. Outnumber the real units with such units of size
-``loud`` times theirs, and every real unit falls below the bar.
+``loud`` times theirs, and every real unit fell below the bar (found by an independent check of issue 43's claim);
+the median now leaves out units that compute exactly nothing on the canonical inputs (scanner.canonical_mlp).
 """
 
 from __future__ import annotations

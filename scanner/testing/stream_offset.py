@@ -5,9 +5,10 @@ post_attention_layernorm, final_layer_norm), and LayerNorm(x + c 1) = LayerNorm(
 stream (the embeddings, every attention and MLP output map and bias) may add any multiple of 1 to what it writes,
 and nothing downstream sees it (up to float32 rounding of the mean subtraction, which `max_logit_change` measures).
 
-What a fingerprint reads that does see it: a plain MLP's second view and its write view read each unit's output
-column on the residual stream as it enters the block (scanner.activations.plain_views, write_view), the raw stream,
-each token's row at unit length. Two levers:
+What a fingerprint read that did see it (found by an independent check of issue 43's claim): a plain MLP's second
+view and its write view read each unit's output column on the residual stream as it enters the block, each token's
+row at unit length; they now read it less each row's mean where the block's norms remove it
+(scanner.architectures.norms), which undoes both levers exactly:
 
 * ``offset``: a constant C 1 added to every token's stream (position embeddings for GPT-2, the input embedding's
   rows for GPT-NeoX): every token's stream row turns toward 1, so every unit's read-back becomes nearly the same
