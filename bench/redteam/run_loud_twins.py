@@ -5,29 +5,44 @@ logits move by 0.85 to 1.3 (relative); twins small enough to cancel exactly move
 
 import torch
 
-from bench.redteam.harness import evaluate
+from bench.redteam.harness import evaluate, kinds_from_argv
 from scanner.architectures.sites import SiteWeights
 from scanner.testing import adversary as adv
 
 
-def loud_twins(factor=3.0, loud=1e8):
+def _twins(count: int) -> int:
+    return 2 * (count // 2)
+
+
+def loud_twins(factor: float = 3.0, loud: float = 1e8) -> adv.Disguise:
+    """Append about ``factor`` * h twins, each pair of one random gate (input) row, of size about ``loud``."""
+
     def disguise(model, generator):
-        def change(w, _degree):
-            h = w.up.shape[0]; n = int(round(factor * h)) // 2
-            d = w.down.shape[0]; width = w.up.shape[1]
-            g = torch.randn(n, width, generator=generator, dtype=torch.float64)
-            r = torch.randn(n, width, generator=generator, dtype=torch.float64) * loud ** 0.5
-            wr = torch.randn(d, n, generator=generator, dtype=torch.float64) * loud ** 0.5
-            gate = None if w.gate is None else torch.cat([w.gate.double(), g, g]).float()
-            up = torch.cat([w.up.double(), r, r]).float() if w.gate is not None else torch.cat([w.up.double(), g, g]).float()
-            down = torch.cat([w.down.double(), wr, -wr], dim=1).float()
-            ub = None if w.up_bias is None else torch.cat([w.up_bias.double(), torch.zeros(2 * n, dtype=torch.float64)]).float()
-            gb = None if w.gate_bias is None else torch.cat([w.gate_bias.double(), torch.zeros(2 * n, dtype=torch.float64)]).float()
+        def change(w: SiteWeights, _degree) -> SiteWeights:
+            h, width, d = w.up.shape[0], w.up.shape[1], w.down.shape[0]
+            n = _twins(round(factor * h)) // 2
+
+            def rows(*shape: int, scale: float = 1.0) -> torch.Tensor:
+                return torch.randn(*shape, generator=generator, dtype=torch.float64) * scale
+
+            key, read, write = rows(n, width), rows(n, width, scale=loud ** 0.5), rows(d, n, scale=loud ** 0.5)
             order = torch.randperm(h + 2 * n, generator=generator)
-            pick = lambda t: None if t is None else t[order]
-            return SiteWeights(up=up[order], down=down[:, order], gate=pick(gate), gate_bias=pick(gb), up_bias=pick(ub))
-        return adv._transform_sites(model, change, width=lambda h: h + 2 * (int(round(factor * h)) // 2))
+            zeros = torch.zeros(2 * n, dtype=torch.float64)
+
+            def stacked(stored: torch.Tensor | None, added: torch.Tensor) -> torch.Tensor | None:
+                return None if stored is None else torch.cat([stored.double(), added, added])[order].float()
+
+            gated = w.gate is not None
+            return SiteWeights(
+                up=stacked(w.up, read if gated else key), down=torch.cat([w.down.double(), write, -write], 1)[:, order]
+                .float(), gate=stacked(w.gate, key), gate_bias=None if w.gate_bias is None else
+                torch.cat([w.gate_bias.double(), zeros])[order].float(),
+                up_bias=None if w.up_bias is None else torch.cat([w.up_bias.double(), zeros])[order].float())
+
+        return adv._transform_sites(model, change, width=lambda h: h + _twins(round(factor * h)))
+
     return disguise
 
-for kind in ["gated", "plain-relu", "moe-softmax"]:
+
+for kind in kinds_from_argv(["gated", "plain-relu", "moe-softmax"]):
     evaluate("3h loud twins whose writes cancel, size ~1e8", kind, loud_twins())
