@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 from synthetic_checkpoint import tiny_template
 
-from scanner.fingerprint import Fingerprint
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import InputSpec
-from scanner.results import PairTestResult
+from scanner.fingerprints.fingerprint import Fingerprint
+from scanner.fingerprints.inputs import InputSpec
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.pairs.results import PairTestResult
 from scanner.stats.matching import MATCHING_RULES
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 
 UNITS, BLOCKS = 11008, 32
 PROFILED = ("screen_units", "decoupled_up", "cosine_similarity_matrix", "greedy_matching", "solve_assignment",

@@ -31,14 +31,14 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scanner.architectures.tiny import tiny_config  # noqa: E402
-from scanner.fingerprint import fingerprint_model  # noqa: E402
-from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
-from scanner.inputs import canonical_inputs  # noqa: E402
+from scanner.fingerprints.fingerprint import fingerprint_model  # noqa: E402
+from scanner.fingerprints.inputs import canonical_inputs  # noqa: E402
+from scanner.pairs.fingerprint_compare import compare_fingerprints  # noqa: E402
 from scanner.quiet import no_progress_bars  # noqa: E402
-from scanner.testing.adaptive import VIEWS, attack, read_views  # noqa: E402
+from scanner.reading.architectures.tiny import tiny_config  # noqa: E402
 from scanner.zoo.languages import MarkovLanguage  # noqa: E402
 from scanner.zoo.training import TrainSpec, train_lm  # noqa: E402
+from tests.fixtures.adaptive import VIEWS, attack, read_views  # noqa: E402
 from tests.null_support import NULL_KINDS, null_zoo  # noqa: E402
 
 CACHE = Path(os.environ.get("HUBTRACE_TEST_CACHE") or ROOT / ".hubtrace-cache")

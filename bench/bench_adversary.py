@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.quiet import no_progress_bars
-from scanner.testing import adversary as adv
 from scanner.zoo import build_zoo
+from tests.fixtures import adversary as adv
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from scanner.inputs import InputSpec
+from scanner.fingerprints.inputs import InputSpec
 from scanner.stats.assignment import solve_assignment
 from scanner.stats.matching import cosine_similarity_matrix
 

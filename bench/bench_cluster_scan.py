@@ -32,7 +32,7 @@ from bench_scan_throughput import build_bench_hub  # noqa: E402
 
 from jobs.config import ScanConfig  # noqa: E402
 from jobs.scan_job import run_scan  # noqa: E402
-from scanner.fingerprint_store import FingerprintStore  # noqa: E402
+from scanner.fingerprints.store import FingerprintStore  # noqa: E402
 from scanner.store import Store  # noqa: E402
 from tests.s3_support import environment, make_bucket, s3_server  # noqa: E402
 

@@ -58,7 +58,7 @@ def build_one(name: str, cache: Path, threads: int | None = None) -> dict[str, f
         wheels = ROOT / ".hubtrace-cache" / "pypi"
         if wheels.is_dir():
             os.symlink(wheels.resolve(), cache / "pypi")
-        from scanner.testing.real_model import smollm2_family, smollm2_gguf
+        from tests.fixtures.real_model import smollm2_family, smollm2_gguf
 
         smollm2_family(smollm2_gguf(cache), cache)
     else:

@@ -45,9 +45,9 @@ from lineage_graph.direction import DEFAULT_WEIGHING, Weighing
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.persist import activation_scale
-from scanner.fingerprint import fingerprint_model, read_fingerprint
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.pair_block_map import BlockMap
+from scanner.fingerprints.fingerprint import fingerprint_model, read_fingerprint
+from scanner.pairs.block_map import BlockMap
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.stats.sequential import SequentialDesign
 from scanner.zoo import ChainSpec, Zoo, ZooModel, build_chain, build_zoo, held_out, method_zoo, tool_zoo
 from tests.lineage_support import (
@@ -144,7 +144,7 @@ def recipe(model: ZooModel) -> str:
 def smollm2_inputs() -> Inputs:
     """The SmolLM2 family (scanner.testing.real_model) as a folder of downloads: no cards, no dates; pairs tested
     with the scan's default sequential design on the family's cached fingerprints."""
-    from scanner.testing.real_model import PARENTS, smollm2_family, smollm2_gguf
+    from tests.fixtures.real_model import PARENTS, smollm2_family, smollm2_gguf
 
     family = smollm2_family(smollm2_gguf(CACHE), CACHE)
     names = sorted(n for n in family.fingerprints if n != "random")

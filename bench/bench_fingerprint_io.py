@@ -25,9 +25,9 @@ from pathlib import Path
 from safetensors import safe_open
 from synthetic_checkpoint import scratch_checkpoint
 
-from scanner.fingerprint import fingerprint_model
-from scanner.inputs import InputSpec
-from scanner.validate import validate_checkpoint
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.fingerprints.inputs import InputSpec
+from scanner.reading.validate import validate_checkpoint
 
 
 def read_all(model: Path) -> int:

@@ -24,16 +24,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scanner.activations import MLPActivations  # noqa: E402
-from scanner.fingerprint import QUANTILES, Fingerprint  # noqa: E402
-from scanner.fingerprint_store import (  # noqa: E402
+from scanner.fingerprints.fingerprint import QUANTILES, Fingerprint  # noqa: E402
+from scanner.fingerprints.inputs import InputSpec  # noqa: E402
+from scanner.fingerprints.store import (  # noqa: E402
     FingerprintStore,
     read_fingerprint_at,
     read_fingerprint_block_at,
     read_fingerprint_meta_at,
 )
-from scanner.inputs import InputSpec  # noqa: E402
-from scanner.testing.synthetic import synthetic_pair  # noqa: E402
+from scanner.reading.activations import MLPActivations  # noqa: E402
+from tests.fixtures.synthetic import synthetic_pair  # noqa: E402
 from tests.s3_support import counting_relay, environment, make_bucket, s3_server  # noqa: E402
 from tests.synthetic_fingerprints import template_fingerprint  # noqa: E402
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from gguf import GGUFReader
 
-from scanner.formats import open_model_checkpoint
-from scanner.formats.gguf_file import read_gguf_layout
-from scanner.testing.real_model import smollm2_gguf
+from scanner.reading.formats import open_model_checkpoint
+from scanner.reading.formats.gguf_file import read_gguf_layout
+from tests.fixtures.real_model import smollm2_gguf
 
 CACHE = Path(__file__).resolve().parent.parent / ".hubtrace-cache"
 

@@ -31,7 +31,7 @@ GOALS_GB = {"70b": 6.0, "deepseek-v3": 8.0}
 CHILD = """
 import json, sys, time
 from pathlib import Path
-import scanner.fingerprint as fingerprint
+import scanner.fingerprints.fingerprint as fingerprint
 inner, spent = fingerprint.stream_blocks, []
 
 def timed(*args, **kwargs):

@@ -26,10 +26,10 @@ import torch
 from bench_7b_pair import BLOCKS, UNITS
 from synthetic_checkpoint import tiny_template
 
-from scanner.inputs import InputSpec
-from scanner.localize import localize
+from scanner.fingerprints.inputs import InputSpec
+from scanner.pairs.localize import localize
 from scanner.stats.matching import MATCHING_RULES
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 
 
 def main() -> None:

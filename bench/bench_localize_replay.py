@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from scanner.fingerprint import fingerprint_model
-from scanner.localize import LocalizeResult, localize, localize_replayed
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.localize import LocalizeResult, localize, localize_replayed
 from scanner.zoo import build_zoo
 from scanner.zoo.deep_prune import build_deep_prune, build_random_deep_prune
 

@@ -37,8 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scanner.fingerprint import fingerprint_model  # noqa: E402
-from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
+from scanner.fingerprints.fingerprint import fingerprint_model  # noqa: E402
+from scanner.pairs.fingerprint_compare import compare_fingerprints  # noqa: E402
 from scanner.quiet import no_progress_bars  # noqa: E402
 from scanner.stats.assignment.greedy import greedy_matching  # noqa: E402
 from scanner.stats.matching import cosine_similarity_matrix, match_similarity  # noqa: E402
@@ -136,7 +136,7 @@ def zoo_power(weakest: int) -> None:
 def adversary(copies: list[int], jitter: list[float]) -> None:
     from transformers import AutoModelForCausalLM
 
-    from scanner.testing import adversary as adv
+    from tests.fixtures import adversary as adv
 
     path = build_zoo(CACHE / "zoo")["aurora-labs/aurora-base"].path
     original = AutoModelForCausalLM.from_pretrained(path).eval()

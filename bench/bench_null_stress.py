@@ -35,8 +35,8 @@ from scipy.stats import kstest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scanner.fingerprint import fingerprint_model  # noqa: E402
-from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
+from scanner.fingerprints.fingerprint import fingerprint_model  # noqa: E402
+from scanner.pairs.fingerprint_compare import compare_fingerprints  # noqa: E402
 from scanner.stats.matching import MATCHING_RULES  # noqa: E402
 from scanner.zoo import Zoo  # noqa: E402
 from scanner.zoo.null_stress import STRESS_FAMILIES, stress_pairs, teacher_pairs  # noqa: E402

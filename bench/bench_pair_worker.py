@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 from synthetic_checkpoint import tiny_template
 
-from scanner.fingerprint_store import FingerprintStore
-from scanner.inputs import InputSpec
-from scanner.pair_worker import PairWorker
+from scanner.fingerprints.inputs import InputSpec
+from scanner.fingerprints.store import FingerprintStore
+from scanner.pairs.worker import PairWorker
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.synthetic import synthetic_derivative, synthetic_pair
+from tests.fixtures.synthetic import synthetic_derivative, synthetic_pair
 
 REVISION = "0" * 40
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from scanner.activations import glu_activations, load_causal_lm, mlp_inputs
-from scanner.compare import open_model
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import InputSpec, canonical_inputs, shared_token_range
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.fingerprints.inputs import InputSpec, canonical_inputs, shared_token_range
+from scanner.pairs.compare import open_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.activations import glu_activations, load_causal_lm, mlp_inputs
 from scanner.stats.logp import log10_fisher, log10_matching_p
 from scanner.stats.matching import cosine_similarity_matrix, spearman
 from scanner.zoo import build_zoo

@@ -26,7 +26,7 @@ CHILD = """
 import importlib, json, sys, threading, time
 from collections import defaultdict
 from pathlib import Path
-from scanner.fingerprint import fingerprint_model
+from scanner.fingerprints.fingerprint import fingerprint_model
 SPENT = defaultdict(float)
 NESTED = threading.local()
 

@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from synthetic_checkpoint import tiny_template  # noqa: E402
 
 from jobs.actors import DiskCacheSpec, PairJob, compare_batch  # noqa: E402
-from scanner.activations import MLPActivations  # noqa: E402
-from scanner.fingerprint import Fingerprint  # noqa: E402
-from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
-from scanner.fingerprint_store import FingerprintStore, read_fingerprint_at  # noqa: E402
+from scanner.fingerprints.fingerprint import Fingerprint  # noqa: E402
+from scanner.fingerprints.store import FingerprintStore, read_fingerprint_at  # noqa: E402
+from scanner.pairs.fingerprint_compare import compare_fingerprints  # noqa: E402
+from scanner.reading.activations import MLPActivations  # noqa: E402
 from scanner.stats.sequential import SequentialDesign  # noqa: E402
-from scanner.testing.synthetic import synthetic_pair  # noqa: E402
+from tests.fixtures.synthetic import synthetic_pair  # noqa: E402
 from tests.s3_support import counting_relay, environment, make_bucket, s3_server  # noqa: E402
 
 REVISION = "0" * 40

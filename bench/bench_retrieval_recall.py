@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.reading.activations import MLPActivations
 from scanner.retrieval.candidates import MAP_THRESHOLD, MIN_SCORE, scored_pairs, with_wide_block_maps
 from scanner.retrieval.hub import family_pairs
 from scanner.retrieval.index import RetrievalIndex
@@ -64,7 +64,7 @@ def candidates(entries: dict, map_threshold: float = MAP_THRESHOLD) -> tuple[set
 
 def zoo_recall(fingerprints: dict[str, Fingerprint]) -> None:
     from lineage_graph.multiple_testing import fdr_reject, holm_reject
-    from scanner.fingerprint_compare import compare_fingerprints
+    from scanner.pairs.fingerprint_compare import compare_fingerprints
     from scanner.stats.sequential import SequentialDesign
 
     pairs = list(combinations(sorted(fingerprints), 2))

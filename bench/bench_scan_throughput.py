@@ -24,8 +24,8 @@ from safetensors.numpy import load_file, save_file
 from jobs.actors import PairJob, compare_batch, fingerprint_record
 from jobs.config import ScanConfig
 from jobs.scan_job import run_scan
-from scanner.fingerprint_store import FingerprintStore
-from scanner.inputs import InputSpec
+from scanner.fingerprints.inputs import InputSpec
+from scanner.fingerprints.store import FingerprintStore
 from scanner.sources import ModelRecord, discover_local
 from scanner.zoo import build_zoo
 

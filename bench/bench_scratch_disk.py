@@ -21,8 +21,8 @@ from pathlib import Path
 from jobs.config import ScanConfig
 from jobs.scan_job import run_scan
 from jobs.scratch import PREFIX
-from scanner.testing.fake_hub import FakeHub
 from scanner.zoo import build_zoo
+from tests.fixtures.fake_hub import FakeHub
 
 ZOO_DIR = Path(".hubtrace-cache/zoo")
 

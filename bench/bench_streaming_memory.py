@@ -19,13 +19,13 @@ from pathlib import Path
 
 from synthetic_checkpoint import scratch_checkpoint
 
-from scanner.inputs import InputSpec
+from scanner.fingerprints.inputs import InputSpec
 
 CHILD = """
 import sys, time
 from pathlib import Path
-from scanner.fingerprint import fingerprint_model, write_fingerprint
-from scanner.inputs import InputSpec
+from scanner.fingerprints.fingerprint import fingerprint_model, write_fingerprint
+from scanner.fingerprints.inputs import InputSpec
 start = time.perf_counter()
 fp = fingerprint_model(
     sys.argv[1], inputs=InputSpec(n_sequences=int(sys.argv[3]), seq_len=int(sys.argv[4])), device=sys.argv[5]

@@ -17,10 +17,10 @@ import argparse
 import time
 from pathlib import Path
 
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import InputSpec
-from scanner.localize import localize
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.fingerprints.inputs import InputSpec
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.pairs.localize import localize
 from scanner.zoo import build_zoo
 
 BASE = "aurora-labs/aurora-base"

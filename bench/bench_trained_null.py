@@ -43,13 +43,13 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scanner.activations import MLPActivations  # noqa: E402
-from scanner.architectures.module_tree import decoder_stack  # noqa: E402
-from scanner.architectures.sites import find_sites, site_weights  # noqa: E402
-from scanner.fingerprint import fingerprint_model  # noqa: E402
-from scanner.fingerprint_compare import compare_fingerprints  # noqa: E402
-from scanner.inputs import canonical_inputs  # noqa: E402
+from scanner.fingerprints.fingerprint import fingerprint_model  # noqa: E402
+from scanner.fingerprints.inputs import canonical_inputs  # noqa: E402
+from scanner.pairs.fingerprint_compare import compare_fingerprints  # noqa: E402
 from scanner.quiet import no_progress_bars  # noqa: E402
+from scanner.reading.activations import MLPActivations  # noqa: E402
+from scanner.reading.architectures.module_tree import decoder_stack  # noqa: E402
+from scanner.reading.architectures.sites import find_sites, site_weights  # noqa: E402
 from scanner.stats.independence import phi_match  # noqa: E402
 from scanner.stats.logp import log10_fisher  # noqa: E402
 from scanner.stats.matching import MATCHING_RULES  # noqa: E402

@@ -143,8 +143,8 @@ def tiny_template(folder: Path, tokens: int):
     (scanner.testing.synthetic), with nothing trained."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from scanner.fingerprint import fingerprint_model
-    from scanner.inputs import InputSpec
+    from scanner.fingerprints.fingerprint import fingerprint_model
+    from scanner.fingerprints.inputs import InputSpec
 
     config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=2, vocab_size=512)

@@ -25,10 +25,10 @@ import ray
 from jobs.cluster import StoreProbe, StoreUnreachableError
 from jobs.scratch import default_scratch, download_folder, remove_orphans
 from scanner.errors import one_line
-from scanner.fingerprint_cache import FingerprintCache
-from scanner.fingerprint_store import FingerprintStore
-from scanner.inputs import InputSpec
-from scanner.results import PairTestResult
+from scanner.fingerprints.cache import FingerprintCache
+from scanner.fingerprints.inputs import InputSpec
+from scanner.fingerprints.store import FingerprintStore
+from scanner.pairs.results import PairTestResult
 from scanner.stats.weight_statistics import WeightProfile
 
 REASON_CHARS = 4000
@@ -36,9 +36,9 @@ REASON_CHARS = 4000
 
 
 if TYPE_CHECKING:
-    from scanner.fingerprint import FingerprintMeta
-    from scanner.pair_block_map import BlockMap
-    from scanner.pair_worker import PairWorker
+    from scanner.fingerprints.fingerprint import FingerprintMeta
+    from scanner.pairs.block_map import BlockMap
+    from scanner.pairs.worker import PairWorker
     from scanner.sources import ModelRecord
     from scanner.stats.matching import MatchingRule
     from scanner.stats.sequential import SequentialDesign
@@ -129,9 +129,9 @@ def fingerprint_record(record: ModelRecord, store: FingerprintStore, inputs: Inp
 
 def _fingerprint(record: ModelRecord, store: FingerprintStore, inputs: InputSpec, device: str, scratch: Path,
                  token: str | None, download: Path, started: float, profile: bool) -> FingerprintOutcome:
-    from scanner.fingerprint import fingerprint_model
+    from scanner.fingerprints.fingerprint import fingerprint_model
+    from scanner.reading.validate import validate_checkpoint
     from scanner.sources import materialize
-    from scanner.validate import validate_checkpoint
 
     stage = "fetch"
     try:
@@ -157,7 +157,7 @@ def _weight_profile(adapter) -> WeightProfile | None:  # noqa: ANN001 - an adapt
     """The weight profile, or None for a family whose attention and norm roles hubtrace does not know or weights
     that do not fit them (its pairs then have no weight fingerprints; the fingerprint and phi_MATCH are unaffected:
     an optional statistic never costs a model its fingerprint)."""
-    from scanner.weight_profiles import weight_profile
+    from scanner.reading.weight_profiles import weight_profile
 
     try:
         return weight_profile(adapter)
@@ -238,7 +238,7 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     node cannot reach the store, every pair of the batch comes back as a ``store`` error (the driver retries them
     on a node probed at start). A related pair whose depths differ gets its block map on the same worker, right after
     its test (scanner.pair_block_map)."""
-    from scanner.pair_worker import PairWorker
+    from scanner.pairs.worker import PairWorker
 
     unreachable = _unreachable_store(probe)
     if unreachable is not None:
@@ -293,7 +293,7 @@ def _disk_cache(spec: DiskCacheSpec | None) -> FingerprintCache | None:
 @functools.cache
 def _resident_pair_worker(device: str, statistic: str, design: SequentialDesign | None, workers: int,
                           rule: MatchingRule, cache: DiskCacheSpec | None) -> PairWorker:
-    from scanner.pair_worker import PairWorker
+    from scanner.pairs.worker import PairWorker
 
     return PairWorker(device, statistic=statistic, design=design, workers=workers, rule=rule,
                       disk_cache=_disk_cache(cache))

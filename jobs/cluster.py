@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from jobs.config import ConfigError
 from scanner.errors import HubtraceError, one_line
-from scanner.fingerprint_store import FingerprintStore
+from scanner.fingerprints.store import FingerprintStore
 
 #: How long the store probe may take on every node (a node that cannot start a task by then is reported).
 PROBE_TIMEOUT_S = 300.0

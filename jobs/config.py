@@ -17,9 +17,9 @@ from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE
 from lineage_graph.export import ExportFormat
 from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line
-from scanner.fingerprint_cache import DEFAULT_CACHE_BYTES
-from scanner.fingerprint_compare import FingerprintStatistic
-from scanner.inputs import InputSpec
+from scanner.fingerprints.cache import DEFAULT_CACHE_BYTES
+from scanner.fingerprints.inputs import InputSpec
+from scanner.pairs.fingerprint_compare import FingerprintStatistic
 from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.index import DEFAULT_SEARCH
 from scanner.sources import SOURCE_KINDS

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from jobs.config import ConfigError
-from scanner.fingerprint_store import OWNER_FILE, FingerprintStore, StoreOwner
+from scanner.fingerprints.store import OWNER_FILE, FingerprintStore, StoreOwner
 from scanner.store import Store, StoreError, StoreLockedError
 
 

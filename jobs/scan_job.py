@@ -33,7 +33,7 @@ from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
 from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
 from jobs.summary import ScanSummary
 from scanner.errors import one_line, without_sql_excerpt
-from scanner.fingerprint_store import FingerprintStore
+from scanner.fingerprints.store import FingerprintStore
 from scanner.sources import ModelRecord, SourceFailure, discover_hf_cache, discover_hub, discover_local
 from scanner.text_safety import terminal
 
@@ -332,7 +332,7 @@ class _Scan:
 
     def _store_pair_outcomes(self, outcomes: list[PairOutcome], stored: int, total: int) -> int:
         """Store one batch's tests and errors; returns the pairs stored so far."""
-        from scanner.pair_block_map import encoded
+        from scanner.pairs.block_map import encoded
         from scanner.store import PairTestRow
 
         rows = [PairTestRow(o.job.model_a, o.job.revision_a, o.job.model_b, o.job.revision_b,

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from lineage_graph.evidence import ModelInfo, PairTest
-from scanner.pair_block_map import MAP_LOG10_P, BlockMap, one_width
+from scanner.pairs.block_map import MAP_LOG10_P, BlockMap, one_width
 
 MAPS_PER_MODEL = 4
 """A deeper model is mapped onto at most its this many nearest shallower relatives (by the pair test's closeness)."""

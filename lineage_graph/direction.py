@@ -16,7 +16,7 @@ import networkx as nx
 
 from lineage_graph.block_maps import reading
 from lineage_graph.evidence import Direction, Edge, ModelInfo
-from scanner.pair_block_map import BlockMap
+from scanner.pairs.block_map import BlockMap
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from lineage_graph.direction import combine, votes
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, Discrepancy, Edge, ModelInfo
 from lineage_graph.families import Family
-from scanner.pair_block_map import BlockMap
+from scanner.pairs.block_map import BlockMap
 
 ACCUSATIONS = ("false_from_scratch", "undeclared_base", "declared_base_independent", "relation_contradicted",
                "declared_direction_contradicted")

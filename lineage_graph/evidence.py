@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from scanner.merge_config import MergeDeclaration
+from scanner.declared.merge_config import MergeDeclaration
 
 DEFAULT_MIN_DIRECTION_CONFIDENCE = 0.8
 """Directions below this confidence are drawn without an arrow and read "direction undecided" (the investigator's

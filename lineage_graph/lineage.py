@@ -35,7 +35,7 @@ from lineage_graph.kinship import LINK_KINSHIP
 from lineage_graph.multiple_testing import Method, fdr_adjust, fdr_reject, holm_reject
 from lineage_graph.phylogeny import CLONE_CLOSENESS, FamilyEvidence, Phylogeny, family_phylogeny
 from lineage_graph.value_sources import ValueSources, value_sources
-from scanner.pair_block_map import BlockMap, one_width
+from scanner.pairs.block_map import BlockMap, one_width
 
 BLOCK_LOG10_P = -2.0
 """A block pair enters an edge's block map when its own log10 p is at most this (localize's default)."""

@@ -15,8 +15,8 @@ from lineage_graph.block_maps import wanted
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, ModelInfo, PairTest
 from lineage_graph.lineage import Lineage, compute_lineage
 from lineage_graph.multiple_testing import Method
-from scanner.merge_config import MergeDeclaration
-from scanner.pair_block_map import BlockMap, decoded
+from scanner.declared.merge_config import MergeDeclaration
+from scanner.pairs.block_map import BlockMap, decoded
 from scanner.store import lineage_tables
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def _header_evidence(store: Store) -> dict[str, _HeaderEvidence]:
     fingerprint headers (what a fingerprint written before one was recorded lacks, and missing or damaged
     fingerprints, are skipped: that model's pairs get no such evidence)."""
     try:
-        from scanner.fingerprint_store import read_fingerprint_meta_at
+        from scanner.fingerprints.store import read_fingerprint_meta_at
     except ImportError:
         return {}
     out: dict[str, _HeaderEvidence] = {}

@@ -27,8 +27,8 @@ from lineage_graph.document import (
     to_markdown,
 )
 from lineage_graph.lineage import Lineage
-from scanner.results import format_p
-from scanner.statistics_catalog import ROBUSTNESS
+from scanner.pairs.results import format_p
+from scanner.stats.catalog import ROBUSTNESS
 from scanner.store import queries
 from scanner.text_safety import PLOT_TEXT, plot_label, visible
 
@@ -67,8 +67,8 @@ def _unit_map(store: Store, a: dict, b: dict, input_set: str, out: Path) -> tupl
     if not all(paths):
         return [], ["no fingerprint files for this pair in the store: unit map not drawn"], None
     try:
-        from scanner.fingerprint_store import read_fingerprint_at
-        from scanner.localize import localize, plot_unit_map
+        from scanner.fingerprints.store import read_fingerprint_at
+        from scanner.pairs.localize import localize, plot_unit_map
 
         result = localize(read_fingerprint_at(paths[0]), read_fingerprint_at(paths[1]))
     except Exception as exc:  # the report still stands on the stored test without the unit map

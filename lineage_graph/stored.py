@@ -12,7 +12,7 @@ import polars as pl
 from lineage_graph.evidence import DEFAULT_MIN_DIRECTION_CONFIDENCE, Direction, Discrepancy, Edge, ModelInfo, PairTest
 from lineage_graph.families import Family
 from lineage_graph.lineage import Lineage
-from scanner.merge_config import MergeDeclaration
+from scanner.declared.merge_config import MergeDeclaration
 from scanner.store import Store, lineage_tables, queries
 
 TREE_KINDS = ("tree", "copy")

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from scanner.architectures.tiny import tiny_config
 from scanner.quiet import no_progress_bars
-from scanner.testing import adversary as adv
+from scanner.reading.architectures.tiny import tiny_config
+from tests.fixtures import adversary as adv
 
 #: Steps and learning rate of the brief training: enough to move every weight (the loss falls by a third or more on
 #: the repeating pattern below), little enough to cost a second or two per model on one core.

@@ -44,8 +44,8 @@ from tests.null_support import null_zoo as null_zoo_of
 from tests.ray_support import ray_for_tests
 
 if TYPE_CHECKING:
-    from scanner.fingerprint import Fingerprint
-    from scanner.testing.real_model import SmolLM2Family
+    from scanner.fingerprints.fingerprint import Fingerprint
+    from tests.fixtures.real_model import SmolLM2Family
 
 CACHE = Path(os.environ.get("HUBTRACE_TEST_CACHE") or Path(__file__).resolve().parent.parent / ".hubtrace-cache")
 """Where the trained zoos are cached; HUBTRACE_TEST_CACHE moves it (bench/bench_kernel_rebuilds.py rebuilds zoos
@@ -161,7 +161,7 @@ def _artefacts(item: pytest.Item) -> dict[str, Callable[[], object]]:
 def _built(name: str) -> bool:
     """A cheap look at the cache (a stale one is rebuilt by its fixture, as before)."""
     if name == "smollm2":
-        from scanner.testing.real_model import smollm2_fingerprints_built
+        from tests.fixtures.real_model import smollm2_fingerprints_built
 
         return smollm2_fingerprints_built(CACHE)
     if name == "encoders":
@@ -194,7 +194,7 @@ def _seed_zoo(seed: int) -> Zoo:
 
 
 def _smollm2_family() -> SmolLM2Family:
-    from scanner.testing.real_model import smollm2_family, smollm2_gguf
+    from tests.fixtures.real_model import smollm2_family, smollm2_gguf
 
     return smollm2_family(smollm2_gguf(CACHE), CACHE)
 
@@ -208,7 +208,7 @@ def zoo() -> Zoo:
 def zoo_fingerprints(zoo: Zoo) -> dict[str, Fingerprint]:
     """Every zoo model's fingerprint on the default inputs, taken once per session for the modules that all read
     them (lineage, retrieval, localize). Their arrays are read-only, so no test can change what another reads."""
-    from scanner.fingerprint import fingerprint_model
+    from scanner.fingerprints.fingerprint import fingerprint_model
 
     prints = {m: fingerprint_model(zoo[m].path) for m in zoo.ids}
     for fp in prints.values():

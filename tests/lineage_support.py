@@ -14,10 +14,10 @@ from pathlib import Path
 from lineage_graph.block_maps import wanted
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.persist import activation_scale
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.merge_config import read_merge_config
-from scanner.pair_block_map import BlockMap, any_order_map
+from scanner.declared.merge_config import read_merge_config
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.pairs.block_map import BlockMap, any_order_map
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.sources.records import record_from_card
 from scanner.zoo import Zoo, read_card
 

@@ -57,7 +57,7 @@ def scan_folder(hub: Path, root: Path) -> Path:
 
     from jobs.actors import compare_batch, fingerprint_record
     from jobs.scan_job import ScanObserver, _Scan, discover
-    from scanner.fingerprint_store import FingerprintStore
+    from scanner.fingerprints.store import FingerprintStore
 
     config = scan_config(hub, root / "out")
     config.db_path.parent.mkdir(parents=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scanner.sources import ModelRecord
 from scanner.store import PairTestRow, Store
-from scanner.testing.hostile import HOSTILE_NAMES, HOSTILE_TEXTS
+from tests.fixtures.hostile import HOSTILE_NAMES, HOSTILE_TEXTS
 from tests.lineage_support import _chromium
 from tests.store_support import T0, Meta, scanned_hub
 

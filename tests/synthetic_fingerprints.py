@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.inputs import InputSpec
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.fingerprints.inputs import InputSpec
 from tests.tiny_models import FAMILIES, save_random
 
 

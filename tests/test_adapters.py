@@ -22,11 +22,11 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.activations import ACT2FN
 
-from scanner.adapters import FAMILIES as ADAPTER_FAMILIES
-from scanner.adapters import ArchitectureAdapter, adapter_for
-from scanner.architectures.shape import GLUWeights
-from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
+from scanner.reading.architectures.families import FAMILIES as ADAPTER_FAMILIES
+from scanner.reading.architectures.families import ArchitectureAdapter, adapter_for
+from scanner.reading.architectures.shape import GLUWeights
+from scanner.reading.checkpoint import open_checkpoint
 from tests.tiny_models import FAMILIES, GEMMA_FAMILIES, LAYERS, VOCAB, D, H, gemma3_multimodal, save_random
 
 

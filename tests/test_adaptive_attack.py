@@ -24,14 +24,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import canonical_inputs
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.fingerprints.inputs import canonical_inputs
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.quiet import no_progress_bars
-from scanner.testing.adaptive import attack, read_views
 from scanner.zoo import Zoo
 from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.training import single_thread
+from tests.fixtures.adaptive import attack, read_views
 
 PRICE_PAID, STILL_DEPENDENT = 0.01, -6.0
 

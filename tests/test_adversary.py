@@ -27,17 +27,17 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import retrieval_entry
-from scanner.testing import adversary as adv
-from scanner.testing.null_shift import split_writes_null_shift, widened_unlike_split
-from scanner.testing.silent_units import loud_silent_units
-from scanner.testing.stream_offset import stream_offset
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
+from tests.fixtures import adversary as adv
+from tests.fixtures.null_shift import split_writes_null_shift, widened_unlike_split
+from tests.fixtures.silent_units import loud_silent_units
+from tests.fixtures.stream_offset import stream_offset
 
 DEPENDENT, INDEPENDENT = -20.0, -3.0
 EXACT_TOLERANCE, JITTER_TOLERANCE = 1e-4, 3e-2

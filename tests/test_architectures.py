@@ -26,18 +26,18 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
-from scanner.activations import load_causal_lm, site_activations
-from scanner.architectures.config import transformers_config
-from scanner.architectures.coverage import all_coverage, causal_lm_types, classify, coverage
-from scanner.architectures.sites import SiteWeights
-from scanner.architectures.tasks import Task
-from scanner.architectures.tiny import tiny_config
-from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.activations import load_causal_lm, site_activations
+from scanner.reading.architectures.config import transformers_config
+from scanner.reading.architectures.coverage import all_coverage, causal_lm_types, classify, coverage
+from scanner.reading.architectures.sites import SiteWeights
+from scanner.reading.architectures.tasks import Task
+from scanner.reading.architectures.tiny import tiny_config
+from scanner.reading.checkpoint import open_checkpoint
+from scanner.reading.validate import validate_checkpoint
 from scanner.stats.independence import phi_match
-from scanner.validate import validate_checkpoint
 
 DEPENDENT = -20.0  # log10 p a noisy copy must reach (the bar)
 INDEPENDENT = -3.0  # the bar for one independent pair: 1e-3 false failures per type
@@ -318,7 +318,7 @@ def test_architectures_command_lists_every_type() -> None:
 
 
 def test_docs_table_is_the_command_output() -> None:
-    from scanner.architectures.coverage import coverage_markdown
+    from scanner.reading.architectures.coverage import coverage_markdown
 
     docs = Path(__file__).parent.parent / "docs" / "architectures.md"
     assert docs.read_text() == coverage_markdown(all_coverage()), "regenerate: hubtrace architectures --markdown"

@@ -13,12 +13,12 @@ import pytest
 
 from jobs.config import ConfigError
 from jobs.ownership import claim_fingerprint_store
-from scanner.database_identity import DatabaseIdentity
-from scanner.fingerprint import Fingerprint, write_fingerprint
-from scanner.fingerprint_store import OWNER_FILE, FingerprintStore
+from scanner.fingerprints.fingerprint import Fingerprint, write_fingerprint
+from scanner.fingerprints.store import OWNER_FILE, FingerprintStore
 from scanner.retrieval.index import RetrievalIndex, entry_path, load_or_make_entry, read_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS
 from scanner.store import Store
+from scanner.store.database_identity import DatabaseIdentity
 from tests.store_support import Meta, record
 from tests.synthetic_fingerprints import template_fingerprint
 

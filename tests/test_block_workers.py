@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from scanner.fingerprint_compare import compare_fingerprints, parallel_map
+from scanner.pairs.fingerprint_compare import compare_fingerprints, parallel_map
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 from tests.synthetic_fingerprints import template_fingerprint
 
 

@@ -62,8 +62,8 @@ def test_a_scan_stores_no_p_value_and_counts_the_pair(hub: Path, tmp_path: Path)
 
 
 def test_localize_says_which_block_pairs_it_could_not_test(hub: Path) -> None:
-    from scanner.fingerprint import fingerprint_model
-    from scanner.localize import localize
+    from scanner.fingerprints.fingerprint import fingerprint_model
+    from scanner.pairs.localize import localize
 
     result = localize(fingerprint_model(hub / BASE), fingerprint_model(hub / DEAD))
     assert not result.map

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers.activations import ACT2FN
 
-from scanner.architectures.sites import SiteWeights
-from scanner.canonical_mlp import SAME_FUNCTION_COSINE, SAME_GATE_COSINE, canonical_mlp
+from scanner.reading.architectures.sites import SiteWeights
+from scanner.reading.canonical_mlp import SAME_FUNCTION_COSINE, SAME_GATE_COSINE, canonical_mlp
 from scanner.stats.canonical import RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
 WIDTH, UNITS = 24, 16

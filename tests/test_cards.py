@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scanner.cards import MAX_CARD_BYTES, card_from_metadata, declared_by_tags, parse_card, read_card
+from scanner.declared.cards import MAX_CARD_BYTES, card_from_metadata, declared_by_tags, parse_card, read_card
 
 
 def test_front_matter_claim_with_list_and_string_forms() -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from scanner.checkpoint import Checkpoint, open_checkpoint
 from scanner.errors import CheckpointError, UnsafeCheckpointError
-from scanner.validate import check_values_and_hash
+from scanner.reading.checkpoint import Checkpoint, open_checkpoint
+from scanner.reading.validate import check_values_and_hash
 
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
-from scanner.fingerprint import Fingerprint, write_fingerprint
-from scanner.fingerprint_store import FingerprintStore
-from scanner.inputs import InputSpec
-from scanner.testing.synthetic import synthetic_pair
+from scanner.fingerprints.fingerprint import Fingerprint, write_fingerprint
+from scanner.fingerprints.inputs import InputSpec
+from scanner.fingerprints.store import FingerprintStore
+from tests.fixtures.synthetic import synthetic_pair
 from tests.s3_support import environment, make_bucket
 from tests.synthetic_fingerprints import template_fingerprint
 from tests.tiny_models import FAMILIES, save_random
@@ -80,7 +80,7 @@ def test_test_on_urls_equals_test_on_files(sides):
 def test_a_model_folder_is_fingerprinted_on_the_input_set_of_a_url_side(tmp_path, s3_env):
     folder = tmp_path / "model"
     save_random(FAMILIES["llama"].config(), folder)
-    from scanner.fingerprint import fingerprint_model
+    from scanner.fingerprints.fingerprint import fingerprint_model
 
     own = fingerprint_model(folder, inputs=InputSpec(seed=7, n_sequences=1, seq_len=48))
     url = FingerprintStore(f"s3://{BUCKET}/own").write(own, "org/model", REVISION)[0]

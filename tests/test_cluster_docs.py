@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from jobs.config import load_config
-from scanner.fingerprint_store import FingerprintStore
+from scanner.fingerprints.store import FingerprintStore
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

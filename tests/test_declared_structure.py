@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scanner.cards import parse_card
-from scanner.merge_config import MERGE_CONFIG, MergeDeclaration, MergeSource, model_id_of, parse_merge_config
+from scanner.declared.cards import parse_card
+from scanner.declared.merge_config import MERGE_CONFIG, MergeDeclaration, MergeSource, model_id_of, parse_merge_config
 from scanner.sources.local import discover_local
 from scanner.store import Store
 from tests.store_support import Meta

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint
-from scanner.localize import localize
+from scanner.fingerprints.fingerprint import Fingerprint
+from scanner.pairs.localize import localize
+from scanner.reading.activations import MLPActivations
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import DEFAULT_PARAMS, SignatureParams, retrieval_entry
@@ -159,7 +159,7 @@ def test_duplicated_and_constant_units_are_set_aside_and_the_rest_still_detects_
 
 
 def test_the_note_reaches_the_pair_result(template: Fingerprint) -> None:
-    from scanner.fingerprint_compare import compare_fingerprints
+    from scanner.pairs.fingerprint_compare import compare_fingerprints
 
     rng = np.random.default_rng(16)
     x = rng.normal(size=(64, WIDTH))

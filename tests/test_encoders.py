@@ -13,10 +13,10 @@ import torch
 from scipy.stats import binom, kstest
 from transformers import AutoModelForMaskedLM, BertConfig, BertForMaskedLM
 
-from scanner.architectures.tiny import tiny_config
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import canonical_inputs
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.fingerprints.inputs import canonical_inputs
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.architectures.tiny import tiny_config
 from scanner.zoo.encoders import EncoderZoo
 from tests.peft_support import tiny_llama
 

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from scanner import expert_stream
-from scanner.architectures.tiny import tiny_config
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.validate import validate_checkpoint
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.reading import expert_stream
+from scanner.reading.architectures.tiny import tiny_config
+from scanner.reading.validate import validate_checkpoint
 
 
 def _largest_difference(a: Fingerprint, b: Fingerprint) -> float:

@@ -27,12 +27,8 @@ from safetensors.torch import save_file as save_torch_file
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
-from scanner.activations import MLPActivations, glu_activations, load_causal_lm, mlp_inputs
-from scanner.adapters import ArchitectureAdapter, adapter_for
-from scanner.checkpoint import Checkpoint, open_checkpoint
-from scanner.compare import compare_models
 from scanner.errors import CheckpointError, FingerprintError, IncomparableError
-from scanner.fingerprint import (
+from scanner.fingerprints.fingerprint import (
     FINGERPRINT_FORMAT,
     Fingerprint,
     fingerprint_model,
@@ -41,10 +37,14 @@ from scanner.fingerprint import (
     stored_activations,
     write_fingerprint,
 )
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.inputs import InputSpec, canonical_inputs
-from scanner.streaming import stream_mlp_activations
-from scanner.validate import validate_checkpoint
+from scanner.fingerprints.inputs import InputSpec, canonical_inputs
+from scanner.pairs.compare import compare_models
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.activations import MLPActivations, glu_activations, load_causal_lm, mlp_inputs
+from scanner.reading.architectures.families import ArchitectureAdapter, adapter_for
+from scanner.reading.checkpoint import Checkpoint, open_checkpoint
+from scanner.reading.streaming import stream_mlp_activations
+from scanner.reading.validate import validate_checkpoint
 from scanner.zoo import Zoo
 from tests.tiny_models import FAMILIES, LAYERS, VOCAB, save_random, tiny_config
 

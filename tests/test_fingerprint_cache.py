@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from jobs.actors import DiskCacheSpec, PairJob, compare_batch
-from scanner.fingerprint_cache import FingerprintCache
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.fingerprint_ranges import HEADER_PREFETCH
-from scanner.fingerprint_store import FingerprintStore
+from scanner.fingerprints.cache import FingerprintCache
+from scanner.fingerprints.ranges import HEADER_PREFETCH
+from scanner.fingerprints.store import FingerprintStore
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 from tests.s3_support import counting_relay, make_bucket
 from tests.synthetic_fingerprints import template_fingerprint
 

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from scanner.errors import FingerprintError
-from scanner.fingerprint import read_fingerprint_block
-from scanner.fingerprint_ranges import HEADER_PREFETCH
-from scanner.fingerprint_store import (
+from scanner.fingerprints.fingerprint import read_fingerprint_block
+from scanner.fingerprints.ranges import HEADER_PREFETCH
+from scanner.fingerprints.store import (
     FingerprintStore,
     read_fingerprint_at,
     read_fingerprint_block_at,
     read_fingerprint_meta_at,
 )
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 from tests.s3_support import counting_relay, make_bucket
 from tests.synthetic_fingerprints import template_fingerprint
 

@@ -16,8 +16,8 @@ from jobs.cluster import check_fingerprint_store
 from jobs.config import ConfigError, ScanConfig
 from jobs.scratch import PREFIX, download_folder, remove_orphans
 from scanner.errors import FingerprintError
-from scanner.fingerprint_store import FingerprintStore, read_fingerprint_at, read_fingerprint_meta_at
-from scanner.testing.synthetic import synthetic_pair
+from scanner.fingerprints.store import FingerprintStore, read_fingerprint_at, read_fingerprint_meta_at
+from tests.fixtures.synthetic import synthetic_pair
 from tests.s3_support import make_bucket
 from tests.synthetic_fingerprints import template_fingerprint
 

@@ -21,15 +21,15 @@ from gguf import GGMLQuantizationType, GGUFReader
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from scanner.compare import compare_models
 from scanner.errors import CheckpointError, UnsupportedArchitectureError
-from scanner.formats import open_model_checkpoint
-from scanner.formats.gguf import GGUFCheckpoint
-from scanner.formats.gguf_write import write_gguf
-from scanner.formats.quantized import AWQ_ORDER, pack_int4, unpack_int4
-from scanner.testing.quantize import write_quantized
-from scanner.validate import validate_checkpoint
+from scanner.pairs.compare import compare_models
+from scanner.reading.formats import open_model_checkpoint
+from scanner.reading.formats.gguf import GGUFCheckpoint
+from scanner.reading.formats.gguf_write import write_gguf
+from scanner.reading.formats.quantized import AWQ_ORDER, pack_int4, unpack_int4
+from scanner.reading.validate import validate_checkpoint
 from scanner.zoo import Zoo
+from tests.fixtures.quantize import write_quantized
 
 BASE, CHAT, TWIN = "aurora-labs/aurora-base", "finch-nlp/aurora-chat", "tundra-research/tundra-64"
 DEPENDENT_BELOW, INDEPENDENT_ABOVE = -20.0, -5.0
@@ -199,7 +199,7 @@ def test_hostile_gguf_is_refused_in_one_line(ggufs: dict[str, Path], tmp_path: P
 def test_gguf_metadata_arrays_take_the_memory_of_their_bytes(tmp_path: Path) -> None:
     """Issue 24: numeric arrays came back as lists of Python ints, ~45 bytes of memory per byte of file. They are
     numpy arrays now: a 16 MB uint8 array takes 16 MB."""
-    from scanner.formats.gguf_file import read_gguf_layout
+    from scanner.reading.formats.gguf_file import read_gguf_layout
 
     n = 16 << 20
     array = _string("x.big") + struct.pack("<IIQ", 9, 0, n) + bytes(range(256)) * (n // 256)
@@ -222,7 +222,7 @@ def test_a_second_spelling_of_a_block_number_is_refused(zoo: Zoo, tmp_path: Path
     """Issue 24: blk.1. and blk.01. both loaded as block 1, the later winning (an exact copy with decoy blocks
     appended tested independent of its source); blk.\u00b9 (a superscript one, str.isdigit) raised from int().
     Only ASCII decimal without a leading zero names a block; any other spelling is a tensor hubtrace does not know."""
-    from scanner.formats import gguf_write
+    from scanner.reading.formats import gguf_write
 
     source = open_model_checkpoint(zoo[CHAT].path)
     canonical = gguf_write._gguf_name
@@ -360,8 +360,8 @@ def test_a_local_scan_discovers_gguf_files_and_folders_and_fingerprints_them(
     ggufs: dict[str, Path], tmp_path: Path
 ) -> None:
     from jobs.actors import fingerprint_record
-    from scanner.fingerprint_store import FingerprintStore
-    from scanner.inputs import InputSpec
+    from scanner.fingerprints.inputs import InputSpec
+    from scanner.fingerprints.store import FingerprintStore
     from scanner.sources.local import discover_local
 
     org = tmp_path / "hub" / "llama-cpp"

@@ -23,16 +23,16 @@ from peft import LoraConfig, get_peft_model
 from safetensors.numpy import load_file, save_file
 from transformers import AutoModelForCausalLM, BertConfig, BertForMaskedLM
 
-from scanner.cards import MAX_DECLARED_BASES, MAX_TAGS, parse_card
-from scanner.declared_fields import MAX_YAML_NODES
+from scanner.declared.cards import MAX_DECLARED_BASES, MAX_TAGS, parse_card
+from scanner.declared.fields import MAX_YAML_NODES
+from scanner.declared.merge_config import parse_merge_config
 from scanner.errors import CheckpointError, MissingBaseError
-from scanner.formats.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
-from scanner.formats.lora_base import adapter_base
-from scanner.merge_config import parse_merge_config
+from scanner.reading.formats.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from scanner.reading.formats.lora_base import adapter_base
+from scanner.reading.validate import validate_checkpoint
 from scanner.sources.local import discover_local
 from scanner.sources.records import SourceFailure
 from scanner.store import Store
-from scanner.validate import validate_checkpoint
 from tests.hang_support import hang_guard
 from tests.peft_support import save_adapter, tiny_llama
 from tests.tiny_models import FAMILIES
@@ -199,7 +199,7 @@ CHILD = """
 import json, resource, sys
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from scanner.validate import validate_checkpoint
+from scanner.reading.validate import validate_checkpoint
 try:
     validate_checkpoint(sys.argv[1], check_values=False)
     print(json.dumps(["ok", ""]))

@@ -33,16 +33,6 @@ from jobs.cli import EXIT_REFUSED, app
 from jobs.scan_job import run_scan
 from lineage_graph.export import read_graph
 from scanner.store import StoreLockedError
-from scanner.testing.broken import build_broken_corpus
-from scanner.testing.hostile import (
-    ACCEPTED,
-    HOSTILE_FOLDERS,
-    HOSTILE_NAMES,
-    HOSTILE_TEXTS,
-    SECRET_FILE,
-    build_hostile_folders,
-    build_hostile_hub,
-)
 from scanner.text_safety import (
     csv_cell,
     dot_string,
@@ -56,6 +46,16 @@ from scanner.text_safety import (
     xml_text,
 )
 from scanner.zoo import Zoo
+from tests.fixtures.broken import build_broken_corpus
+from tests.fixtures.hostile import (
+    ACCEPTED,
+    HOSTILE_FOLDERS,
+    HOSTILE_NAMES,
+    HOSTILE_TEXTS,
+    SECRET_FILE,
+    build_hostile_folders,
+    build_hostile_hub,
+)
 from tests.hang_support import hang_guard
 from tests.lineage_support import headless_dom
 from tests.scan_support import query, scan_config

@@ -26,10 +26,10 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from lineage_graph.export import read_graph, write_graph
-from scanner.cards import read_card
-from scanner.checkpoint import open_checkpoint
+from scanner.declared.cards import read_card
 from scanner.errors import CheckpointError, FingerprintError
-from scanner.fingerprint import Fingerprint, read_fingerprint, read_fingerprint_meta, write_fingerprint
+from scanner.fingerprints.fingerprint import Fingerprint, read_fingerprint, read_fingerprint_meta, write_fingerprint
+from scanner.reading.checkpoint import open_checkpoint
 from scanner.store import Store
 from scanner.text_safety import xml_text
 from tests.hang_support import hang_guard
@@ -134,7 +134,7 @@ def _rewrite_meta(file: Path, changes: dict[str, object]) -> None:
 
 def _forge(file: Path, meta_changes: dict[str, object], tensors: dict[str, np.ndarray]) -> None:
     """A fingerprint file a forger writes from scratch: any tensors, any metadata, a content hash that matches."""
-    from scanner.fingerprint import _content_sha256
+    from scanner.fingerprints.fingerprint import _content_sha256
 
     with safe_open(str(file), framework="numpy") as handle:
         metadata = dict(handle.metadata())

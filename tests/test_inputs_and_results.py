@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from scanner.inputs import InputSpec, canonical_inputs, shared_token_range
-from scanner.results import LayerResult, PairTestResult, format_p, render_table
+from scanner.fingerprints.inputs import InputSpec, canonical_inputs, shared_token_range
+from scanner.pairs.results import LayerResult, PairTestResult, format_p, render_table
 
 
 def test_input_set_v1_is_pinned():

@@ -24,7 +24,7 @@ from lineage_graph.discrepancies import ACCUSATIONS, CANNOT_TELL
 from lineage_graph.evidence import ModelInfo, PairTest
 from lineage_graph.kinship import describe
 from lineage_graph.lineage import compute_lineage
-from scanner.pair_block_map import BlockLink
+from scanner.pairs.block_map import BlockLink
 
 SHAPE = dict(n_layers=4, hidden_size=64, intermediate_size=128)
 
@@ -240,7 +240,7 @@ def test_a_copy_answers_for_what_its_group_derives_from() -> None:
 
 
 def test_a_declared_relation_the_weights_contradict_is_a_discrepancy() -> None:
-    from scanner.merge_config import MergeDeclaration, MergeSource
+    from scanner.declared.merge_config import MergeDeclaration, MergeSource
 
     base = ModelInfo("o/base", **SHAPE)
     upscaled = ModelInfo("o/up", **{**SHAPE, "n_layers": 6})

@@ -19,13 +19,13 @@ from scipy.stats import kstest
 from typer.testing import CliRunner
 
 from jobs.cli import EXIT_REFUSED, app
-from scanner.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
-from scanner.inputs import InputSpec
-from scanner.localize import _block_test, _screen_rows, _unit_blocks, localize, plot_unit_map
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model, write_fingerprint
+from scanner.fingerprints.inputs import InputSpec
+from scanner.pairs.localize import _block_test, _screen_rows, _unit_blocks, localize, plot_unit_map
 from scanner.stats.block_map import block_map, bonferroni_log10
 from scanner.stats.experts import pair_experts
-from scanner.testing.synthetic import synthetic_pair
 from scanner.zoo import Zoo
+from tests.fixtures.synthetic import synthetic_pair
 from tests.synthetic_fingerprints import template_fingerprint
 
 BASE = "aurora-labs/aurora-base"

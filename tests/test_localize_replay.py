@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from scanner.fingerprint import fingerprint_model
-from scanner.localize import localize, localize_replayed
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.localize import localize, localize_replayed
 from scanner.zoo import Zoo
 from scanner.zoo.deep_prune import DeepPrune, build_random_deep_prune
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from scanner.lockstep import lockstep
+from scanner.reading.lockstep import lockstep
 
 
 def test_items_come_in_order_and_the_producer_waits_for_each_request() -> None:

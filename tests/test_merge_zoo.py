@@ -18,12 +18,12 @@ from lineage_graph.discrepancies import ACCUSATIONS
 from lineage_graph.lineage import compute_lineage, whole_model_closeness
 from lineage_graph.phylogeny import MERGE_RATIO, merge_distance, merge_ratio
 from lineage_graph.value_sources import value_sources
-from scanner.cards import read_card
-from scanner.compare import open_model
-from scanner.fingerprint import fingerprint_model
-from scanner.merge_config import read_merge_config
+from scanner.declared.cards import read_card
+from scanner.declared.merge_config import read_merge_config
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.compare import open_model
+from scanner.reading.weight_profiles import weight_profile
 from scanner.stats.weight_statistics import verbatim_test
-from scanner.weight_profiles import weight_profile
 from scanner.zoo import Zoo
 from tests.lineage_support import (
     FAMILY_LEVEL,

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints, pair_fingerprint_experts
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints, pair_fingerprint_experts
 from scanner.zoo.dispute import SHAPE, convert_to_solar_open, glm_air_mini, solar_open_mini
 
 DEPENDENT = -20.0

@@ -14,9 +14,9 @@ import torch
 from scipy.stats import kstest
 from transformers import AutoModelForCausalLM
 
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.localize import localize
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.pairs.localize import localize
 from scanner.stats.experts import pair_block_experts, pair_experts
 from scanner.stats.independence import phi_match
 from scanner.stats.logp import log10_fisher

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedModel
 
-from scanner.architectures.module_tree import decoder_stack
-from scanner.architectures.tiny import tiny_config
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.architectures.module_tree import decoder_stack
+from scanner.reading.architectures.tiny import tiny_config
 
 DEPENDENT = -20.0
 INDEPENDENT = -3.0  # a valid test falls below once in a thousand; the seeds are fixed

@@ -27,8 +27,8 @@ import torch
 from safetensors.torch import load_file
 from scipy.stats import kstest
 
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.zoo import ArchSpec, Zoo
 from scanner.zoo.null_stress import (
     STRESS_FAMILIES,

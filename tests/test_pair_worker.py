@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from scanner.errors import FingerprintError
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.fingerprint_store import FingerprintStore, read_fingerprint_at
-from scanner.pair_worker import PairWorker
+from scanner.fingerprints.store import FingerprintStore, read_fingerprint_at
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.pairs.worker import PairWorker
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 from tests.synthetic_fingerprints import template_fingerprint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

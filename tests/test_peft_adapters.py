@@ -22,13 +22,13 @@ from transformers import (
 )
 
 from scanner.errors import CheckpointError, MissingBaseError, UnsafeCheckpointError, UnsupportedAdapterError
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.formats.lora import LoraCheckpoint
-from scanner.formats.lora_base import BaseLocator, adapter_base
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.formats.lora import LoraCheckpoint
+from scanner.reading.formats.lora_base import BaseLocator, adapter_base
+from scanner.reading.validate import validate_checkpoint
 from scanner.sources import ModelRecord, RetryPolicy, discover_hf_cache, discover_local, materialize
-from scanner.testing.fake_hub import FakeHub
-from scanner.validate import validate_checkpoint
+from tests.fixtures.fake_hub import FakeHub
 from tests.peft_support import LLAMA, lora_finetune, save_adapter, save_merged, tiny_llama
 
 DEPENDENT = -20.0

@@ -27,7 +27,7 @@ from lineage_graph.phylogeny import (
     family_phylogeny,
     log_rumour_centrality,
 )
-from scanner.fingerprint import fingerprint_model
+from scanner.fingerprints.fingerprint import fingerprint_model
 from scanner.zoo import Zoo, load_model
 from tests.lineage_support import FAMILY_LEVEL, true_parent_links, withhold_cards, zoo_lineage_inputs
 

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from scanner.activations import plain_views
-from scanner.architectures.sites import SiteWeights
+from scanner.reading.activations import plain_views
+from scanner.reading.architectures.sites import SiteWeights
 from scanner.stats.views import oriented_rows
 
 TOKENS, WIDTH, UNITS = 256, 24, 80

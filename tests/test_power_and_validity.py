@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from scipy.stats import kstest
 
-from scanner.compare import compare_models
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.pairs.compare import compare_models
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.stats.logp import log10_fisher
 from scanner.zoo import Zoo
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from scanner.fingerprint import Fingerprint, read_fingerprint
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.formats import open_model_checkpoint
-from scanner.formats.gguf import GGUFCheckpoint
+from scanner.fingerprints.fingerprint import Fingerprint, read_fingerprint
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.formats import open_model_checkpoint
+from scanner.reading.formats.gguf import GGUFCheckpoint
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.real_model import SmolLM2Family
+from tests.fixtures.real_model import SmolLM2Family
 
 DEPENDENT = ("float", "finetune", "camouflage", "prune", "requant", "roundtrip")
 

@@ -11,8 +11,8 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint, write_fingerprint
+from scanner.fingerprints.fingerprint import Fingerprint, write_fingerprint
+from scanner.reading.activations import MLPActivations
 from scanner.retrieval.candidates import (
     MIN_SCORE,
     CandidatePair,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import scanner.retrieval.scan as retrieval_scan
-from scanner.fingerprint import write_fingerprint
+from scanner.fingerprints.fingerprint import write_fingerprint
 from scanner.store import Store
 from tests.synthetic_fingerprints import template_fingerprint
 

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import Fingerprint
+from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.activations import MLPActivations
 from scanner.retrieval.candidates import scored_pairs
 from scanner.retrieval.index import RetrievalIndex, SearchParams
 from scanner.retrieval.signatures import retrieval_entry

@@ -23,8 +23,8 @@ from jobs.pool import FingerprintPool
 from jobs.scan_job import ScanObserver, run_scan
 from scanner.sources import ModelRecord
 from scanner.store import Store, queries
-from scanner.testing.broken import build_broken_corpus
-from scanner.testing.fake_hub import FakeHub
+from tests.fixtures.broken import build_broken_corpus
+from tests.fixtures.fake_hub import FakeHub
 from tests.ray_support import ray_for_tests
 from tests.scan_support import SUBSET, copy_models, query, scan_config
 
@@ -103,7 +103,8 @@ def test_block_maps_are_made_with_the_pair_tests_and_the_lineage_only_reads_them
     maps' direction votes."""
     from lineage_graph.block_maps import reading
     from lineage_graph.persist import rebuild_lineage
-    from scanner import localize, pair_block_map
+    from scanner.pairs import block_map as pair_block_map
+    from scanner.pairs import localize
     from scanner.stats import independence, matching
 
     config, _summary = first_scan

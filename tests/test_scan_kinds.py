@@ -14,7 +14,7 @@ from peft import IA3Config, LoraConfig, get_peft_model
 from transformers import AutoModelForMaskedLM, BertConfig, BertForMaskedLM
 
 from jobs.scan_job import run_scan
-from scanner.architectures.tiny import tiny_config
+from scanner.reading.architectures.tiny import tiny_config
 from scanner.store import Store, queries
 from tests.peft_support import lora_finetune, save_adapter, tiny_llama
 from tests.scan_support import query, scan_config

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from scanner.fingerprint import Fingerprint
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import Fingerprint
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.stats.logp import log10_fisher
 from scanner.stats.sequential import SequentialDesign
-from scanner.testing.synthetic import synthetic_pair
+from tests.fixtures.synthetic import synthetic_pair
 from tests.synthetic_fingerprints import template_fingerprint
 
 DESIGN = SequentialDesign()

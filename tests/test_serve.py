@@ -22,9 +22,9 @@ from lineage_graph.export import lineage_graph
 from lineage_graph.persist import read_lineage, rebuild_lineage
 from lineage_graph.stored import family_lineage, pair_lineage
 from scanner.store import Store
-from scanner.testing.hostile import HOSTILE_TEXTS
 from scanner.text_safety import visible
 from scanner.zoo import Zoo
+from tests.fixtures.hostile import HOSTILE_TEXTS
 from tests.scan_support import SUBSET, scan_subset
 from tests.serve_support import Server, get, hostile_hub, page_url, served_geometry, serving
 

@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from scanner.compare import compare_models
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.shared_vocab import MAX_TOKENIZER_BYTES, base_vocab, pair_input_sets
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.fingerprints.shared_vocab import MAX_TOKENIZER_BYTES, base_vocab, pair_input_sets
+from scanner.pairs.compare import compare_models
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from tests.tiny_models import FAMILIES, VOCAB
 
 N_SHARED = 100

@@ -16,8 +16,8 @@ from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE as HF_CHUNK
 from safetensors.torch import load_file, save_file
 
-from scanner.checkpoint import open_checkpoint
 from scanner.errors import CheckpointError, UnsafeCheckpointError
+from scanner.reading.checkpoint import open_checkpoint
 from scanner.sources import (
     WHOLE_SOURCE,
     ModelRecord,
@@ -31,8 +31,8 @@ from scanner.sources import (
     materialize,
 )
 from scanner.sources.hub import LIST_EXPAND
-from scanner.testing.fake_hub import FakeHub
 from scanner.zoo import Zoo
+from tests.fixtures.fake_hub import FakeHub
 
 FAST = RetryPolicy(attempts=3, base_wait=0.01, max_wait=0.05)
 BASE, CHAT = "aurora-labs/aurora-base", "finch-nlp/aurora-chat"

@@ -23,8 +23,8 @@ import pytest
 from scipy.stats import kstest
 from transformers import AutoModelForCausalLM
 
-from scanner.fingerprint import Fingerprint, fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
+from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.quiet import no_progress_bars
 from scanner.zoo import Zoo, ZooSpec
 from scanner.zoo.derivations import finetune

@@ -17,10 +17,11 @@ import pytest
 import torch
 from scipy import stats
 
-from scanner.adapters import adapter_for
-from scanner.checkpoint import open_checkpoint
-from scanner.compare import compare_models
 from scanner.errors import UnsupportedArchitectureError
+from scanner.pairs.compare import compare_models
+from scanner.reading.architectures.families import adapter_for
+from scanner.reading.checkpoint import open_checkpoint
+from scanner.reading.weight_profiles import weight_profile
 from scanner.stats.verbatim import log10_binomial_tail_bound, sample_positions, verbatim_share
 from scanner.stats.weight_statistics import (
     MIN_NULL_PAIRS,
@@ -34,7 +35,6 @@ from scanner.stats.weight_statistics import (
     verbatim_test,
     weight_statistic,
 )
-from scanner.weight_profiles import weight_profile
 from scanner.zoo import Zoo
 
 ALPHA = 0.01
@@ -191,7 +191,7 @@ def test_a_family_without_known_attention_roles_is_refused_with_the_reason(tmp_p
     """GPT-2 is read as a module tree (fused c_attn): no q/k/v/o by role, so no weight fingerprint, said plainly."""
     from transformers import AutoModelForCausalLM
 
-    from scanner.architectures.tiny import tiny_config
+    from scanner.reading.architectures.tiny import tiny_config
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(tiny_config("gpt2")).save_pretrained(tmp_path / "gpt2")

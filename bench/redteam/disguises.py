@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from scanner.architectures.sites import SiteWeights
-from scanner.testing import adversary as adv
+from scanner.reading.architectures.sites import SiteWeights
+from tests.fixtures import adversary as adv
 
 
 def _haar(n: int, generator: torch.Generator) -> torch.Tensor:

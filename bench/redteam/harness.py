@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from scanner.fingerprint import fingerprint_model
-from scanner.fingerprint_compare import compare_fingerprints
-from scanner.testing import adversary as adv
+from scanner.fingerprints.fingerprint import fingerprint_model
+from scanner.pairs.fingerprint_compare import compare_fingerprints
 from tests.adversary_support import KINDS, probe_ids, save, trained_model
+from tests.fixtures import adversary as adv
 
 CACHE = Path("/work/main/.hubtrace-cache")
 GATED_ORIGINAL = CACHE / "zoo/aurora-labs/aurora-base"

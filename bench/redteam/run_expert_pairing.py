@@ -3,7 +3,7 @@ negates every gate: the flip composed with an expert permutation (each alone kee
 
 from bench.redteam.disguises import gated_flip, gated_flip_some
 from bench.redteam.harness import evaluate, kinds_from_argv
-from scanner.testing import adversary as adv
+from tests.fixtures import adversary as adv
 
 for kind in kinds_from_argv(["moe-softmax", "moe-dense-first", "moe-interleaved", "hybrid"]):
     evaluate("control: permute experts alone", kind, adv.permute_experts)

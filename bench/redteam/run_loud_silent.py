@@ -5,9 +5,9 @@ row with its error."""
 import copy
 
 from bench.redteam.harness import _record, case, evaluate, kinds_from_argv
-from scanner.testing import adversary as adv
-from scanner.testing.silent_units import loud_silent_units
 from tests.adversary_support import probe_ids
+from tests.fixtures import adversary as adv
+from tests.fixtures.silent_units import loud_silent_units
 
 ALL = ["gated", "plain-relu", "plain-gelu", "moe-softmax", "moe-dense-first", "moe-interleaved", "hybrid"]
 

@@ -6,8 +6,8 @@ logits move by 0.85 to 1.3 (relative); twins small enough to cancel exactly move
 import torch
 
 from bench.redteam.harness import evaluate, kinds_from_argv
-from scanner.architectures.sites import SiteWeights
-from scanner.testing import adversary as adv
+from scanner.reading.architectures.sites import SiteWeights
+from tests.fixtures import adversary as adv
 
 
 def _twins(count: int) -> int:

@@ -1,8 +1,8 @@
 """LayerNorm-null shifts of split units' input rows (scanner/testing/null_shift.py) on the plain kinds."""
 
 from bench.redteam.harness import evaluate, kinds_from_argv
-from scanner.testing import adversary as adv
-from scanner.testing.null_shift import split_writes_null_shift
+from tests.fixtures import adversary as adv
+from tests.fixtures.null_shift import split_writes_null_shift
 
 for kind in kinds_from_argv(["plain-relu", "plain-gelu"]):
     evaluate("control: suite split_unlike writes P=3 (no shift)", kind, adv.split_unlike(3, 3.0, "writes"))

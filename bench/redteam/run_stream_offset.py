@@ -3,8 +3,8 @@ and with the odd-part flip and the suite's own disguises."""
 
 from bench.redteam.disguises import plain_flip
 from bench.redteam.harness import evaluate, kinds_from_argv
-from scanner.testing import adversary as adv
-from scanner.testing.stream_offset import stream_offset
+from tests.fixtures import adversary as adv
+from tests.fixtures.stream_offset import stream_offset
 
 for kind in kinds_from_argv(["plain-relu", "plain-gelu"]):
     for offset in (1.0, 10.0, 30.0):

@@ -3,7 +3,7 @@ suite's own disguises, plain remainder units at extreme scales."""
 
 from bench.redteam.disguises import gated_flip, gated_flip_some, gated_flip_squares, plain_flip
 from bench.redteam.harness import evaluate, kinds_from_argv
-from scanner.testing import adversary as adv
+from tests.fixtures import adversary as adv
 
 GATED = ["gated", "moe-softmax", "moe-dense-first", "moe-interleaved", "hybrid"]
 PLAIN = ["plain-relu", "plain-gelu"]

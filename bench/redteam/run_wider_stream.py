@@ -1,8 +1,8 @@
 """Widened residual stream (scanner/testing/null_shift.py) on the gated Llama."""
 
 from bench.redteam.harness import evaluate
-from scanner.testing import adversary as adv
-from scanner.testing.null_shift import widened, widened_unlike_split
+from tests.fixtures import adversary as adv
+from tests.fixtures.null_shift import widened, widened_unlike_split
 
 evaluate("stream widened by 4 zero coordinates (alone)", "gated", lambda m, g: widened(m))
 evaluate("stream widened by 4, then suite split_unlike reads P=4 spread 1 (no shift)", "gated",

@@ -16,7 +16,7 @@ def architectures_command(
 ) -> None:
     """List each model_type of the causal LMs, the image-text-to-text models (their language model) and the encoder
     masked LMs as supported (gated, plain, moe, hybrid) or refused with its reason."""
-    from scanner.architectures.coverage import TASKS, all_coverage, coverage_markdown, coverage_summary
+    from scanner.reading.architectures.coverage import TASKS, all_coverage, coverage_markdown, coverage_summary
 
     rows = all_coverage()
     if markdown:

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
-from scanner.inputs import InputSpec
-from scanner.results import PairTestResult
+from scanner.fingerprints.inputs import InputSpec
+from scanner.pairs.results import PairTestResult
 from scanner.text_safety import json_visible, terminal_lines
 
 if TYPE_CHECKING:
@@ -53,10 +53,10 @@ def test_command(
              "assignment everywhere; slower on unrelated models; for disputes).")] = "screened",
 ) -> None:
     """Test whether MODEL_A and MODEL_B were trained independently."""
-    from scanner.compare import STATISTICS, compare_models
-    from scanner.fingerprint import is_fingerprint_file
-    from scanner.fingerprint_store import is_url
-    from scanner.results import render_table
+    from scanner.fingerprints.fingerprint import is_fingerprint_file
+    from scanner.fingerprints.store import is_url
+    from scanner.pairs.compare import STATISTICS, compare_models
+    from scanner.pairs.results import render_table
     from scanner.stats.matching import MATCHING_RULES
 
     if stat not in STATISTICS:
@@ -101,9 +101,9 @@ def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: 
     """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints (files, or URLs of an object store read
     through scanner.fingerprint_store), computing any side given as a folder."""
     from scanner.errors import IncomparableError
-    from scanner.fingerprint import fingerprint_pair
-    from scanner.fingerprint_compare import FINGERPRINT_STATISTICS, compare_fingerprints
-    from scanner.fingerprint_store import fingerprint_side
+    from scanner.fingerprints.fingerprint import fingerprint_pair
+    from scanner.fingerprints.store import fingerprint_side
+    from scanner.pairs.fingerprint_compare import FINGERPRINT_STATISTICS, compare_fingerprints
 
     if statistic not in FINGERPRINT_STATISTICS:
         raise IncomparableError(

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from jobs.cli.refusals import CommandError
-from scanner.inputs import InputSpec
+from scanner.fingerprints.inputs import InputSpec
 from scanner.text_safety import json_visible, terminal
 
 
@@ -34,7 +34,7 @@ def fingerprint_command(
     ] = False,
 ) -> None:
     """Read MODEL once, block by block, and write its fingerprint to --out."""
-    from scanner.fingerprint import STORAGE_DTYPES, fingerprint_model, write_fingerprint
+    from scanner.fingerprints.fingerprint import STORAGE_DTYPES, fingerprint_model, write_fingerprint
 
     if storage_dtype not in STORAGE_DTYPES:
         raise CommandError(f"--dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from scanner.errors import HubtraceError
-from scanner.inputs import InputSpec
+from scanner.fingerprints.inputs import InputSpec
 from scanner.text_safety import json_visible, terminal_lines
 
 if TYPE_CHECKING:
-    from scanner.localize import LocalizeResult
+    from scanner.pairs.localize import LocalizeResult
 
 
 def localize_command(
@@ -52,11 +52,11 @@ def localize_command(
              "docs/statistics.md.")] = "screened",
 ) -> None:
     """Find which blocks (and hidden units) of MODEL_B derive from which of MODEL_A (phi_MATCH on all block pairs)."""
-    from scanner.fingerprint import fingerprint_pair
-    from scanner.fingerprint_store import fingerprint_side, is_url
-    from scanner.localize import localize, localize_replayed, plot_unit_map
+    from scanner.fingerprints.fingerprint import fingerprint_pair
+    from scanner.fingerprints.store import fingerprint_side, is_url
+    from scanner.pairs.localize import localize, localize_replayed, plot_unit_map
+    from scanner.reading.validate import validate_checkpoint
     from scanner.stats.matching import MATCHING_RULES
-    from scanner.validate import validate_checkpoint
 
     if matching not in MATCHING_RULES:
         raise HubtraceError(f"unknown matching rule {matching!r}; choose one of {', '.join(MATCHING_RULES)}")
@@ -89,7 +89,7 @@ def localize_command(
 
 def _depths_differ(path_a: str, path_b: str, follow_links: bool) -> bool:
     """Both sides are model directories with different block counts (a depth prune: the case replay is for)."""
-    from scanner.validate import validate_checkpoint
+    from scanner.reading.validate import validate_checkpoint
 
     if not (Path(path_a).is_dir() and Path(path_b).is_dir()):
         return False
@@ -105,8 +105,8 @@ def _short(name: str) -> str:
 
 def render_localize(result: LocalizeResult, plots: list[str]) -> str:
     """The block map with each mapped pair's p-value, the unmapped blocks of B, and the plots written."""
-    from scanner.localize import corrected_log10_p
-    from scanner.results import format_p
+    from scanner.pairs.localize import corrected_log10_p
+    from scanner.pairs.results import format_p
 
     raw, corrected = result.matrix(), corrected_log10_p(result)
     order = "order-preserving" if result.monotone else "any order"

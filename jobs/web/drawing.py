@@ -10,7 +10,7 @@ import networkx as nx
 
 from lineage_graph.export import tree_layout
 from lineage_graph.link_styles import LINK_STYLES, arrow_drawn, link_kind
-from scanner.results import format_p
+from scanner.pairs.results import format_p
 from scanner.text_safety import visible
 
 SLOT_PX, LEVEL_PX = 182, 104

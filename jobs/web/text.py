@@ -10,7 +10,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from scanner.results import format_p
+from scanner.pairs.results import format_p
 from scanner.text_safety import json_document, visible
 
 SHORT_ID_CHARS = 100

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from scanner.database_identity import DatabaseIdentity
 from scanner.errors import RetrievalIndexError
 from scanner.retrieval.candidates import MAP_THRESHOLD, CandidatePair, scored_pairs, with_wide_block_maps
 from scanner.retrieval.index import DEFAULT_SEARCH, ModelKey, RetrievalIndex, SearchParams, load_or_make_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
+from scanner.store.database_identity import DatabaseIdentity
 
 MAX_FAMILY = 64
 """Most models in one connected component of retrieved blocks whose every pair becomes a candidate."""

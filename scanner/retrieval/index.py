@@ -33,11 +33,11 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from scanner.database_identity import DatabaseIdentity
 from scanner.errors import FingerprintError
 from scanner.retrieval import ivf_join
 from scanner.retrieval.collisions import ROW_BITS, close_pairs, cross_model_pairs, unique_id_pairs, vector_id
 from scanner.retrieval.signatures import DEFAULT_PARAMS, RetrievalEntry, SignatureParams
+from scanner.store.database_identity import DatabaseIdentity
 
 FLAT_LIMIT = 16_384
 """A build with more indexed vectors than this makes an IVF (``kind="auto"``): at 49,664 vectors an IVF answered
@@ -113,7 +113,7 @@ def load_or_make_entry(folder: str | Path, fingerprint_address: str | Path, para
     fingerprint store keeps it) and written when missing, damaged, made with other params or, given the ``owner``
     database, written for another one. Either way it is returned as the file holds it (``read_entry``), so a first
     scan and a rebuild from the files compare the same float16 vectors and retrieve the same pairs."""
-    from scanner.fingerprint_store import read_fingerprint_at
+    from scanner.fingerprints.store import read_fingerprint_at
     from scanner.retrieval.signatures import retrieval_entry
 
     path = entry_path(folder, fingerprint_address)

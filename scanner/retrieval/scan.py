@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from scanner.database_identity import DatabaseIdentity
 from scanner.errors import FingerprintError, HubtraceError, one_line
-from scanner.fingerprint_store import read_fingerprint_meta_at
+from scanner.fingerprints.store import read_fingerprint_meta_at
 from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.hub import (
     UNINFORMATIVE_TENSOR_WORDS,
@@ -32,6 +31,7 @@ from scanner.retrieval.hub import (
 from scanner.retrieval.index import SearchParams, load_or_make_entry
 from scanner.retrieval.signatures import DEFAULT_PARAMS
 from scanner.store import CandidateRow, Store
+from scanner.store.database_identity import DatabaseIdentity
 
 PairKey = tuple[str, str, str, str]
 

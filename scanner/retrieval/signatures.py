@@ -47,8 +47,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from scanner.activations import MLPActivations
-from scanner.fingerprint import Fingerprint
+from scanner.fingerprints.fingerprint import Fingerprint
+from scanner.reading.activations import MLPActivations
 from scanner.stats.degenerate import screen_units
 
 SIGNATURE_VERSION = 4

@@ -18,11 +18,11 @@ from huggingface_hub import scan_cache_dir
 from huggingface_hub.errors import CacheNotFound
 from huggingface_hub.utils import CachedRepoInfo, CachedRevisionInfo
 
-from scanner.cards import adapter_card, read_card
-from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS
-from scanner.formats.lora import ADAPTER_CONFIG
-from scanner.formats.lora_base import adapter_base
-from scanner.merge_config import read_merge_config
+from scanner.declared.cards import adapter_card, read_card
+from scanner.declared.merge_config import read_merge_config
+from scanner.reading.checkpoint import PICKLE_WEIGHT_PATTERNS
+from scanner.reading.formats.lora import ADAPTER_CONFIG
+from scanner.reading.formats.lora_base import adapter_base
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 _MODEL_FILE_PATTERNS = ("config.json", ADAPTER_CONFIG, "*.safetensors", "*.safetensors.index.json",

@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.repocard_data import CardData
 from huggingface_hub.utils import validate_repo_id
 
-from scanner.cards import (
+from scanner.declared.cards import (
     FROM_SCRATCH_TAG,
     HUB_RELATION_VALUES,
     card_from_metadata,
@@ -35,9 +35,15 @@ from scanner.cards import (
     kept_bases,
     kept_tags,
 )
-from scanner.checkpoint import PICKLE_WEIGHT_PATTERNS, SHARD_INDEX, SINGLE_WEIGHTS, TOKENIZER_FILES, read_json_file
 from scanner.errors import CheckpointError, UnsafeCheckpointError, one_line
-from scanner.formats.lora import ADAPTER_CONFIG, ADAPTER_PICKLE, ADAPTER_WEIGHTS, read_adapter_config
+from scanner.reading.checkpoint import (
+    PICKLE_WEIGHT_PATTERNS,
+    SHARD_INDEX,
+    SINGLE_WEIGHTS,
+    TOKENIZER_FILES,
+    read_json_file,
+)
+from scanner.reading.formats.lora import ADAPTER_CONFIG, ADAPTER_PICKLE, ADAPTER_WEIGHTS, read_adapter_config
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, SourceFetchError
 from scanner.sources.retry import RetryPolicy, call_with_retries
 

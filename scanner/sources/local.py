@@ -17,11 +17,11 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from scanner.cards import Card, adapter_card, read_card
+from scanner.declared.cards import Card, adapter_card, read_card
+from scanner.declared.merge_config import read_merge_config
 from scanner.files import PathRefused, resolve_inside
-from scanner.formats.gguf import GGUF_SUFFIX
-from scanner.formats.lora_base import adapter_base
-from scanner.merge_config import read_merge_config
+from scanner.reading.formats.gguf import GGUF_SUFFIX
+from scanner.reading.formats.lora_base import adapter_base
 from scanner.sources.records import WHOLE_SOURCE, ModelRecord, SourceFailure, record_from_card
 
 # Bounds that keep a hostile tree from making discovery slow; real model folders are far below them.

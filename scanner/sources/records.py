@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, get_args
 
-from scanner.cards import Card
+from scanner.declared.cards import Card
+from scanner.declared.merge_config import MergeDeclaration
 from scanner.errors import HubtraceError
-from scanner.merge_config import MergeDeclaration
 
 SourceKind = Literal["local", "hf_cache", "hub"]
 SOURCE_KINDS: tuple[str, ...] = get_args(SourceKind)

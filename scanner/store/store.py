@@ -31,15 +31,15 @@ import polars as pl
 import pyarrow as pa
 
 from scanner import __version__
-from scanner.database_identity import DatabaseIdentity
 from scanner.engine_limits import EngineLimits
 from scanner.errors import HubtraceError, without_sql_excerpt
 from scanner.stats.versions import statistic_version
+from scanner.store.database_identity import DatabaseIdentity
 from scanner.store.locks import lock_conflict
 from scanner.store.schema import LATEST_VERSION, MIGRATIONS, SCHEMA_VERSION_DDL
 
 if TYPE_CHECKING:
-    from scanner.fingerprint import FingerprintMeta
+    from scanner.fingerprints.fingerprint import FingerprintMeta
     from scanner.sources import ModelRecord
     from scanner.stats.weight_statistics import WeightProfile
 

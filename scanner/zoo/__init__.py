@@ -2,7 +2,7 @@
 retrains, T1-T6 camouflage) trained on synthetic languages, written as Hugging Face directories
 with model cards, so the independence tests can be checked against known lineage."""
 
-from scanner.cards import read_card
+from scanner.declared.cards import read_card
 from scanner.zoo.arch import ArchSpec, load_model
 from scanner.zoo.build import (
     GROUND_TRUTH,

@@ -26,7 +26,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel
 
-from scanner.cards import Card, read_card
+from scanner.declared.cards import Card, read_card
 from scanner.zoo.arch import ArchSpec, ModelKind, arch_of, new_model, save_model
 from scanner.zoo.camouflage import camouflage
 from scanner.zoo.cards import CardClass, classify_card, make_card, write_card

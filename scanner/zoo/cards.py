@@ -12,7 +12,7 @@ from typing import Literal
 
 import yaml
 
-from scanner.cards import FROM_SCRATCH_TAG, Card
+from scanner.declared.cards import FROM_SCRATCH_TAG, Card
 
 CardClass = Literal["honest", "silent", "false"]
 HUB_RELATIONS = {"finetune": "finetune", "merge": "merge"}

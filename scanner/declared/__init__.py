@@ -1,0 +1,1 @@
+"""What a model folder declares about its lineage (card front matter, mergekit config), read as untrusted data."""

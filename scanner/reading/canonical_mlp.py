@@ -1,0 +1,310 @@
+"""Each MLP as the function it computes: units that compute one function together combined, units that write nothing
+dropped, before the fingerprint reads any view of them.
+
+A copier can write one MLP's function with many sets of units: a unit split into parts that share its gate row (the
+parts' up rows or output columns need not be copies: u/2 + v and u/2 - v), into any number of parts, padded with
+units whose output columns are zero or with twins whose writes cancel. All of these leave the outputs exactly as they
+were, and all of them are undone here, in each MLP's own weights and in float64 (scanner.stats.canonical has the
+algebra and why a copier cannot steer it): units whose gate rows (input rows for a plain MLP, biases included) agree
+to `SAME_GATE_COSINE` as stored, or to `SAME_FUNCTION_COSINE` in what they compute on the MLP's inputs (rows may be
+stored far apart along directions the input never takes), form bounded groups, and each group becomes the rank-one
+factors of the sum of its members' (output column x up row) products (a plain MLP's: the sum of their output columns).
+A unit that writes nothing, alone or after its group is summed, is dropped.
+
+Where act(z) - act(-z) = z (SiLU, GELU, ReLU: act(z) = z s(z) with s(z) + s(-z) = 1), a unit's gate row can be
+negated and the linear remainder written with other units: (k, r, w) is exactly (-k, r, w), (r, k, w), (-r, k, -w).
+So there gate rows are grouped up to sign, and a member whose gate points the other way adds its product to the
+group as it is (act(-k x) = act(k x) - k x: its act part has the same coefficient); what is left, a product of two
+linear maps, is not a unit's function and is not kept. The remainder units of such a copy then cancel in their group
+and are dropped as dead, and the flipped unit is its original up to its gate's sign, which the test does not read
+(`odd_linear`; scanner.stats.independence matches such gate views up to sign).
+
+Where the activation is positively homogeneous (ReLU: act(c z) = c^k act(z) for c > 0), rows of one direction and
+any positive scale are one gate, and the scale is folded into the product; elsewhere a gate is one only where its
+scale agrees too (to `SAME_SCALE`), since act(2z) is another function. An ordinary trained MLP has no two gate rows
+that close (nearest neighbours at cosine 0.55 in the zoo's models, 0.94 at most in SmolLM2-135M; on the canonical
+tokens 0.96 and 0.9998), so for it the canonical form is the MLP as stored, and nothing is copied.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers.activations import ACT2FN
+
+from scanner.reading.architectures.sites import SiteWeights
+from scanner.stats.canonical import CANCELLED, RowView, close_pairs, leader_groups, leader_order, rank_one_factors
+
+#: Activations with act(c x) = c^degree act(x) for c > 0 (transformers' ACT2FN names).
+HOMOGENEOUS_DEGREE = {"relu": 1, "leaky_relu": 1, "relu2": 2}
+#: Two units share a gate when their gate rows (with biases) agree to this cosine in the weights: the parts of a
+#: split unit (cosine 1, or about 1 - jitter^2 / 2 with jitter on them). A copier who moves the parts further apart
+#: changes what each part computes by about the angle times the size of the parts' up rows, which he chose large to
+#: hide the unit: a change of the outputs as large as training makes.
+SAME_GATE_COSINE = 0.95
+#: Two units share a gate, too, when their gates' pre-activations on the MLP's own inputs (the canonical tokens'),
+#: biases included, agree to this cosine: rows that differ only along directions the input never takes (LayerNorm's
+#: output has none along 1 / gain; a widened stream's never-written coordinates have none at all) compute one
+#: function however far apart they are stored, and agree there to float rounding (1 - 1e-12). Far tighter than
+#: `SAME_GATE_COSINE`, because a few hundred tokens are fewer than a real model's input dimensions and its inputs
+#: on random tokens lie close together: SmolLM2-135M's nearest two gates agree there to 0.9998 (deep blocks), the
+#: zoo's to 0.96. A copier who moves the parts of a split unit apart by the angle this leaves (0.014 rad) changes
+#: each part's pre-activation by that fraction, times parts he made large to hide the unit.
+SAME_FUNCTION_COSINE = 0.9999
+#: Gate rows of a non-homogeneous activation are one gate only where their lengths agree to this fraction too.
+SAME_SCALE = 0.05
+#: A unit whose size (|output column| |up row| |gate row|^degree, unchanged by every output-preserving rescale)
+#: is below this fraction of the median unit's writes nothing a float32 model can resolve.
+DEAD = 1e-6
+
+
+@dataclass(frozen=True)
+class CanonicalMLP:
+    """One MLP's canonical units and what became of the units as stored."""
+
+    weights: SiteWeights
+    stored: int  # units as stored
+    dead: int  # units that write nothing, alone or with the units they were combined with
+    combined: int  # units folded into another unit's function (a group of k live units counts k - 1)
+
+    @property
+    def unchanged(self) -> bool:
+        return self.dead == 0 and self.combined == 0
+
+
+def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None,
+                  pre_activation: torch.Tensor | None = None) -> CanonicalMLP:
+    """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
+    weights' device and dtype, units in the order of their groups' lowest stored index. ``inputs`` (tokens, d): the
+    MLP's input on the canonical tokens, where gates are also compared by what they compute there
+    (`SAME_FUNCTION_COSINE`); ``pre_activation`` (tokens, units): the gates' pre-activations on them, bias included,
+    where the caller has them already."""
+    units = weights.up.shape[0]
+    gated = weights.gate is not None
+    key_map, key_bias = (weights.gate, weights.gate_bias) if gated else (weights.up, weights.up_bias)
+    directions, key_norms = _directions(key_map, key_bias)
+    if pre_activation is None and inputs is not None:
+        pre_activation = _pre_activation(inputs, key_map, key_bias)
+    functions = None if pre_activation is None else _directions(pre_activation.T, None)
+    degree = HOMOGENEOUS_DEGREE.get(activation, 0)
+    mass = _norms(weights.down.T) * key_norms ** degree
+    if gated:
+        mass = mass * _directions(weights.up, weights.up_bias)[1]
+    zero_key = key_norms == 0
+    silent = _silent(activation, zero_key, pre_activation)
+    reference = mass[(mass > 0) & ~silent]
+    live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
+    if _silent_at_zero(activation):
+        live &= ~zero_key
+    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
+    if live.all() and (groups == np.arange(units)).all():
+        return CanonicalMLP(weights, units, 0, 0)
+    if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
+        return CanonicalMLP(_select(weights, live), units, int((~live).sum()), 0)
+    keys = _rows(key_map, key_bias)
+    reads = _rows(weights.up, weights.up_bias) if gated else None
+    writes = weights.down.detach().double().cpu().numpy().T
+    return _combined(weights, keys, reads, writes, key_norms, mass, groups, degree, functions)
+
+
+@functools.cache
+def odd_linear(activation: str) -> bool:
+    """Whether act(z) - act(-z) = z (to float32 rounding), so that a gate row's sign can be turned at the price of a
+    linear remainder (see the module): then a gate view's sign carries no identity."""
+    if activation not in ACT2FN:
+        return False
+    z = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
+    act = ACT2FN[activation]
+    return bool(torch.allclose(act(z) - act(-z), z, rtol=1e-5, atol=1e-6))
+
+
+def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray, live: np.ndarray,
+                 zero_key: np.ndarray, degree: int, sign_free: bool,
+                 functions: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """The leader of each live unit's gate group (-1 for dead units): gate rows that agree as stored
+    (`SAME_GATE_COSINE`) or in what they compute on the inputs (``functions``: the pre-activations' directions and
+    lengths, `SAME_FUNCTION_COSINE`), up to sign where ``sign_free`` (`odd_linear`); live units with an all-zero gate
+    row (a linear unit, act(0) times its up row) share one group."""
+    first, second = _close_gates(directions, key_norms, degree, sign_free, SAME_GATE_COSINE)
+    if functions is not None:
+        more = _close_gates(*functions, degree, sign_free, SAME_FUNCTION_COSINE)
+        first, second = np.concatenate([first, more[0]]), np.concatenate([second, more[1]])
+    linear = np.flatnonzero(live & zero_key)
+    if linear.size > 1:
+        pairs = np.array([(a, b) for i, a in enumerate(linear) for b in linear[i + 1:]]).T
+        first, second = np.concatenate([first, pairs[0]]), np.concatenate([second, pairs[1]])
+    order = leader_order(mass, directions)
+    return leader_groups(directions.shape[0], first, second, order, eligible=live)
+
+
+def _close_gates(directions: np.ndarray, norms: np.ndarray, degree: int, sign_free: bool,
+                 cosine: float) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of units whose gate ``directions`` agree to ``cosine`` (up to sign where ``sign_free``) and, where the
+    activation is not homogeneous (act(2z) is another function), whose lengths agree to `SAME_SCALE`."""
+    first, second = close_pairs([RowView(directions, sign_free)], cosine)
+    if not degree:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.abs(np.log(norms[first] / norms[second]))
+        keep = ratio <= math.log1p(SAME_SCALE)
+        first, second = first[keep], second[keep]
+    return first, second
+
+
+def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
+    """(tokens, units): each gate's pre-activation on the inputs, bias included, on the maps' device in float32 at
+    least (a half-precision product would round away the agreement the bar reads)."""
+    dtype = torch.promote_types(key_map.dtype, torch.float32)
+    pre = inputs.to(device=key_map.device, dtype=dtype) @ key_map.detach().to(dtype).T
+    return pre if key_bias is None else pre + key_bias.detach().to(dtype)
+
+
+def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, writes: np.ndarray,
+              key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray, degree: int,
+              functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
+    """New maps: per group, one gate row (`_group_key`) and the factors of its members' summed products."""
+    units = keys.shape[0]
+    out_keys, out_reads, out_writes = [], [], []
+    dead = int((groups < 0).sum())
+    combined = 0
+    for leader in np.unique(groups[groups >= 0]):
+        members = np.flatnonzero(groups == leader)
+        if members.size == 1:
+            out_keys.append(keys[leader])
+            out_writes.append(writes[leader])
+            if reads is not None:
+                out_reads.append(reads[leader])
+            continue
+        key, scale = _group_key(keys[members], key_norms[members], mass[members], degree,
+                                None if functions is None else (functions[0][members], functions[1][members]))
+        if reads is None:  # plain: act(k x) times the sum of the output columns
+            total = (scale[:, None] * writes[members].astype(np.float64)).sum(axis=0)
+            bound = float(np.sum(scale * np.linalg.norm(writes[members].astype(np.float64), axis=1)))
+            factors = [] if np.linalg.norm(total) <= CANCELLED * bound else [(total, None)]
+        else:
+            found = rank_one_factors(writes[members], reads[members], scale)
+            factors = list(zip(found.writes, found.reads, strict=True))
+        if not factors:
+            dead += members.size
+            continue
+        combined += members.size - len(factors)
+        for write, read in factors:
+            out_keys.append(key)
+            out_writes.append(write)
+            if reads is not None:
+                out_reads.append(read)
+    like = weights.down
+    key_rows = _tensor(out_keys, keys.shape[1], like)
+    write_rows = _tensor(out_writes, writes.shape[1], like)
+    read_rows = None if reads is None else _tensor(out_reads, reads.shape[1], like)
+    width = weights.up.shape[1]
+    if weights.gate is not None:
+        canonical = SiteWeights(up=read_rows[:, :width].contiguous(), down=write_rows.T.contiguous(),
+                                gate=key_rows[:, :width].contiguous(),
+                                gate_bias=None if weights.gate_bias is None else key_rows[:, width].contiguous(),
+                                up_bias=None if weights.up_bias is None else read_rows[:, width].contiguous())
+    else:
+        canonical = SiteWeights(up=key_rows[:, :width].contiguous(), down=write_rows.T.contiguous(),
+                                up_bias=None if weights.up_bias is None else key_rows[:, width].contiguous())
+    return CanonicalMLP(canonical, units, dead, combined)
+
+
+def _group_key(keys: np.ndarray, norms: np.ndarray, mass: np.ndarray, degree: int,
+               functions: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """One gate row for a group (its members' directions, turned to the largest member's sign where they point the
+    other way (`odd_linear`; elsewhere no member does), averaged with weights their sizes, at their mean length, or
+    at length 1 where the activation is homogeneous) and each member's factor on it: |k_j|^degree where
+    act(k_j x) = |k_j|^degree act(k x) folds the member's gate scale into its product, else 1.
+
+    With the members' pre-activations on the inputs (``functions``: directions and lengths), "the other way" and
+    "length" are read there: members that compute one function may be stored far apart along directions the input
+    never takes (`SAME_FUNCTION_COSINE`), where their stored rows' signs and lengths say nothing."""
+    weights = mass / max(float(mass.max()), 1e-300)
+    lead = int(np.argmax(weights))
+    directions = keys / np.where(norms > 0, norms, 1.0)[:, None]
+    agree = directions @ directions[lead] if functions is None else functions[0].astype(np.float64) @ functions[0][lead]
+    turn = np.where(agree < 0, -1.0, 1.0)
+    mean = weights @ (directions * turn[:, None])
+    length = float(np.linalg.norm(mean))
+    direction = mean / length if length > 0 else mean
+    if functions is None:  # each member's gate: its length times the key's direction
+        scales = norms
+    else:  # each member's pre-activation over that of the key at unit length (one function: the same direction)
+        lengths = functions[1]
+        key_function = (weights * turn * lengths / np.where(norms > 0, norms, 1.0)) @ functions[0].astype(np.float64)
+        scales = lengths / max(float(np.linalg.norm(key_function)) / max(length, 1e-300), 1e-300)
+    if degree:
+        return direction, scales ** degree
+    return direction * float(weights @ scales / weights.sum()), np.ones(keys.shape[0])
+
+
+def _rows(matrix: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:
+    """(units, d [+ 1]) float64 rows on the CPU: a map's rows with its bias as one more column."""
+    rows = matrix.detach().double().cpu()
+    if bias is not None:
+        rows = torch.cat([rows, bias.detach().double().cpu()[:, None]], dim=1)
+    return rows.numpy()
+
+
+def _directions(matrix: torch.Tensor, bias: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """(unit-length rows as float32 on the CPU, their lengths as float64) of a map's rows with its bias as one more
+    column; each row is divided by its peak first, so rows of 1e30 or 1e-30 (a rescaled unit) neither overflow nor
+    underflow."""
+    rows = matrix.detach()
+    if bias is not None:
+        rows = torch.cat([rows, bias.detach().to(rows.dtype)[:, None]], dim=1)
+    rows = rows.float()
+    peak = rows.abs().amax(dim=1, keepdim=True) if rows.shape[1] else torch.zeros_like(rows[:, :1])
+    scaled = rows / torch.where(peak > 0, peak, torch.ones_like(peak))
+    lengths = torch.linalg.vector_norm(scaled, dim=1, keepdim=True, dtype=torch.float64)
+    unit = scaled / lengths.clamp_min(1e-300).to(scaled.dtype)
+    return unit.cpu().numpy(), (lengths[:, 0] * peak[:, 0].double()).cpu().numpy()
+
+
+def _norms(matrix: torch.Tensor) -> np.ndarray:
+    """Row lengths as float64 (rows of any finite scale: each divided by its peak before it is squared)."""
+    rows = matrix.detach().float()
+    peak = rows.abs().amax(dim=1) if rows.shape[1] else torch.zeros(rows.shape[0], device=rows.device)
+    safe = torch.where(peak > 0, peak, torch.ones_like(peak))
+    lengths = torch.linalg.vector_norm(rows / safe[:, None], dim=1, dtype=torch.float64)
+    return (lengths * peak.double()).cpu().numpy()
+
+
+def _select(weights: SiteWeights, keep: np.ndarray) -> SiteWeights:
+    """The units ``keep`` selects, as views of the given maps."""
+    index = torch.as_tensor(np.flatnonzero(keep), device=weights.up.device)
+
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.index_select(0, index)
+
+    return SiteWeights(up=rows(weights.up), down=weights.down.index_select(1, index), gate=rows(weights.gate),
+                       gate_bias=rows(weights.gate_bias), up_bias=rows(weights.up_bias))
+
+
+def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tensor:
+    """The rows as one tensor of ``like``'s device and dtype (the maps are used beside the given ones)."""
+    stacked = np.stack(rows) if rows else np.zeros((0, dims))
+    return torch.from_numpy(stacked).to(device=like.device, dtype=like.dtype)
+
+
+def _silent(activation: str, zero_key: np.ndarray, pre_activation: torch.Tensor | None) -> np.ndarray:
+    """Units that compute exactly nothing: an all-zero gate row where act(0) = 0, or (with the pre-activations on the
+    inputs) an activation that is exactly zero on every token. They are left out of the median `DEAD` is measured
+    against: a copier who appends many such units of any size (act(0 x) = 0, or ReLU(k x - 1e4) = 0) would otherwise
+    move the median and have every real unit called dead (an independent check did: scanner/testing/silent_units.py)."""
+    silent = zero_key.copy() if _silent_at_zero(activation) else np.zeros_like(zero_key)
+    if pre_activation is not None and activation in ACT2FN:
+        with torch.no_grad():
+            zero = (ACT2FN[activation](pre_activation.float()) == 0).all(dim=0)
+        silent |= zero.cpu().numpy()
+    return silent
+
+
+def _silent_at_zero(activation: str) -> bool:
+    """Whether act(0) = 0, so a unit whose gate row and bias are zero computes nothing (unknown: assume it does)."""
+    if activation not in ACT2FN:
+        return False
+    return float(ACT2FN[activation](torch.zeros(1))[0]) == 0.0
