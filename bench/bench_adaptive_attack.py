@@ -1,4 +1,4 @@
-"""Benchmark: what a near copy costs its maker. The adaptive attack (scanner.testing.adaptive) fine-tunes a copy to keep
+"""Benchmark: what a near copy costs its maker. The adaptive attack (tests.fixtures.adaptive) fine-tunes a copy to keep
 its original's outputs while pushing every view the test reads away from the original's, at several prices; for each
 it prints the KL paid (nats per token, KL(original || copy) on held-out text of the model's language) beside phi_MATCH's
 log10 p of original against copy in both argument orders. Goal (issue 43): at KL <= 0.01 the copy tests at
@@ -7,8 +7,8 @@ log10 p <= -6.
 The originals: each null zoo's first model (tests/null_support.py: 4 blocks of width 64 trained 400 steps on one
 synthetic language; gated Llama, plain GPT-2 and GPT-NeoX, Mixtral's routed experts), built into the test cache
 (HUBTRACE_TEST_CACHE, as the tests) on first use (``--seed`` picks another null zoo: its models and its language); and
-``hybrid``, a tiny Jamba (scanner.architectures.tiny: a Mamba stack with a dense block and a routed one) trained here
-`HYBRID_STEPS` steps on a language of its own (not cached: about a minute).
+``hybrid``, a tiny Jamba (scanner.reading.architectures.tiny: a Mamba stack with a dense block and a routed one) trained
+here `HYBRID_STEPS` steps on a language of its own (not cached: about a minute).
 
     python bench/bench_adaptive_attack.py [--kinds llama gpt2 gpt_neox mixtral hybrid] [--weights 0 0.1 0.3 1 3]
         [--steps 300] [--lr 1e-3] [--views read | all]

@@ -142,7 +142,7 @@ def recipe(model: ZooModel) -> str:
 
 
 def smollm2_inputs() -> Inputs:
-    """The SmolLM2 family (scanner.testing.real_model) as a folder of downloads: no cards, no dates; pairs tested
+    """The SmolLM2 family (tests.fixtures.real_model) as a folder of downloads: no cards, no dates; pairs tested
     with the scan's default sequential design on the family's cached fingerprints."""
     from tests.fixtures.real_model import PARENTS, smollm2_family, smollm2_gguf
 

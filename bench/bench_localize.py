@@ -5,7 +5,7 @@
     python bench/bench_localize.py --rules greedy exact  # each matching rule, side by side
 
 A localize screened like this is what a scan's pair worker runs for a related pair whose depths differ, to make its
-block map (scanner.pair_block_map).
+block map (scanner.pairs.block_map).
 
 B is a depth prune of A that kept 24 of its 32 blocks (every fourth block dropped), with units permuted and
 noise of equal scale (bench_7b_pair's synthetic fingerprints). Prints the time of the screened localize, how

@@ -3,7 +3,7 @@
     python bench/bench_pair_worker.py --device cuda                       # 7B-shaped: 32 blocks x 11008 units
     python bench/bench_pair_worker.py --device cpu --units 2048 --blocks 8 --families 2 --derivatives 2
 
-Fingerprints are synthetic (scanner.testing.synthetic, on a tiny random Llama's metadata): ``--families`` bases,
+Fingerprints are synthetic (tests.fixtures.synthetic, on a tiny random Llama's metadata): ``--families`` bases,
 each with ``--derivatives`` derived models (every block derived, permuted and rescaled, cosine ~0.7), written to
 a local fingerprint store; the pairs are every within-family pair (dependent) plus each base against the next
 family's base (independent), sorted by first model as a scan sends them. A PairWorker per matching rule streams

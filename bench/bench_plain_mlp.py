@@ -7,9 +7,9 @@ Writes each random bf16 checkpoint in turn (synthetic_checkpoint.py; ~13.5 GB at
 fingerprints it in a fresh child process: the seconds, the seconds per block and per 1e9 parameters, the child's peak
 RSS (VmHWM), and where the time goes (the stages of `TIMED`, timed on whichever thread runs them: the module-tree
 stream runs the model's forward on a worker thread). The gated checkpoint goes through the Llama
-row of scanner.adapters and the record-then-replay stream; the plain one through transformers' module tree, its own
-forward pass and the plain views (fc pre-activation, proj read-back with its per-unit projection removed). Goal: the
-plain checkpoint within 3x the gated one's time, peak memory about one block.
+row of scanner.reading.architectures.families and the record-then-replay stream; the plain one through transformers'
+module tree, its own forward pass and the plain views (fc pre-activation, proj read-back with its per-unit projection
+removed). Goal: the plain checkpoint within 3x the gated one's time, peak memory about one block.
 """
 
 from __future__ import annotations
@@ -60,13 +60,16 @@ print(json.dumps({"seconds": seconds, "blocks": len(fp.blocks), "units": fp.bloc
 #: its own time (a timed call inside another, the value pass inside a read, counts for itself), so what is left is the
 #: forward pass of attention, norms and the MLP itself, the embedding and the fingerprint's own summaries.
 TIMED = [
-    ("scanner.validate", "ValuesAsRead", "__call__", "value pass: sha256 and finiteness of every tensor read"),
-    ("scanner.architectures.module_tree", "ModuleTree", "load", "read a block's tensors and place them (module tree)"),
-    ("scanner.streaming", "", "_load_block", "read a block's tensors and place them (Llama row)"),
-    ("scanner.adapters", "ArchitectureAdapter", "mlp", "read a block's MLP for its summaries (Llama row)"),
-    ("scanner.streaming", "", "site_activations", "the two views of every unit (module tree)"),
-    ("scanner.streaming", "", "glu_activations", "gate and up products not caught from the forward (Llama row)"),
-    ("scanner.fingerprint", "", "stored_activations", "scale each unit to its peak, round to float16"),
+    ("scanner.reading.validate", "ValuesAsRead", "__call__", "value pass: sha256 and finiteness of every tensor read"),
+    ("scanner.reading.architectures.module_tree", "ModuleTree", "load",
+     "read a block's tensors and place them (module tree)"),
+    ("scanner.reading.streaming", "", "_load_block", "read a block's tensors and place them (Llama row)"),
+    ("scanner.reading.architectures.families", "ArchitectureAdapter", "mlp",
+     "read a block's MLP for its summaries (Llama row)"),
+    ("scanner.reading.streaming", "", "site_activations", "the two views of every unit (module tree)"),
+    ("scanner.reading.streaming", "", "glu_activations",
+     "gate and up products not caught from the forward (Llama row)"),
+    ("scanner.fingerprints.fingerprint", "", "stored_activations", "scale each unit to its peak, round to float16"),
 ]
 
 

@@ -140,7 +140,7 @@ def scratch_checkpoint(cache: Path, shape: str, *, shard_bytes: int = 5 * 10**9)
 
 def tiny_template(folder: Path, tokens: int):
     """A tiny random Llama's fingerprint on ``tokens`` canonical tokens: real metadata for synthetic fingerprints
-    (scanner.testing.synthetic), with nothing trained."""
+    (tests.fixtures.synthetic), with nothing trained."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from scanner.fingerprints.fingerprint import fingerprint_model

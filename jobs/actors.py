@@ -117,7 +117,7 @@ def fingerprint_record(record: ModelRecord, store: FingerprintStore, inputs: Inp
                        scratch: Path | None = None, token: str | None = None,
                        profile: bool = False) -> FingerprintOutcome:
     """Fetch (Hub records, into a scratch folder deleted afterwards), validate, fingerprint and store one model;
-    every failure is returned, not raised. ``profile``: also read its weight profile (scanner.weight_profiles),
+    every failure is returned, not raised. ``profile``: also read its weight profile (scanner.reading.weight_profiles),
     where its family has the roles for one."""
     scratch = scratch or default_scratch()
     started = time.perf_counter()
@@ -232,12 +232,12 @@ def compare_batch(jobs: list[PairJob], statistic: str, design: SequentialDesign 
     """Test each pair from its two fingerprints, read from the store wherever it is (on the task's GPU when Ray
     gave it one, screening blocks first when a design is given, ``workers`` blocks at once on the host); a failing
     pair becomes an error value. A GPU task's worker outlives the task in Ray's reused worker process, so the next
-    batches find their fingerprints resident (scanner.pair_worker). ``cache``: the node's disk cache of parts of
-    remote fingerprints (scanner.fingerprint_cache), shared by every pair task on the node; None: no disk cache.
+    batches find their fingerprints resident (scanner.pairs.worker). ``cache``: the node's disk cache of parts of
+    remote fingerprints (scanner.fingerprints.cache), shared by every pair task on the node; None: no disk cache.
     ``probe``: on a node that joined after the scan started, the store probe runs first (once per node); if the
     node cannot reach the store, every pair of the batch comes back as a ``store`` error (the driver retries them
     on a node probed at start). A related pair whose depths differ gets its block map on the same worker, right after
-    its test (scanner.pair_block_map)."""
+    its test (scanner.pairs.block_map)."""
     from scanner.pairs.worker import PairWorker
 
     unreachable = _unreachable_store(probe)

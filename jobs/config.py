@@ -78,7 +78,7 @@ SourceConfig = Annotated[LocalSourceConfig | HfCacheSourceConfig | HubSourceConf
 
 
 class InputsConfig(_Strict):
-    """The canonical input set every fingerprint is taken on (see scanner.inputs)."""
+    """The canonical input set every fingerprint is taken on (see scanner.fingerprints.inputs)."""
 
     seed: int = 0
     n_sequences: int = Field(default=InputSpec.n_sequences, ge=1)
@@ -175,7 +175,7 @@ class LineageConfig(_Strict):
 
 
 class FingerprintCacheConfig(_Strict):
-    """Each node's disk cache of fingerprint parts read from a remote fingerprint_store (scanner.fingerprint_cache)."""
+    """Each node's disk cache of fingerprint parts read from a remote fingerprint_store (scanner.fingerprints.cache)."""
 
     dir: str | None = None            # node-local folder; default <system temp>/hubtrace-<uid>/fingerprint-cache
     max_bytes: int = Field(default=DEFAULT_CACHE_BYTES, ge=0)   # per node; least recently used parts go first; 0: off

@@ -1,6 +1,6 @@
 """Whose fingerprint store a scan writes to, settled before it trusts a file there.
 
-The fingerprint store records the scan database it belongs to (`scanner.fingerprint_store.StoreOwner`). A store
+The fingerprint store records the scan database it belongs to (`scanner.fingerprints.store.StoreOwner`). A store
 that no database claimed yet, or that this one claimed, is used as it is. One that another database still uses (its
 rows name files there: two configurations naming one folder or bucket) is refused, since each database would trust
 files the other rewrites. One whose database is gone (deleted and started again under the same name) or no longer

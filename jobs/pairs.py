@@ -27,7 +27,7 @@ class Candidate:
     path: str
     declared_base_models: tuple[str, ...] = ()
     file_sha256: str | None = None
-    kind: str = "gated, causal"   # "<mlp kind>, <attention>" (scanner.fingerprint's mlp_kind and attention)
+    kind: str = "gated, causal"  # "<mlp kind>, <attention>" (scanner.fingerprints.fingerprint's mlp_kind and attention)
 
 
 @dataclass

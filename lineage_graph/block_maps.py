@@ -1,7 +1,7 @@
 """Any-order block maps of related models whose depths differ, as the lineage reads them: which stored maps a lineage
 uses, and what a map says.
 
-A map (scanner.pair_block_map) gives which block of the shallower model each block of the deeper one comes from,
+A map (scanner.pairs.block_map) gives which block of the shallower model each block of the deeper one comes from,
 each deep block mapped to its best shallow block independently. A depth prune and a depth up-scaling differ only in
 which model is the parent, and block counts cannot say which: a pruned model's blocks each map to a different block
 of its parent, and some of the parent's blocks map to nothing (they were dropped; blocks of one model are
@@ -11,7 +11,7 @@ depth-changed pair a closeness over the deeper model's blocks, each with its own
 index would pair misaligned ones.
 
 Pure selection and reading here: the scan's pair workers make each related depth-changed pair's map with its test
-(scanner.pair_worker) and the store keeps it; `lineage_graph.persist` reads the ones `wanted` picks.
+(scanner.pairs.worker) and the store keeps it; `lineage_graph.persist` reads the ones `wanted` picks.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAPS_PER_MODEL = 4
 
 def wanted(models: Mapping[str, ModelInfo], tests: Iterable[PairTest]) -> list[tuple[str, str]]:
     """The (model_a, model_b) pairs whose maps the lineage reads: related (log10 p at most MAP_LOG10_P), of one width
-    (hidden size, MLP units, experts) and different depths (the pairs the workers map, scanner.pair_block_map); each
+    (hidden size, MLP units, experts) and different depths (the pairs the workers map, scanner.pairs.block_map); each
     deeper model with its MAPS_PER_MODEL nearest shallower relatives."""
     by_deep: dict[str, list[tuple[float, tuple[str, str]]]] = {}
     for t in tests:

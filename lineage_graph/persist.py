@@ -152,7 +152,7 @@ def _compute(store: Store, q: float, method: Method, statistic: str, min_directi
 
 def _block_maps(store: Store, models: list[ModelInfo], tests: list[PairTest]) -> dict[tuple[str, str], BlockMap]:
     """The any-order block maps of the depth-changed related pairs the lineage reads (lineage_graph.block_maps.wanted),
-    as the scan's pair workers made and stored them with the pairs' tests (scanner.pair_block_map). A pair without one
+    as the scan's pair workers made and stored them with the pairs' tests (scanner.pairs.block_map). A pair without one
     (tested by a hubtrace that made no maps with its tests, or whose map failed) is read as before: its depth vote
     alone. Nothing is matched here."""
     kept = lineage_tables.stored_block_maps(store)

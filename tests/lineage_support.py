@@ -55,7 +55,7 @@ def zoo_models(zoo: Zoo, prints: Mapping[str, Fingerprint]) -> list[ModelInfo]:
 def zoo_block_maps(zoo: Zoo, tests: list[PairTest], models: list[ModelInfo],
                    prints: Mapping[str, Fingerprint] | None = None) -> dict[tuple[str, str], BlockMap]:
     """The any-order block maps a scan's lineage would read for the zoo's depth-changed related pairs
-    (lineage_graph.block_maps.wanted; scanner.pair_block_map makes them), from the models' fingerprints (taken here for
+    (lineage_graph.block_maps.wanted; scanner.pairs.block_map makes them), from the models' fingerprints (taken here for
     the models that need one, unless given)."""
     pairs = wanted({m.model_id: m for m in models}, tests)
     needed = {m for pair in pairs for m in pair}

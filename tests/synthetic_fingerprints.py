@@ -1,4 +1,4 @@
-"""The template fingerprint synthetic pairs (scanner.testing.synthetic) start from: a tiny Llama's, so the
+"""The template fingerprint synthetic pairs (tests.fixtures.synthetic) start from: a tiny Llama's, so the
 metadata is real."""
 
 from __future__ import annotations

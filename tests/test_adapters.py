@@ -1,4 +1,5 @@
-"""scanner.adapters against live transformers models: every family's roles must be what the model computes with.
+"""scanner.reading.architectures.families against live transformers models: every family's roles must be what the model
+computes with.
 
 Each family is a tiny random model saved with save_pretrained and reloaded with from_pretrained, so the test sees
 exactly the file layout transformers writes and the modules it builds from it. Norm roles are matched to live

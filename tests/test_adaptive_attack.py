@@ -1,4 +1,4 @@
-"""Issue 43: a near copy costs its maker. The adaptive attack (scanner.testing.adaptive) fine-tunes a copy of a trained
+"""Issue 43: a near copy costs its maker. The adaptive attack (tests.fixtures.adaptive) fine-tunes a copy of a trained
 model to keep its outputs while pushing every view the test reads (gate, decoupled up, write) away from the original's;
 the copy must either pay for it in its outputs (KL above 0.01 nats/token on held-out text of the model's language) or
 still test dependent at log10 p <= -6 in both argument orders. The originals: the gated Llama and Mixtral's routed

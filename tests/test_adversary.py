@@ -1,7 +1,7 @@
 """The adversary suite (issue 33): what a copier who has read hubtrace's code would do to hide a copy, on every MLP
 kind.
 
-Every disguise comes from `scanner.testing.adversary` and is checked on the logits first (an exact one changes no
+Every disguise comes from `tests.fixtures.adversary` and is checked on the logits first (an exact one changes no
 logit by more than 1e-4 of the largest, a jittered one by at most 3%), so nothing here tests a change that is not
 output-preserving. Then the disguised copy must test dependent on its original at log10 p <= -20 in either argument
 order, and must stay independent of an independently trained model of its kind (log10 p >= -3 for that control).
@@ -179,7 +179,8 @@ def test_negated_gates_keep_a_copy_dependent(request, kind: Kind | None, tmp_pat
     pairs (gate rows grouped up to sign: their act parts cancel), leaving the original's units with their gates
     negated: a gated MLP's decoupled up and write views, which do not involve the gate's sign, pair them with the
     original's (phi_MATCH version 4); a plain MLP's first view is turned to a positive mean and its write regression
-    lets each unit's coupling carry its own sign (scanner.activations.plain_views), so both views are the original's."""
+    lets each unit's coupling carry its own sign (scanner.reading.activations.plain_views), so both views are the
+    original's."""
     case = request.getfixturevalue("gated") if kind is None else request.getfixturevalue("trained_kinds")[kind.name]
     fp_copy = _check(case, adv.flip_gates, EXACT_TOLERANCE, seed=15, folder=tmp_path / "copy")
     kept = [stored - dead for stored, dead, _ in fp_copy.meta.summaries["canonical_units"]]
@@ -205,7 +206,7 @@ def test_writes_along_the_direction_layernorm_removes_keep_a_copy_dependent(trai
     multiple of the all-ones vector (LayerNorm(x + c 1) = LayerNorm(x)). An offset of 10 on every token and output
     columns grown by 100 times their size along it, after every unit's gate was negated, drowned both write views
     and hid the copy (-0.35 and 0.0); the write views now read the stream and the columns less that direction
-    (scanner.architectures.norms)."""
+    (scanner.reading.architectures.norms)."""
     _check(trained_kinds[kind.name], adv.compose(adv.flip_gates, stream_offset(offset=10.0, per_unit=100.0)),
            EXACT_TOLERANCE, seed=18, folder=tmp_path / "copy")
 
@@ -215,7 +216,7 @@ def test_units_that_compute_nothing_do_not_move_the_dead_unit_bar(request, kind:
     """Found by the same check: three times as many units as the MLP has, each 1e8 times the median unit's size and
     computing exactly nothing (an all-zero gate row, or ReLU/GELU of a bias of -1e4), moved the median the dead-unit
     bar is a fraction of, and every real unit was dropped: CANNOT TEST, and on MoE layouts the comparison raised.
-    The median now leaves out units that compute nothing on the canonical inputs (scanner.canonical_mlp)."""
+    The median now leaves out units that compute nothing on the canonical inputs (scanner.reading.canonical_mlp)."""
     case = request.getfixturevalue("gated") if kind is None else request.getfixturevalue("trained_kinds")[kind.name]
     _check(case, loud_silent_units(3.0, 1e8), EXACT_TOLERANCE, seed=19, folder=tmp_path / "copy")
 

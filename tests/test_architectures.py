@@ -1,8 +1,8 @@
 """Every architecture hubtrace calls supported, checked end to end on a tiny random model of its own config class.
 
-The coverage verdicts come from `scanner.architectures.coverage` (the data behind `hubtrace architectures`); each
-supported type is built by transformers at tiny sizes, saved with save_pretrained, and fingerprinted through the scan's
-own block-by-block path. A copy with small noise must test dependent and an independent initialisation must not.
+The coverage verdicts come from `scanner.reading.architectures.coverage` (the data behind `hubtrace architectures`);
+each supported type is built by transformers at tiny sizes, saved with save_pretrained, and fingerprinted through the
+scan's own block-by-block path. A copy with small noise must test dependent and an independent initialisation must not.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ INDEPENDENT = -3.0  # the issue's bar for one independent pair: 1e-3 false failu
 NOISE = 0.02  # the copy's noise, relative to each parameter's spread
 
 
-#: The auto class each kind of model is saved with (scanner.architectures.tasks).
+#: The auto class each kind of model is saved with (scanner.reading.architectures.tasks).
 AUTO_CLASSES = {"causal-lm": AutoModelForCausalLM, "image-text-to-text": AutoModelForImageTextToText,
                 "masked-lm": AutoModelForMaskedLM}
 

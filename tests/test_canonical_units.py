@@ -1,7 +1,7 @@
-"""The canonical form of an MLP (scanner.canonical_mlp, scanner.stats.canonical): units that compute one function
-together are combined by algebra, units that write nothing are dropped, and nothing a copier picks (a sign, a sum, a
-chain of small steps) steers it. Checked on the function itself: the canonical MLP computes what the MLP as stored
-computes, to float64 rounding, on random inputs.
+"""The canonical form of an MLP (scanner.reading.canonical_mlp, scanner.stats.canonical): units that compute one
+function together are combined by algebra, units that write nothing are dropped, and nothing a copier picks (a sign, a
+sum, a chain of small steps) steers it. Checked on the function itself: the canonical MLP computes what the MLP as
+stored computes, to float64 rounding, on random inputs.
 
 No statistics here and no randomness beyond fixed seeds: every assertion holds exactly or to rounding.
 """

@@ -1,5 +1,5 @@
-"""scanner.checkpoint: lazy reads in the stored dtype, sharded folders, tokenizer identity, and every refusal; the
-value pass over the stored values (scanner.validate)."""
+"""scanner.reading.checkpoint: lazy reads in the stored dtype, sharded folders, tokenizer identity, and every refusal;
+the value pass over the stored values (scanner.reading.validate)."""
 
 from __future__ import annotations
 

@@ -90,8 +90,8 @@ def test_tensors_resident_on_a_device_give_what_arrays_give() -> None:
 def test_a_plain_copy_with_negated_units_is_read_through_its_turned_and_sign_free_views() -> None:
     """A plain MLP whose gate sign is free (phi_match_many ``gate_sign_free``): a copy with a random half of its units'
     first views negated (the stored second view changed too, as a negated unit changes its regression) but the
-    sign-free write view as it was (scanner.activations.plain_views) tests dependent through the pair (first view
-    turned to a positive mean, write view), not through the stored pair; an independent B does not, either way; and
+    sign-free write view as it was (scanner.reading.activations.plain_views) tests dependent through the pair (first
+    view turned to a positive mean, write view), not through the stored pair; an independent B does not, either way; and
     a copy as stored keeps the stored pair's p-value but for the factor two of the second pair."""
     rng = np.random.default_rng(3)
     first, second, write = (rng.standard_normal((UNITS, TOKENS)) + 0.2 for _ in range(3))

@@ -1,5 +1,5 @@
-"""Routed experts read one at a time (scanner.expert_stream): the same fingerprint as the block loaded whole, for
-experts stored per expert (as Hub files hold them) and fused (as transformers holds them)."""
+"""Routed experts read one at a time (scanner.reading.expert_stream): the same fingerprint as the block loaded whole,
+for experts stored per expert (as Hub files hold them) and fused (as transformers holds them)."""
 
 from __future__ import annotations
 

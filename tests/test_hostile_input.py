@@ -1,5 +1,5 @@
 """Hostile input end to end: a hub of models whose ids and cards are crafted against every library that interprets
-text, and model folders crafted to hang or exhaust their reader (scanner.testing.hostile), through scan (real Ray,
+text, and model folders crafted to hang or exhaust their reader (tests.fixtures.hostile), through scan (real Ray,
 real DuckDB), query, graph (every format), report, discrepancies, fingerprint, test and localize.
 
 Every output is read back by a real parser (XML for GraphML/GEXF, pydot for DOT, headless chromium for the page,

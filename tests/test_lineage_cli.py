@@ -196,7 +196,7 @@ def test_report_carries_the_evidence_and_reproduces(db: Path, tmp_path: Path) ->
     assert "| block A | block B | rho | units | log10 p |" in md
     assert re.findall(r"^\| (\d) \| (\d) \| [01]\.\d{3} \| 128 \| -\d+\.\d\d \|$", md, flags=re.MULTILINE) == \
         [(str(i), str(i)) for i in range(4)]
-    assert "0→0, 1→1, 2→2, 3→3" in _section(md, "Block map")  # from scanner.localize on the stored fingerprints
+    assert "0→0, 1→1, 2→2, 3→3" in _section(md, "Block map")  # from scanner.pairs.localize on the stored fingerprints
     for model_id, revision in query(db, "SELECT model_id, revision FROM current_models WHERE model_id IN (?, ?)",
                                     [BASE, NIMBUS]).iter_rows():
         assert f"| {model_id} | {revision} | ok |" in md

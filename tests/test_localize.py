@@ -193,7 +193,7 @@ def test_screened_localize_maps_what_the_full_one_maps(template: Fingerprint) ->
 
 def test_cli_localizes_two_folders_with_different_vocabularies(tmp_path: Path) -> None:
     """A copy with a padded vocabulary is localized on the shared id range, as `hubtrace test` compares it
-    (one function, scanner.fingerprint.fingerprint_pair, picks the input set for both commands)."""
+    (one function, scanner.fingerprints.fingerprint.fingerprint_pair, picks the input set for both commands)."""
     from transformers import AutoModelForCausalLM
 
     from tests.tiny_models import FAMILIES, save_random

@@ -1,4 +1,4 @@
-"""scanner.lockstep: a callback-style producer read as a generator, never running ahead of its consumer."""
+"""scanner.reading.lockstep: a callback-style producer read as a generator, never running ahead of its consumer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PEFT LoRA adapter-only folders, made with PEFT itself, read through their base (scanner.formats.lora)."""
+"""PEFT LoRA adapter-only folders, made with PEFT itself, read through their base (scanner.reading.formats.lora)."""
 
 from __future__ import annotations
 

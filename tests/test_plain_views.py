@@ -1,5 +1,6 @@
-"""A plain MLP's two views (scanner.activations.plain_views) under the changes a copier can make without changing a
-model's outputs: each view of each unit stays what it was (the pre-activation up to the unit's positive scale).
+"""A plain MLP's two views (scanner.reading.activations.plain_views) under the changes a copier can make without
+changing a model's outputs: each view of each unit stays what it was (the pre-activation up to the unit's positive
+scale).
 
 A pre-norm block in miniature, in float64: the residual stream h entering the layer, the MLP's input
 x = LayerNorm(h) * gain + bias, and the MLP's fc (rows, biases) and proj (columns). Every change below is checked to

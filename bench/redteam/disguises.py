@@ -1,4 +1,4 @@
-"""Output-preserving disguises not in scanner.testing.adversary, built on one exact identity of odd-symmetric
+"""Output-preserving disguises not in tests.fixtures.adversary, built on one exact identity of odd-symmetric
 activations: for act(z) = z s(z) with s(z) + s(-z) = 1 (SiLU, GELU erf and tanh forms, ReLU),
 
     act(z) - act(-z) = z        for every z.

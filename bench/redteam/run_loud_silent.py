@@ -1,4 +1,4 @@
-"""Silent units of enormous size (scanner/testing/silent_units.py) that move the dead-unit bar's median, on every kind.
+"""Silent units of enormous size (tests/fixtures/silent_units.py) that move the dead-unit bar's median, on every kind.
 A comparison that raises (MoE: every expert left with no units, expert pairing on NaN similarities) is recorded as a
 row with its error."""
 

@@ -1,4 +1,4 @@
-"""LayerNorm-null shifts of split units' input rows (scanner/testing/null_shift.py) on the plain kinds."""
+"""LayerNorm-null shifts of split units' input rows (tests/fixtures/null_shift.py) on the plain kinds."""
 
 from bench.redteam.harness import evaluate, kinds_from_argv
 from tests.fixtures import adversary as adv

@@ -1,4 +1,4 @@
-"""Writes along the all-ones direction LayerNorm removes (scanner/testing/stream_offset.py) on the plain kinds, alone
+"""Writes along the all-ones direction LayerNorm removes (tests/fixtures/stream_offset.py) on the plain kinds, alone
 and with the odd-part flip and the suite's own disguises."""
 
 from bench.redteam.disguises import plain_flip

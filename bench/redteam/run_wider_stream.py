@@ -1,4 +1,4 @@
-"""Widened residual stream (scanner/testing/null_shift.py) on the gated Llama."""
+"""Widened residual stream (tests/fixtures/null_shift.py) on the gated Llama."""
 
 from bench.redteam.harness import evaluate
 from tests.fixtures import adversary as adv

@@ -99,7 +99,7 @@ def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> dict[PairK
 def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: InputSpec, device: str, *,
                   follow_links: bool = False, rule: MatchingRule = "screened") -> PairTestResult:
     """`hubtrace test --fingerprint`: phi_MATCH or phi_H from fingerprints (files, or URLs of an object store read
-    through scanner.fingerprint_store), computing any side given as a folder."""
+    through scanner.fingerprints.store), computing any side given as a folder."""
     from scanner.errors import IncomparableError
     from scanner.fingerprints.fingerprint import fingerprint_pair
     from scanner.fingerprints.store import fingerprint_side

@@ -53,7 +53,7 @@ _LOCK_NAME = ".evict.lock"
 
 Fetch = Callable[[], bytes]
 PartReader = Callable[[str, Fetch], bytes]
-"""``read(part, fetch)``: a part's bytes, from the cache or from ``fetch()`` (scanner.fingerprint_ranges)."""
+"""``read(part, fetch)``: a part's bytes, from the cache or from ``fetch()`` (scanner.fingerprints.ranges)."""
 
 
 #: Seconds a process waits for the eviction lock before leaving eviction to the next write.

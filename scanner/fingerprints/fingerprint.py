@@ -50,10 +50,10 @@ from scanner.reading.validate import ValuesAsRead, validate_checkpoint
 from scanner.reading.value_sample import block_sample
 from scanner.stats.verbatim import sample_layout
 
-#: 3: the views are those of each MLP's canonical units (scanner.canonical_mlp: units that compute one function
+#: 3: the views are those of each MLP's canonical units (scanner.reading.canonical_mlp: units that compute one function
 #: combined, units that write nothing dropped), and every unit's write view is kept beside its read views, as int8
 #: steps of its peak. 4: the canonical form also groups gates by what they compute on the block's inputs, and a plain
-#: MLP's views are free of each unit's gate sign where act(z) - act(-z) = z (scanner.activations.plain_views).
+#: MLP's views are free of each unit's gate sign where act(z) - act(-z) = z (scanner.reading.activations.plain_views).
 #: Fingerprints of an earlier format are re-made.
 FINGERPRINT_FORMAT = 4
 STORAGE_DTYPES = ("float16", "float32")
@@ -171,8 +171,8 @@ def fingerprint_model(
     activations are rounded to storage_dtype here, so a fingerprint compares the same before and after a
     write/read round trip. tensor_hashes, when the caller already ran the value pass (a scan's worker), saves
     a second one: the folder is still checked, its values are not read again. input_set, when given, replaces the
-    canonical ids (and `inputs`): shared-string inputs for two tokenizers (scanner.shared_vocab) give each model its
-    own ids for the same text.
+    canonical ids (and `inputs`): shared-string inputs for two tokenizers (scanner.fingerprints.shared_vocab) give each
+    model its own ids for the same text.
     """
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, got {storage_dtype!r}")
@@ -267,7 +267,7 @@ def fingerprint_pair(
 
     A fingerprint side fixes the input set (its spec and id range) for a directory side; two directories use
     `inputs` on their shared id range, or on their shared token strings when their vocabularies differ
-    (scanner.shared_vocab). Whether the result is comparable is `comparable_with`'s call.
+    (scanner.fingerprints.shared_vocab). Whether the result is comparable is `comparable_with`'s call.
     """
     sides = (path_a, path_b)
     given = [side if isinstance(side, Fingerprint) else read_fingerprint(side) if is_fingerprint_file(side) else None

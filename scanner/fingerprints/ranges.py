@@ -8,11 +8,12 @@ its header ~52 KB, so a node that only needs tensor hashes or summaries (shared-
 no longer pulls the activations over the network.
 
 Nothing in the header is trusted: its length is bounded and checked against the object's size, and every tensor
-a block read fetches is checked for dtype, shape, byte extent and finite values (`scanner.fingerprint.checked_block`).
-What a range read cannot check is the sha256 over every tensor: a whole-file read (`read_fingerprint_at`) does.
+a block read fetches is checked for dtype, shape, byte extent and finite values
+(`scanner.fingerprints.fingerprint.checked_block`). What a range read cannot check is the sha256 over every tensor: a
+whole-file read (`read_fingerprint_at`) does.
 
 The header and each block are one *part* each, fetched through an optional part reader, so a node-local disk
-cache (scanner.fingerprint_cache) can serve them to every process of the node.
+cache (scanner.fingerprints.cache) can serve them to every process of the node.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from scanner.reading.checkpoint import MAX_HEADER_BYTES
 #: ~52 KB: per-tensor sha256 hashes of the checkpoint and per-block summaries).
 HEADER_PREFETCH = 1 << 16
 #: The dtypes fingerprints store their parts in: activations in float16 (float32 where float16 cannot hold a value),
-#: the write view in int8 steps (scanner.activations.WRITE_STEPS).
+#: the write view in int8 steps (scanner.reading.activations.WRITE_STEPS).
 _DTYPES = {"F16": np.dtype("<f2"), "F32": np.dtype("<f4"), "I8": np.dtype("i1")}
 
 

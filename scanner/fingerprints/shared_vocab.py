@@ -6,7 +6,7 @@ the activation tests lose it. When both models ship a tokenizer.json, the inputs
 sorted list of token strings the two base vocabularies share (each string below both models' embedding rows),
 and every model gets the ids its own tokenizer gives those strings: both see the same text.
 
-The draw is the canonical one (`scanner.inputs.canonical_inputs`, SHAKE-256 of the versioned seed) over
+The draw is the canonical one (`scanner.fingerprints.inputs.canonical_inputs`, SHAKE-256 of the versioned seed) over
 indices into the shared list, and the input set is named after the list: ``v1-seed0-4x64-shared<N>-<sha>``
 with the first 12 hex digits of the sha256 of the list, so two fingerprints on such inputs are comparable
 exactly when they used the same strings in the same places. tokenizer.json is read as JSON data (size-limited),

@@ -176,7 +176,7 @@ def read_fingerprint_at(address: str | Path, *, scratch: Path | None = None) -> 
 
 def read_fingerprint_meta_at(address: str | Path) -> FingerprintMeta:
     """Only the header of the fingerprint at ``address``; from an object store, only the header's bytes are
-    fetched (scanner.fingerprint_ranges), not the activations."""
+    fetched (scanner.fingerprints.ranges), not the activations."""
     if not is_url(address):
         return read_fingerprint_meta(str(address).removeprefix("file://"))
     with _remote(address) as (fs, key):
@@ -198,7 +198,7 @@ def open_fingerprint_at(address: str, *, parts: PartReader | None = None,
     """The fingerprint at an object store URL with only its header fetched now: each block is fetched when a test
     first reads it (`LazyBlocks`), so a sequential test reads the header and its screening blocks, not the file.
 
-    ``parts`` serves the header and blocks (a node's disk cache, scanner.fingerprint_cache); ``place`` moves each
+    ``parts`` serves the header and blocks (a node's disk cache, scanner.fingerprints.cache); ``place`` moves each
     fetched block where the test runs (a GPU). Blocks are checked as `read_fingerprint_block_at` checks them."""
     with _remote(address) as (fs, key):
         ranged = RangedFingerprint(fs, key, address, parts)

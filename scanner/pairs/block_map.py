@@ -1,7 +1,7 @@
 """The any-order block map of a related pair whose depths differ, made by the pair worker as part of the pair's test.
 
 Which block of the shallower model each block of the deeper one comes from: phi_MATCH on every block pair
-(scanner.localize), each deep block mapped to its best shallow block independently, so several deep blocks may map
+(scanner.pairs.localize), each deep block mapped to its best shallow block independently, so several deep blocks may map
 to one shallow block (a depth up-scaling repeats blocks) and some shallow blocks to none (a depth prune drops them).
 The lineage reads the maps (lineage_graph.block_maps: which model is the parent, a closeness block by block); the
 pair workers make them with the test, with the test's matching rule and on the fingerprints the test has just read,

@@ -112,7 +112,7 @@ def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpe
                       rule: MatchingRule) -> PairTestResult:
     """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does
     (the hashes of the validation pass spare the fingerprints a second read of every tensor); on the token
-    strings both tokenizers share when their vocabularies differ (scanner.shared_vocab)."""
+    strings both tokenizers share when their vocabularies differ (scanner.fingerprints.shared_vocab)."""
     token_range = shared_token_range(a.token_range, b.token_range)
     rows = (a.adapter.shape.vocab_size, b.adapter.shape.vocab_size)
     shared = pair_input_sets(a.checkpoint.path, b.checkpoint.path, *rows, spec)

@@ -1,6 +1,6 @@
 """A pair test between two fingerprints: phi_MATCH (or phi_H) of their blocks, with no checkpoint open.
 
-`scanner.compare.compare_models` computes its activation statistics through here too, so a test from two
+`scanner.pairs.compare.compare_models` computes its activation statistics through here too, so a test from two
 fingerprint files gives exactly the numbers of a live test on the same input set.
 
 A pair test runs in stages, each a function of the previous one's result, so every note a reader gets comes from
@@ -224,7 +224,7 @@ def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], sta
 
 def plain_gate_sign_free(fp: Fingerprint) -> bool:
     """Whether the fingerprint's plain MLPs keep a write view free of their units' signs (act(z) - act(-z) = z:
-    scanner.activations.plain_views), which phi_MATCH then reads (scanner.stats.independence.phi_match_many)."""
+    scanner.reading.activations.plain_views), which phi_MATCH then reads (scanner.stats.independence.phi_match_many)."""
     return fp.meta.mlp_kind == "plain" and odd_linear(fp.meta.hidden_act)
 
 
@@ -353,8 +353,8 @@ def input_notes(tokenizer_hashes: tuple[str | None, str | None], id_ranges: tupl
 
 
 def canonical_note(a: Fingerprint, b: Fingerprint) -> str:
-    """What the canonical form did to either model's units as stored (scanner.canonical_mlp), "" when nothing: units
-    folded into another unit's function and units that write nothing, per block."""
+    """What the canonical form did to either model's units as stored (scanner.reading.canonical_mlp), "" when nothing:
+    units folded into another unit's function and units that write nothing, per block."""
     parts = []
     for side, fp in (("A", a), ("B", b)):
         changed = [f"block {block}: {dead} of {stored} units write nothing, {combined} folded into others"
@@ -365,7 +365,7 @@ def canonical_note(a: Fingerprint, b: Fingerprint) -> str:
     if not parts:
         return ""
     return ("units that compute one function together were combined and units that write nothing dropped before "
-            f"any view was read (see scanner.canonical_mlp): {' | '.join(parts)}")
+            f"any view was read (see scanner.reading.canonical_mlp): {' | '.join(parts)}")
 
 
 def depth_note(depth_a: int, depth_b: int) -> str:

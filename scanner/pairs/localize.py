@@ -14,7 +14,7 @@ is valid: for a level a below the stop, P(reported <= a) <= P(full <= a) = a; ab
 P(screen <= stop) + P(stop < screen <= a) = a. So the Bonferroni-corrected map keeps its guarantee, and
 a 32 x 32 localize of 7B models costs about one whole-model test plus 1024 small screens.
 
-`localize_replayed` tests the same block pairs on replayed activations (scanner.replay): every block of B run
+`localize_replayed` tests the same block pairs on replayed activations (scanner.pairs.replay): every block of B run
 on the residual stream that entered each block of A, so a depth prune's deeper blocks, whose own streams
 have drifted, are still mapped. MoE blocks pair their experts first (scanner.stats.experts) either way.
 """
@@ -150,10 +150,10 @@ def localize_replayed(
     rule: MatchingRule = "screened",
 ) -> LocalizeResult:
     """`localize` of two checkpoints with every block of B run on the residual stream entering each block of A
-    (scanner.replay): deep blocks of a depth-pruned model see their parent block's inputs, not a drifted stream.
+    (scanner.pairs.replay): deep blocks of a depth-pruned model see their parent block's inputs, not a drifted stream.
 
     Costs L_A * L_B block forward passes of B on the canonical tokens (each block of B read once) besides the
-    tests; the p-values are phi_MATCH's, valid for the reason scanner.replay gives, so the map keeps its
+    tests; the p-values are phi_MATCH's, valid for the reason scanner.pairs.replay gives, so the map keeps its
     Bonferroni guarantee.
     """
     replayed = replay(path_a, path_b, inputs=inputs, device=device)
@@ -166,7 +166,7 @@ def localize_replayed(
             tester.test(i, j, block_a, _unit_blocks([replayed.b[i][j]], device, sign_free)[0])
             replayed.b[i][j] = []  # tested: free it
     note = (f"every block of B was run on the residual stream entering each block of A, mapped into B's basis "
-            f"(scanner.replay; input set {replayed.input_set.id})")
+            f"(scanner.pairs.replay; input set {replayed.input_set.id})")
     return tester.result(str(path_a), str(path_b), monotone, [note])
 
 

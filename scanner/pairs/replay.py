@@ -18,7 +18,7 @@ order of the hidden units of A's block i (an MLP's output is a sum over its unit
 runs after that stream), so permuting those units permutes A's activations and leaves B's untouched: the
 unit exchangeability that phi_MATCH's null distribution rests on holds exactly as for fingerprints.
 
-I/O and orchestration only; the statistics are in scanner.stats and scanner.localize. Uses the streaming
+I/O and orchestration only; the statistics are in scanner.stats and scanner.pairs.localize. Uses the streaming
 module's meta-device machinery, so every block runs transformers' own module for the architecture.
 """
 

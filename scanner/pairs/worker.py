@@ -5,13 +5,13 @@ tokens) from an object store and copying it to the GPU can cost more than that. 
 first model, so one worker that keeps recently used fingerprints on its device (least recently used dropped
 first, within a byte budget) reads and uploads each about once per batch of its pairs.
 
-From an object store, fingerprints are opened lazily (scanner.fingerprint_store.open_fingerprint_at): the header
+From an object store, fingerprints are opened lazily (scanner.fingerprints.store.open_fingerprint_at): the header
 first, then only the blocks the test compares (with the sequential design, the screening blocks of most pairs),
-each through the node's disk cache when one is given (scanner.fingerprint_cache), so the node's later pair tasks
+each through the node's disk cache when one is given (scanner.fingerprints.cache), so the node's later pair tasks
 download none of them again.
 
 A related pair whose depths differ also gets its any-order block map here, right after its test and from the same
-resident fingerprints (scanner.pair_block_map), so that the lineage stage reads maps instead of making them.
+resident fingerprints (scanner.pairs.block_map), so that the lineage stage reads maps instead of making them.
 
 Ray-free on purpose: the scan's pair tasks (jobs.actors) wrap it, and a machine without Ray (a bench on a GPU
 host, a notebook) runs the same code path. Failures are raised; the caller decides what a failed pair becomes.
@@ -74,7 +74,7 @@ class PairWorker:
     def block_map(self, address_a: str, address_b: str, result: PairTestResult, *, sha256_a: str | None = None,
                   sha256_b: str | None = None) -> BlockMap | None:
         """The pair's any-order block map when its test ``result`` calls for one (related, one width, depths differ:
-        scanner.pair_block_map.needs_block_map), else None; with this worker's matching rule, on its device."""
+        scanner.pairs.block_map.needs_block_map), else None; with this worker's matching rule, on its device."""
         a, b = self.fingerprint(address_a, sha256_a), self.fingerprint(address_b, sha256_b)
         if self.statistic != "match" or not needs_block_map(a.meta, b.meta, result.log10_p):
             return None

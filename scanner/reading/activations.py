@@ -30,8 +30,8 @@ from scanner.stats.views import oriented_rows
 
 @dataclass(frozen=True)
 class MLPActivations:
-    """One MLP's views of its canonical units (scanner.canonical_mlp) on the canonical tokens, shaped (units, tokens):
-    a gated MLP's gate pre-activation and up output, a plain one's fc pre-activation and write direction
+    """One MLP's views of its canonical units (scanner.reading.canonical_mlp) on the canonical tokens, shaped (units,
+    tokens): a gated MLP's gate pre-activation and up output, a plain one's fc pre-activation and write direction
     (`plain_views`); and what each unit writes, its output column read on the residual stream (`write_view`).
 
     As computed they are float32 values. A fingerprint stores each unit's row divided by its largest magnitude (every
@@ -121,7 +121,8 @@ def load_causal_lm(checkpoint: Checkpoint, device: str = "cpu") -> PreTrainedMod
             use_safetensors=True,
             trust_remote_code=False,
             local_files_only=True,
-            attn_implementation="eager",  # hubtrace's choice, never the checkpoint's (scanner.architectures.config)
+            # hubtrace's choice, never the checkpoint's (scanner.reading.architectures.config)
+            attn_implementation="eager",
         )
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{checkpoint.path}: transformers could not build the model: {exc}") from exc
@@ -189,8 +190,8 @@ def glu_activations(mlp_input: torch.Tensor, experts: list[GLUWeights], *, activ
 def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, activation: str,
                      stream: torch.Tensor | None = None,
                      computed: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[MLPActivations]:
-    """The views of every canonical unit (scanner.canonical_mlp) of one MLP site (one entry per routed expert) on its
-    input (tokens, d), shaped (units, tokens).
+    """The views of every canonical unit (scanner.reading.canonical_mlp) of one MLP site (one entry per routed expert)
+    on its input (tokens, d), shaped (units, tokens).
 
     Gated: the gate's pre-activation and the up output, as the paper's phi_MATCH reads them. Plain (fc -> act -> proj,
     no gate): `plain_views`. ``stream`` is the residual stream the block writes into (tokens, d): the write view of
@@ -225,7 +226,7 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
 
 def _mean_free(stream: torch.Tensor) -> bool:
     """Whether every row of the stream has no mean (to float rounding): the caller removed it because the block's
-    norms do not see the all-ones direction (scanner.architectures.norms)."""
+    norms do not see the all-ones direction (scanner.reading.architectures.norms)."""
     rows = stream.reshape(-1, stream.shape[-1]).float()
     return bool((rows.mean(dim=1).abs() <= 1e-5 * rows.abs().amax(dim=1).clamp_min(1e-30)).all())
 
@@ -234,7 +235,7 @@ def _columns_mean_free(down: torch.Tensor) -> torch.Tensor:
     """Output columns less their all-ones component, in float64 before the maps' dtype: where the block does not see
     that direction, a unit that writes only along it (or twins whose writes differ only along it) writes nothing, and
     the canonical form must see it so (an independent check padded copies with such units:
-    scanner/testing/stream_offset.py). The views read the same on a mean-free stream either way."""
+    tests/fixtures/stream_offset.py). The views read the same on a mean-free stream either way."""
     wide = down.detach().double()
     return (wide - wide.mean(dim=0, keepdim=True)).to(down.dtype)
 
@@ -264,7 +265,7 @@ def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[Sit
     write direction (its proj column) read on the residual stream, each token's row scaled to unit length, with
     what the site's first views linearly predict of it removed.
 
-    ``sign_free`` (the activation has act(z) - act(-z) = z: scanner.canonical_mlp.odd_linear): a unit (k, b; w)
+    ``sign_free`` (the activation has act(z) - act(-z) = z: scanner.reading.canonical_mlp.odd_linear): a unit (k, b; w)
     computes exactly what (-k, -b; w) and a linear map do, and a copier who negates any unit's fc row and writes the
     linear remainder with other units (which the canonical form cancels) changes no output, but both views: the
     first's sign, and the second's regression, whose predictors turn unit by unit. The write view is then kept as

@@ -294,7 +294,7 @@ def _silent(activation: str, zero_key: np.ndarray, pre_activation: torch.Tensor 
     """Units that compute exactly nothing: an all-zero gate row where act(0) = 0, or (with the pre-activations on the
     inputs) an activation that is exactly zero on every token. They are left out of the median `DEAD` is measured
     against: a copier who appends many such units of any size (act(0 x) = 0, or ReLU(k x - 1e4) = 0) would otherwise
-    move the median and have every real unit called dead (an independent check did: scanner/testing/silent_units.py)."""
+    move the median and have every real unit called dead (an independent check did: tests/fixtures/silent_units.py)."""
     silent = zero_key.copy() if _silent_at_zero(activation) else np.zeros_like(zero_key)
     if pre_activation is not None and activation in ACT2FN:
         with torch.no_grad():

@@ -91,7 +91,7 @@ class Checkpoint:
         self._handles: dict[Path, Any] = {}
         self.read_observer: Callable[[str, torch.Tensor], None] | None = None
         """Called with every tensor `get` reads, before it is returned (the one-pass value check of
-        scanner.validate); None: nobody watches."""
+        scanner.reading.validate); None: nobody watches."""
 
     def tensor_names(self) -> list[str]:
         """All stored tensor names, sorted."""

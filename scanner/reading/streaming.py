@@ -8,17 +8,17 @@ frequencies), through the model's own `_init_weights`.
 
 Two ways to run the blocks, one per kind of adapter:
 
-* The Llama-style rows of `scanner.adapters`: one forward pass of the base model with every decoder layer
-  replaced by a recorder collects, for each block, the exact arguments the model's forward would call it with
-  (causal or sliding-window mask, position embeddings, position ids) and the hidden states entering block 0.
+* The Llama-style rows of `scanner.reading.architectures.families`: one forward pass of the base model with every
+  decoder layer replaced by a recorder collects, for each block, the exact arguments the model's forward would call it
+  with (causal or sliding-window mask, position embeddings, position ids) and the hidden states entering block 0.
   Then each block in turn gets its weights from safetensors (stored names, or the adapter's per-expert tensors
   fused the way transformers 5 holds experts), runs on all canonical sequences at once with a forward pre-hook
-  capturing its MLP input, and goes back to the meta device before the next block is read (`scanner.replay`
+  capturing its MLP input, and goes back to the meta device before the next block is read (`scanner.pairs.replay`
   replays blocks the same way).
-* Every other architecture (`scanner.architectures`): the base model's own forward pass runs once, and each
+* Every other architecture (`scanner.reading.architectures`): the base model's own forward pass runs once, and each
   decoder layer is loaded when the forward calls it and freed when it returns, so whatever the model passes
   between its layers is its own code's business; the pass runs on a worker thread in lockstep with the consumer
-  (`scanner.lockstep`), one block's weights alive at a time.
+  (`scanner.reading.lockstep`), one block's weights alive at a time.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def stream_blocks(
                 for part, projection in projections.items()
             ]
             # the residual stream the block writes into, which the write view reads (less its all-ones direction
-            # where the block's norms do not see it: scanner.architectures.norms)
+            # where the block's norms do not see it: scanner.reading.architectures.norms)
             stream = mean_free(hidden) if norms_remove_mean(module, hidden.shape[-1]) else hidden
             try:
                 out = module(hidden, *calls[layer].args, **calls[layer].kwargs)
@@ -319,14 +319,15 @@ def _site_input(captured: dict[str, torch.Tensor], site: MLPSite, width: int) ->
 
 def _layer_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """A copy of the residual stream a decoder layer is called with (its hidden states), which the write views read
-    (scanner.activations.write_view) and a plain MLP's second view; a copy, since a layer may add to it in place."""
+    (scanner.reading.activations.write_view) and a plain MLP's second view; a copy, since a layer may add to it in
+    place."""
     hidden = args[0] if args else kwargs.get("hidden_states")
     return hidden.detach().clone() if isinstance(hidden, torch.Tensor) else None
 
 
 def _site_views(captured: dict[str, torch.Tensor], site: MLPSite, weights: list[SiteWeights],
                 stream: torch.Tensor | None, activation: str) -> list[MLPActivations]:
-    """The views of one site's units (scanner.activations.site_activations), its input taken from what the hooks
+    """The views of one site's units (scanner.reading.activations.site_activations), its input taken from what the hooks
     caught, and the residual stream as rows of the width its MLP writes into (a plain site's second view needs it;
     every site's write view reads it)."""
     mlp_input = _site_input(captured, site, weights[0].up.shape[1])

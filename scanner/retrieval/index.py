@@ -7,7 +7,7 @@ index first; a manifest that does not describe the index file next to it (a driv
 file deleted or damaged) makes the next open rebuild the index from the entry files, which sit beside the
 fingerprints (``*.retrieval.safetensors``) and are recomputed from a fingerprint when they are missing. Each entry
 file records its database's id too: an index or entry of another database (one deleted and started again beside
-the same folder) is rebuilt, never trusted (scanner.database_identity).
+the same folder) is rebuilt, never trusted (scanner.store.database_identity).
 
 Index kind (``SearchParams.kind``, the scan's ``pairs.index``): ``auto`` builds an exact inner-product index (faiss
 ``IndexIDMap2`` over ``IndexFlatIP``) when a build starts with at most ``FLAT_LIMIT`` vectors and an inverted-file

@@ -161,7 +161,8 @@ def _materialize_adapter(where: str, files: set[str], fetch: Callable[[str], Pat
                          token: str | None, retry: RetryPolicy) -> Path:
     """A PEFT adapter repo (adapter_config.json, adapter_model.safetensors, card, tokenizer), and its base fetched
     into the same cache at the revision the adapter names (else the base's current one), where the fingerprint
-    looks for it (`scanner.formats.lora_base`). A pickle-only adapter is refused before anything is downloaded."""
+    looks for it (`scanner.reading.formats.lora_base`). A pickle-only adapter is refused before anything is
+    downloaded."""
     if ADAPTER_WEIGHTS not in files:
         if ADAPTER_PICKLE in files:
             raise UnsafeCheckpointError(f"{where}: repo has only pickle adapter weights ({ADAPTER_PICKLE}); hubtrace "

@@ -10,8 +10,8 @@ matchings whatever the models' origins.
 
 So each side's units are screened on their own activations (or weights), view by view: a unit is set aside when it
 is exactly zero or constant in some view. Units that repeat one another's direction in every view (to within
-`DUPLICATE_COSINE`: copies made with jitter, which the fingerprint's canonical form, scanner.canonical_mlp, leaves
-apart when their gate rows are far enough apart) form a bounded group that counts as ONE unit, its leader
+`DUPLICATE_COSINE`: copies made with jitter, which the fingerprint's canonical form, scanner.reading.canonical_mlp,
+leaves apart when their gate rows are far enough apart) form a bounded group that counts as ONE unit, its leader
 (scanner.stats.canonical: the units close to one leader, taken in an order set by each unit's own values, so no chain
 of units that step from one unit to another can join units far apart). The group's up row is the read of the one
 function its members compute together (`combined_reads`): the rank-one factor of the sum of their (write x up)

@@ -133,16 +133,16 @@ def phi_match_many(
     side's `screen_units` of every block, as `UnitScreen`s made with the same ``up_sign_free``) spares screening
     units again that a caller screened before.
 
-    ``writes``: per block, both sides' write views (what each unit writes, scanner.activations). For a gated MLP
+    ``writes``: per block, both sides' write views (what each unit writes, scanner.reading.activations). For a gated MLP
     (``up_sign_free``) with both, the block's units are matched by a third view, and its p-value is the smallest of
     the three view pairs' (gate and decoupled up, gate and write, decoupled up and write) times three (Bonferroni;
     phi_MATCH version 4, see views_log10_p): a copy fine-tuned to push its read views away from the original's has
     to push what each unit writes too, which costs it its outputs.
 
     ``gate_sign_free``: a plain MLP whose activation has act(z) - act(-z) = z, whose write views are its second view
-    free of the units' signs (scanner.activations.plain_views). Its units are matched in four views, and its p-value
-    is the smaller of two pairs' times two: the first and second views as stored (their power on relatives), and the
-    first turned to a positive mean (`oriented_rows`) with the sign-free write view, which a copy whose units were
+    free of the units' signs (scanner.reading.activations.plain_views). Its units are matched in four views, and its
+    p-value is the smaller of two pairs' times two: the first and second views as stored (their power on relatives), and
+    the first turned to a positive mean (`oriented_rows`) with the sign-free write view, which a copy whose units were
     negated leaves as they were. The stored and the turned first view are one view read twice and are never paired.
 
     On a GPU the cosine matrices of as many blocks as fit in ``max_matrix_bytes`` (default: a third of the free

@@ -36,8 +36,8 @@ def oriented_rows(rows: Any) -> Any:
     torch as given, in their dtype.
 
     Why: where act(z) - act(-z) = z (SiLU, GELU, ReLU), a plain unit (k, b; w) computes what (-k, -b; w) and a linear
-    map do, and a copier may negate any unit's first view at no cost (scanner.canonical_mlp cancels the units that
-    write the linear remainder). The rule reads the unit's own row only, so a negated unit's turned row is the
+    map do, and a copier may negate any unit's first view at no cost (scanner.reading.canonical_mlp cancels the units
+    that write the linear remainder). The rule reads the unit's own row only, so a negated unit's turned row is the
     original's and the null argument holds; a unit whose mean is near zero may turn differently in a relative, so a
     plain MLP's first view is matched both as stored and turned (scanner.stats.independence)."""
     if hasattr(rows, "cpu"):

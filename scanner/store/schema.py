@@ -137,7 +137,7 @@ DATABASE_IDENTITY_DDL: tuple[str, ...] = (
 )
 """The database's identity, one row: every artefact a scan keeps beside it (the retrieval index, its manifest and
 entries, the fingerprint store) records this id, so one left by another or a deleted database is never trusted
-(scanner.database_identity). ``legacy_artefacts``: the id was given to a database that already had scans, so
+(scanner.store.database_identity). ``legacy_artefacts``: the id was given to a database that already had scans, so
 artefacts written before ids existed (none recorded) are its own; migration 9."""
 
 

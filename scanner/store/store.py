@@ -93,7 +93,7 @@ class PairTestRow:
     value: float | None = None                          # a weight fingerprint's raw value (symmetric)
     cannot_test: str | None = None                      # why the pair could not be tested (log10_p is then NULL)
     block_map: str | None = None                        # a related depth-changed pair's block map, made with the
-    #                                                     test (JSON, scanner.pair_block_map; in terms of the
+    #                                                     test (JSON, scanner.pairs.block_map; in terms of the
     #                                                     shallow and the deep model, so symmetric); None: none made
 
     def normalized(self) -> PairTestRow:
@@ -401,7 +401,7 @@ class Store:
                                   [migration.version, migration.description, _now(), __version__])
 
     def identity(self) -> DatabaseIdentity:
-        """This database's id, which every artefact kept beside it records (scanner.database_identity)."""
+        """This database's id, which every artefact kept beside it records (scanner.store.database_identity)."""
         (database_id, legacy), = self._rows("SELECT database_id, legacy_artefacts FROM database_identity")
         return DatabaseIdentity(database_id, legacy)
 

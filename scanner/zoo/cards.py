@@ -1,6 +1,6 @@
 """Model cards for the zoo: which lineage claim each model's card makes, and writing it out.
 
-A card is honest, silent or false about lineage; comparing its claim (read back with `scanner.cards`) with the
+A card is honest, silent or false about lineage; comparing its claim (read back with `scanner.declared.cards`) with the
 true parents gives the card's class, which the zoo's ground truth records and the tests re-derive.
 """
 

@@ -1,10 +1,10 @@
 """The adapter for every language model that has no hand-checked family row: everything read off the module tree.
 
-`scanner.adapters` keeps rows for the Llama-style families whose every weight role (norms, attention, MLP) the weight
-statistics need by name. Any other architecture transformers builds is read here: its decoder layers, their MLP
-sites (gated or plain, dense or expert tensors, shared experts, hybrid layers without one) and its stored tensors, all
-as transformers' own modules and loader place them. Blocks are the layers that hold an MLP, in order; the fingerprint
-records which layers those were.
+`scanner.reading.architectures.families` keeps rows for the Llama-style families whose every weight role (norms,
+attention, MLP) the weight statistics need by name. Any other architecture transformers builds is read here: its decoder
+layers, their MLP sites (gated or plain, dense or expert tensors, shared experts, hybrid layers without one) and its
+stored tensors, all as transformers' own modules and loader place them. Blocks are the layers that hold an MLP, in
+order; the fingerprint records which layers those were.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ ACTIVATION_KEYS = ("hidden_activation", "hidden_act", "activation_function", "ff
 
 class ModuleTreeAdapter:
     """Any decoder-only causal LM, language model inside an image-text-to-text checkpoint, or encoder masked LM
-    (`scanner.architectures.tasks`) whose layers' MLPs `scanner.architectures.sites` finds."""
+    (`scanner.reading.architectures.tasks`) whose layers' MLPs `scanner.reading.architectures.sites` finds."""
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         """Build the model on the meta device, find its MLPs and check the stored shapes against it (headers only)."""

@@ -1,9 +1,9 @@
 """Which model types of the installed transformers hubtrace reads, and why it refuses the others.
 
-Three tables, one per kind of language model (`scanner.architectures.tasks`): the causal LMs, the image-text-to-text
-checkpoints (whose language model is read), and the encoder masked LMs. Computed, not listed: each model type's own
-config class, its sizes shrunk (`tiny_config`), is built on the meta device by the auto class of its kind and its
-layers are searched for MLP sites exactly as a scan does. `hubtrace architectures` prints the result and
+Three tables, one per kind of language model (`scanner.reading.architectures.tasks`): the causal LMs, the
+image-text-to-text checkpoints (whose language model is read), and the encoder masked LMs. Computed, not listed: each
+model type's own config class, its sizes shrunk (`tiny_config`), is built on the meta device by the auto class of its
+kind and its layers are searched for MLP sites exactly as a scan does. `hubtrace architectures` prints the result and
 docs/architectures.md is generated from it, so the tables cannot drift from the code.
 """
 

@@ -437,7 +437,7 @@ FAMILIES: tuple[Family, ...] = (
 def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter | ModuleTreeAdapter:
     """The adapter for this checkpoint's family, already checked against its tensor headers.
 
-    A model_type with no family row is read off transformers' module tree (scanner.architectures). Raises
+    A model_type with no family row is read off transformers' module tree (scanner.reading.architectures). Raises
     UnsupportedArchitectureError for a head of a known family hubtrace does not read (e.g. ...ForSequenceClassification)
     or an architecture without MLPs, and CheckpointError when the config and the stored shapes disagree.
     """

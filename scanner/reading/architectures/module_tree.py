@@ -122,7 +122,7 @@ class ModuleTree:
         """Decoder layer `layer` with every parameter real on `device` in `dtype`; refused when one stays unstored.
         `release_layer` puts its parameters back on the meta device. ``left_out``: stored tensors not loaded, and
         ``left_out_modules`` (paths under the layer) whose parameters stay on the meta device: routed experts read
-        one at a time instead (`scanner.expert_stream`)."""
+        one at a time instead (`scanner.reading.expert_stream`)."""
         module = self.stack.layers[layer]
         skipped = set(left_out)
         self.load([n for n in self.stored_by_layer.get(layer, []) if n not in skipped], device, dtype)
@@ -187,8 +187,8 @@ def build_meta_model(checkpoint: Checkpoint, config) -> PreTrainedModel:
 
 
 def meta_model(config, task: Task) -> PreTrainedModel:
-    """The model of one kind (`scanner.architectures.tasks`) on the meta device, through transformers' auto class
-    for it (or the text model's own `...ForCausalLM` where the auto mapping has none)."""
+    """The model of one kind (`scanner.reading.architectures.tasks`) on the meta device, through transformers' auto
+    class for it (or the text model's own `...ForCausalLM` where the auto mapping has none)."""
     with torch.device("meta"):
         if task == "masked-lm":
             return AutoModelForMaskedLM.from_config(config, trust_remote_code=False, attn_implementation="eager")
@@ -260,7 +260,8 @@ def not_decoder_only(config, stack: DecoderStack) -> str | None:
     """Why a causal-LM class is not a decoder-only language model (None when it is): the decoder of an
     encoder-decoder (BART, Marian: its model type is one by default, whatever a saved `...ForCausalLM` config says),
     or an encoder run as a decoder (a BERT-style config with `is_decoder: true`, whose layers live under
-    `encoder.`; with `is_decoder: false` the same model is read as an encoder, `scanner.architectures.tasks`)."""
+    `encoder.`; with `is_decoder: false` the same model is read as an encoder,
+    `scanner.reading.architectures.tasks`)."""
     if getattr(config, "is_encoder_decoder", False) or encoder_decoder_by_default(config.model_type):
         return "encoder-decoder: hubtrace reads decoder-only and encoder-only language models"
     if "encoder" in stack.layers_path.split(".") and encoder_by_default(config.model_type):

@@ -4,9 +4,9 @@ that the stream's all-ones direction is invisible to the block.
 Why: where it is, a copier may add any multiple of the all-ones vector to the embeddings, the biases and every unit's
 output column without changing an output (LayerNorm(x + c 1) = LayerNorm(x)), and a write view read on the raw
 stream would then read mostly that constant (an independent check drowned every plain MLP's write views this way:
-scanner/testing/stream_offset.py). The write views read the stream with each row's mean removed there
-(scanner.activations.stream_rows), which undoes any such offset exactly. Where a norm keeps the mean (RMSNorm), the
-all-ones direction carries information and a rotation of the stream moves it, so the stream is read as it is.
+tests/fixtures/stream_offset.py). The write views read the stream with each row's mean removed there
+(scanner.reading.activations.stream_rows), which undoes any such offset exactly. Where a norm keeps the mean (RMSNorm),
+the all-ones direction carries information and a rotation of the stream moves it, so the stream is read as it is.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def find_sites(layer: nn.Module) -> list[MLPSite]:
 
 def site_weights(layer: nn.Module, site: MLPSite, trainable: bool = False) -> list[SiteWeights]:
     """The loaded weights of a site: one entry per routed expert, or one for a dense MLP. ``trainable``: views of
-    the parameters that carry their gradients (an attack that trains against the views, scanner.testing.adaptive),
+    the parameters that carry their gradients (an attack that trains against the views, tests.fixtures.adaptive),
     not float32 copies."""
     if site.experts:
         return _expert_weights(layer.get_submodule(site.path), site, trainable)

@@ -1,11 +1,11 @@
 """A tiny model of any causal-LM model type, made from transformers' own config class for it.
 
-The coverage table (`scanner.architectures.coverage`) and its end-to-end test build one such model per model type, so
-the shrinking must keep each config consistent: it edits the config's dict (`to_dict`) and builds the class anew from
-it, so every derived field (DeepSeek's qk_head_dim, a per-layer override) is computed by the class itself. Layers are
-picked so that every distinct kind of layer the default config lists (attention or Mamba, dense or MoE, sliding or
-full) keeps one representative. What a size key cannot say (a Mamba mixer's head count must divide its inner width)
-is in `TINY_OVERRIDES`, one row per model type, each with why.
+The coverage table (`scanner.reading.architectures.coverage`) and its end-to-end test build one such model per model
+type, so the shrinking must keep each config consistent: it edits the config's dict (`to_dict`) and builds the class
+anew from it, so every derived field (DeepSeek's qk_head_dim, a per-layer override) is computed by the class itself.
+Layers are picked so that every distinct kind of layer the default config lists (attention or Mamba, dense or MoE,
+sliding or full) keeps one representative. What a size key cannot say (a Mamba mixer's head count must divide its inner
+width) is in `TINY_OVERRIDES`, one row per model type, each with why.
 """
 
 from __future__ import annotations

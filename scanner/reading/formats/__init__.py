@@ -2,7 +2,7 @@
 
 `open_model_checkpoint` is the single door: a Hugging Face folder (float or quantized safetensors), a GGUF file,
 a folder that holds exactly one GGUF file and no config.json (how llama.cpp builds are usually published), or a
-PEFT LoRA adapter folder, read through its base (`scanner.formats.lora`).
+PEFT LoRA adapter folder, read through its base (`scanner.reading.formats.lora`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A GGUF file (llama.cpp) as a hubtrace checkpoint: Hugging Face tensor names, float32 values, a config.
 
 Everything downstream (adapters, streaming, fingerprints, `hubtrace test`) reads checkpoints through
-`scanner.checkpoint.Checkpoint`, by Hugging Face names in PyTorch layout. A GGUF file stores the same weights
+`scanner.reading.checkpoint.Checkpoint`, by Hugging Face names in PyTorch layout. A GGUF file stores the same weights
 under llama.cpp names (`blk.3.ffn_gate.weight`), quantized in blocks (Q4_0 ... Q8_0, K-quants, F16, BF16), with
 the query and key rows of Llama models reordered for llama.cpp's rotary layout and the config and tokenizer in
 its metadata. This module undoes all of that lazily: a tensor is dequantized (by the `gguf` package) only when

@@ -4,7 +4,7 @@ The `gguf` package's reader trusts the file: a hostile count in the header makes
 the end, and on a real 135M model it spends ~10 s building a numpy view per metadata element. This parser walks
 the same layout with `struct` over a memory map, refuses any count or length the rest of the file cannot hold,
 and checks every tensor's type, dims, alignment and extent against the file before anything is read. Tensor data
-is left in place; `scanner.formats.gguf` dequantizes it on demand with the `gguf` package.
+is left in place; `scanner.reading.formats.gguf` dequantizes it on demand with the `gguf` package.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ possibly of a resized vocabulary; trained biases; an adapted embedding's `base_l
 
 Only LoRA is read; every other PEFT method, and the LoRA variants whose weights are not W + s * B @ A (DoRA,
 activated LoRA, layer replication, trainable tokens, LoRA on parameters), is refused by name. The adapter's
-tensors are checked like any safetensors file (`scanner.checkpoint`), and nothing in the folder is executed.
+tensors are checked like any safetensors file (`scanner.reading.checkpoint`), and nothing in the folder is executed.
 """
 
 from __future__ import annotations
