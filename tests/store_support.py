@@ -20,8 +20,8 @@ T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 @dataclass(frozen=True)
 class Meta:
-    """The FingerprintMeta fields the store reads (scanner.fingerprints.fingerprint is another engineer's and not here
-    yet)."""
+    """The FingerprintMeta fields the store reads, with defaults, so that a store test writes a model's row without
+    taking its fingerprint."""
 
     architecture: str = "LlamaForCausalLM"
     model_type: str = "llama"

@@ -50,11 +50,11 @@ from scanner.reading.validate import ValuesAsRead, validate_checkpoint
 from scanner.reading.value_sample import block_sample
 from scanner.stats.verbatim import sample_layout
 
-#: 3: the views are those of each MLP's canonical units (scanner.reading.canonical_mlp: units that compute one function
-#: combined, units that write nothing dropped), and every unit's write view is kept beside its read views, as int8
-#: steps of its peak. 4: the canonical form also groups gates by what they compute on the block's inputs, and a plain
-#: MLP's views are free of each unit's gate sign where act(z) - act(-z) = z (scanner.reading.activations.plain_views).
-#: Fingerprints of an earlier format are re-made.
+#: The file's layout, raised whenever what a fingerprint holds changes, so that two fingerprints compared were always
+#: made alike: the views of each MLP's canonical units (scanner.reading.canonical_mlp: units that compute one function
+#: combined, gates grouped by what they compute on the block's inputs, units that write nothing dropped), a plain MLP's
+#: views free of each unit's gate sign where act(z) - act(-z) = z (scanner.reading.activations.plain_views), and every
+#: unit's write view beside its read views, as int8 steps of its peak. Fingerprints of another format are re-made.
 FINGERPRINT_FORMAT = 4
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).
