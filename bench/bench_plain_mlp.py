@@ -66,9 +66,7 @@ TIMED = [
     ("scanner.reading.streaming", "", "_load_block", "read a block's tensors and place them (Llama row)"),
     ("scanner.reading.architectures.families", "ArchitectureAdapter", "mlp",
      "read a block's MLP for its summaries (Llama row)"),
-    ("scanner.reading.streaming", "", "site_activations", "the two views of every unit (module tree)"),
-    ("scanner.reading.streaming", "", "glu_activations",
-     "gate and up products not caught from the forward (Llama row)"),
+    ("scanner.reading.streaming", "", "site_activations", "the views of every unit (both paths)"),
     ("scanner.fingerprints.fingerprint", "", "stored_activations", "scale each unit to its peak, round to float16"),
 ]
 
