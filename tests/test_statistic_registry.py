@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import get_args
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -15,8 +16,10 @@ from jobs.cli.compare import STAT_HELP
 from jobs.config import PairsConfig, ScanConfig
 from scanner.pairs.compare import TESTS_BY_READS
 from scanner.pairs.fingerprint_compare import BLOCK_TESTS, fingerprint_statistic
+from scanner.pairs.results import LayerResult, PairTestResult
 from scanner.pairs.worker import PairWorker
 from scanner.stats import registry
+from scanner.stats.independence import BlockTest, PermTestResult
 from scanner.stats.registry import (
     EMPIRICAL_NULL_STATISTICS,
     FINGERPRINT_READS,
@@ -26,6 +29,9 @@ from scanner.stats.registry import (
     WEIGHT_STATISTICS,
     Reads,
 )
+from scanner.stats.result import StatisticResult
+from scanner.stats.verbatim import VerbatimShare
+from scanner.stats.weight_statistics import WeightStatistic
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "statistics.md"
 
@@ -94,3 +100,17 @@ def test_an_unknown_name_is_refused_with_the_registry_s_choices() -> None:
     with pytest.raises(ValueError, match="choose one of " + ", ".join(WEIGHT_STATISTICS)):
         registry.weight_statistic("match", None, None)
     assert registry.robustness("a statistic of another version") == ""
+
+
+def test_every_result_type_names_its_raw_value_and_log10_p_alike() -> None:
+    results = [
+        (BlockTest(rho=0.5, log10_p=-1.0, n_units=8), (0.5, -1.0)),
+        (PermTestResult(observed=-3.0, null_values=np.zeros(9), log10_p=-1.0), (-3.0, -1.0)),
+        (VerbatimShare(equal=1, compared=4, coincident=0, null_compared=4, log10_p=-2.0), (0.25, -2.0)),
+        (WeightStatistic(0.99, None, "no p-value: no null"), (0.99, None)),
+        (LayerResult(0, 0, -4.0, rho=0.7), (0.7, -4.0)),
+        (PairTestResult("a", "b", "jsd", None, [], 4, None, value=0.1), (0.1, None)),
+    ]
+    for result, (value, log10_p) in results:
+        assert isinstance(result, StatisticResult), type(result)
+        assert (result.value, result.log10_p) == (value, log10_p), type(result)

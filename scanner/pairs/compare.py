@@ -141,7 +141,7 @@ def _test_l2(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest,
     result = entry.compute(_block_source(a), _block_source(b), n_samples=request.permutations, seed=request.seed)
     notes.append(f"PERMTEST over {request.permutations} Appendix B permutations of model A: p cannot go below "
                  f"1/{request.permutations + 1}")
-    return _result(a, b, entry, notes, log10_p=result.log10_p, value=result.observed)
+    return _result(a, b, entry, notes, log10_p=result.log10_p, value=result.value)
 
 
 def _test_weights(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest,

@@ -82,7 +82,8 @@ class WeightProfile:
 
 @dataclass(frozen=True)
 class WeightStatistic:
-    """A weight fingerprint's raw value and, where it has one, its log10 p-value and how that was obtained."""
+    """A weight fingerprint's raw value and, where it has one, its log10 p-value and how that was obtained (a
+    scanner.stats.result.StatisticResult)."""
 
     value: float
     log10_p: float | None
