@@ -39,9 +39,9 @@ def test_command(
     permutations: Annotated[int, typer.Option(
         help="PERMTEST samples T for --stat l2 (--stat layernorm takes at least 999).")] = 99,
     null_db: Annotated[Path | None, typer.Option(
-        "--null-db", help="A scan database whose pairs give --stat attn-std or ghostspec an empirical null (its "
-                          "pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats, of the same model types, "
-                          "depths and widths as the pair tested).")] = None,
+        "--null-db", help=f"A scan database whose pairs give --stat {' or '.join(EMPIRICAL_NULL_STATISTICS)} an "
+                          "empirical null (its pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats, of the "
+                          "same model types, depths and widths as the pair tested).")] = None,
     device: Annotated[str, typer.Option(help="torch device for forward passes, e.g. cpu or cuda.")] = "cpu",
     fingerprint: Annotated[
         bool, typer.Option("--fingerprint", help="Compare fingerprints (implied when a side is a fingerprint file).")
