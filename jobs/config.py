@@ -19,11 +19,11 @@ from lineage_graph.multiple_testing import Method
 from scanner.errors import HubtraceError, one_line
 from scanner.fingerprints.cache import DEFAULT_CACHE_BYTES
 from scanner.fingerprints.inputs import InputSpec
-from scanner.pairs.fingerprint_compare import FingerprintStatistic
 from scanner.retrieval.candidates import MAP_THRESHOLD
 from scanner.retrieval.index import DEFAULT_SEARCH
 from scanner.sources import SOURCE_KINDS
 from scanner.stats.matching import MatchingRule
+from scanner.stats.registry import FingerprintStatistic, WeightStatisticName
 from scanner.stats.sequential import SequentialDesign
 
 LOCAL_FOLDER_OUTPUT = Path("hubtrace-out/local")
@@ -129,7 +129,7 @@ class PairsConfig(_Strict):
     matching: MatchingRule = "screened"
     #: Weight fingerprints of public disputes recorded beside each tested pair (off by default; never used to
     #: draw families): each model's weight profile is read once more when it is fingerprinted (docs/disputes.md).
-    extra_stats: list[Literal["layernorm", "attn-std", "ghostspec", "verbatim"]] = []
+    extra_stats: list[WeightStatisticName] = []
 
 
 class RayConfig(_Strict):

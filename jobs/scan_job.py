@@ -371,7 +371,7 @@ class _Scan:
         """``pairs.extra_stats``: each weight fingerprint of every pair phi_MATCH tested that has none yet (both
         models profiled), stored beside it; then the empirical p-values of those that need one, from the hub's own
         pairs phi_MATCH found independent (scanner.stats.weight_statistics)."""
-        from scanner.stats.weight_statistics import weight_statistic
+        from scanner.stats.registry import weight_statistic
         from scanner.store import PairTestRow
 
         names = self.config.pairs.extra_stats
@@ -403,8 +403,8 @@ class _Scan:
         """The stored rows of the statistics that have only an empirical null, with their p-values against the
         current pairs of the same kind (model types, depths, widths) whose phi_MATCH p is above NULL_MATCH_P (each
         pair's own models left out of its null), or none, with the reason, where fewer than MIN_NULL_PAIRS are left."""
+        from scanner.stats.registry import EMPIRICAL_NULL_STATISTICS
         from scanner.stats.weight_statistics import (
-            EMPIRICAL_NULL_STATISTICS,
             MIN_NULL_PAIRS,
             NULL_MATCH_P,
             describe_kind,

@@ -28,7 +28,7 @@ from lineage_graph.document import (
 )
 from lineage_graph.lineage import Lineage
 from scanner.pairs.results import format_p
-from scanner.stats.catalog import ROBUSTNESS
+from scanner.stats.registry import robustness
 from scanner.store import queries
 from scanner.text_safety import PLOT_TEXT, plot_label, visible
 
@@ -174,7 +174,7 @@ def write_report(store: Store, lineage: Lineage, model_a: str, model_b: str, out
                              "p-value under independence where it has one, and what it survives or not:"),)),
             Table(("statistic", "raw value", "p-value", "robust to / defeated by"), tuple(
                 (r["statistic"], _value(r), "none" if r["log10_p"] is None else format_p(r["log10_p"]),
-                 ROBUSTNESS.get(r["statistic"], "")) for r in others.iter_rows(named=True)))]
+                 robustness(r["statistic"])) for r in others.iter_rows(named=True)))]
     doc += [Heading(2, (plain("Reproduce"),)), Paragraph((plain("This report:"),)), CodeLine(command),
             Paragraph((plain("The test itself, from the weights:"),)), CodeLine(retest)]
     md_path = out / "report.md"

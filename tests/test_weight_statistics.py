@@ -22,6 +22,7 @@ from scanner.pairs.compare import compare_models
 from scanner.reading.architectures.families import adapter_for
 from scanner.reading.checkpoint import open_checkpoint
 from scanner.reading.weight_profiles import weight_profile
+from scanner.stats.registry import weight_statistic
 from scanner.stats.verbatim import log10_binomial_tail_bound, sample_positions, verbatim_share
 from scanner.stats.weight_statistics import (
     MIN_NULL_PAIRS,
@@ -33,7 +34,6 @@ from scanner.stats.weight_statistics import (
     pair_kind,
     profile_correlation,
     verbatim_test,
-    weight_statistic,
 )
 from scanner.zoo import Zoo
 

@@ -11,11 +11,17 @@ import typer
 from jobs.cli.refusals import CommandError
 from scanner.fingerprints.inputs import InputSpec
 from scanner.pairs.results import PairTestResult
+from scanner.stats.registry import EMPIRICAL_NULL_STATISTICS, FINGERPRINT_STATISTICS, STATISTIC_NAMES, STATISTICS
 from scanner.text_safety import json_visible, terminal_lines
 
 if TYPE_CHECKING:
     from scanner.stats.matching import MatchingRule
     from scanner.stats.weight_statistics import PairKind
+
+
+STAT_HELP = ("The statistic (default match, the robust one): " + " | ".join(
+    f"{entry.name} ({entry.validity})" for entry in STATISTICS) + "; what each reads, its null and what defeats it: "
+    "docs/statistics.md (the weight fingerprints of public disputes: docs/disputes.md).")
 
 
 def test_command(
@@ -24,11 +30,7 @@ def test_command(
              "e.g. s3://bucket/prefix/org/model/REVISION/INPUT_SET.safetensors).")],
     model_b: Annotated[str, typer.Argument(
         help="Second model: a Hugging Face-format directory, a GGUF file (or a fingerprint file or URL).")],
-    stat: Annotated[str, typer.Option("--stat", help="match (robust, default) | up | hidden | l2 | jsd | layernorm | "
-                                                     "attn-std | ghostspec (the weight fingerprints of public "
-                                                     "disputes) | verbatim (MLP weight values shared bit for bit: "
-                                                     "TIES and DARE merges, their bases; docs/disputes.md)")
-          ] = "match",
+    stat: Annotated[str, typer.Option("--stat", help=STAT_HELP)] = "match",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
     sequences: Annotated[int, typer.Option(
         help="Canonical input sequences (activation statistics).")] = InputSpec.n_sequences,
@@ -37,9 +39,9 @@ def test_command(
     permutations: Annotated[int, typer.Option(
         help="PERMTEST samples T for --stat l2 (--stat layernorm takes at least 999).")] = 99,
     null_db: Annotated[Path | None, typer.Option(
-        "--null-db", help="A scan database whose pairs give --stat attn-std or ghostspec an empirical null (its "
-                          "pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats, of the same model types, "
-                          "depths and widths as the pair tested).")] = None,
+        "--null-db", help=f"A scan database whose pairs give --stat {' or '.join(EMPIRICAL_NULL_STATISTICS)} an "
+                          "empirical null (its pairs with phi_MATCH p > 0.05, recorded with pairs.extra_stats, of the "
+                          "same model types, depths and widths as the pair tested).")] = None,
     device: Annotated[str, typer.Option(help="torch device for forward passes, e.g. cpu or cuda.")] = "cpu",
     fingerprint: Annotated[
         bool, typer.Option("--fingerprint", help="Compare fingerprints (implied when a side is a fingerprint file).")
@@ -55,12 +57,12 @@ def test_command(
     """Test whether MODEL_A and MODEL_B were trained independently."""
     from scanner.fingerprints.fingerprint import is_fingerprint_file
     from scanner.fingerprints.store import is_url
-    from scanner.pairs.compare import STATISTICS, compare_models
+    from scanner.pairs.compare import compare_models
     from scanner.pairs.results import render_table
     from scanner.stats.matching import MATCHING_RULES
 
-    if stat not in STATISTICS:
-        raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTICS)}")
+    if stat not in STATISTIC_NAMES:
+        raise CommandError(f"unknown statistic {stat!r}; choose one of {', '.join(STATISTIC_NAMES)}")
     if matching not in MATCHING_RULES:
         raise CommandError(f"unknown matching rule {matching!r}; choose one of {', '.join(MATCHING_RULES)}")
     spec = InputSpec(seed=seed, n_sequences=sequences, seq_len=seq_len)
@@ -78,7 +80,6 @@ def _empirical_null(db: Path, stat: str, sides: tuple[Path, Path]) -> dict[PairK
     """The values of ``stat`` on the database's pairs that phi_MATCH found independent, by kind of pair (model types,
     depths, widths), less the pairs of a model under test when the database scanned it from the same folder (a pair
     is never part of its own null)."""
-    from scanner.stats.weight_statistics import EMPIRICAL_NULL_STATISTICS
     from scanner.store import Store, queries
 
     if stat not in EMPIRICAL_NULL_STATISTICS:
@@ -103,7 +104,7 @@ def compare_sides(path_a: str | Path, path_b: str | Path, statistic: str, spec: 
     from scanner.errors import IncomparableError
     from scanner.fingerprints.fingerprint import fingerprint_pair
     from scanner.fingerprints.store import fingerprint_side
-    from scanner.pairs.fingerprint_compare import FINGERPRINT_STATISTICS, compare_fingerprints
+    from scanner.pairs.fingerprint_compare import compare_fingerprints
 
     if statistic not in FINGERPRINT_STATISTICS:
         raise IncomparableError(

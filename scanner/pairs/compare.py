@@ -16,7 +16,6 @@ from scanner.fingerprints.fingerprint import fingerprint_model, model_token_rang
 from scanner.fingerprints.inputs import InputSet, InputSpec, canonical_inputs, shared_token_range
 from scanner.fingerprints.shared_vocab import pair_input_sets
 from scanner.pairs.fingerprint_compare import (
-    FINGERPRINT_STATISTICS,
     block_result,
     compare_fingerprints,
     depth_note,
@@ -28,20 +27,13 @@ from scanner.reading.architectures.families import ArchitectureAdapter
 from scanner.reading.checkpoint import Checkpoint
 from scanner.reading.validate import validate_checkpoint
 from scanner.reading.weight_profiles import weight_profile
-from scanner.stats.independence import BlockTest, phi_u
-from scanner.stats.jsd import mean_jensen_shannon
-from scanner.stats.l2 import BlockSource, phi_l2
+from scanner.stats import registry
+from scanner.stats.independence import BlockTest
+from scanner.stats.l2 import BlockSource
 from scanner.stats.logp import log10_fisher
 from scanner.stats.matching import MatchingRule
-from scanner.stats.weight_statistics import (
-    WEIGHT_STATISTIC_NOTES,
-    WEIGHT_STATISTICS,
-    PairKind,
-    pair_kind,
-    weight_statistic,
-)
-
-STATISTICS = ("match", "up", "hidden", "l2", "jsd", *WEIGHT_STATISTICS)
+from scanner.stats.registry import Reads, Statistic
+from scanner.stats.weight_statistics import PairKind, WeightTestOptions, pair_kind
 
 
 @dataclass(frozen=True)
@@ -92,38 +84,48 @@ def _blockwise(
     return [block_result(layer, layer, block_tests(layer, layer)) for layer in range(min(depth_a, depth_b))]
 
 
-def _test_up(a: OpenModel, b: OpenModel, notes: list[str], rule: MatchingRule) -> list[LayerResult]:
+@dataclass(frozen=True)
+class PairRequest:
+    """How one pair is to be tested, beside the statistic: compare_models' keyword arguments."""
+
+    inputs: InputSpec
+    permutations: int
+    seed: int
+    device: str
+    null: Mapping[PairKind, Sequence[float]] | None
+    rule: MatchingRule
+
+
+def _test_up(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest, notes: list[str]) -> PairTestResult:
     if a.adapter.shape.hidden_size != b.adapter.shape.hidden_size:
         raise IncomparableError(
             f"phi_U compares weight rows, which needs equal hidden sizes ({a.adapter.shape.hidden_size} vs "
             f"{b.adapter.shape.hidden_size}); use --stat match, which works across shapes"
         )
-    notes.append(
-        "phi_U is fooled by permuting hidden units or the residual stream; use --stat match against adversaries"
-    )
-    return _blockwise(
+    layers = _blockwise(
         a, b, notes,
-        lambda la, lb: [phi_u(wa.up.numpy(), wb.up.numpy(), rule=rule)
+        lambda la, lb: [entry.compute(wa.up.numpy(), wb.up.numpy(), rule=request.rule)
                         for wa, wb in _paired_experts(a, b, la, lb, notes)],
     )
+    return _result(a, b, entry, notes, log10_p=fisher_of(layers), layers=layers)
 
 
-def _test_activations(a: OpenModel, b: OpenModel, statistic: str, spec: InputSpec, device: str,
-                      rule: MatchingRule) -> PairTestResult:
+def _test_activations(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest,
+                      notes: list[str]) -> PairTestResult:
     """phi_MATCH / phi_H through fingerprints of both models on the shared id range, as `hubtrace scan` does
     (the hashes of the validation pass spare the fingerprints a second read of every tensor); on the token
     strings both tokenizers share when their vocabularies differ (scanner.fingerprints.shared_vocab)."""
     token_range = shared_token_range(a.token_range, b.token_range)
     rows = (a.adapter.shape.vocab_size, b.adapter.shape.vocab_size)
-    shared = pair_input_sets(a.checkpoint.path, b.checkpoint.path, *rows, spec)
+    shared = pair_input_sets(a.checkpoint.path, b.checkpoint.path, *rows, request.inputs)
     input_sets = shared or (None, None)
     fingerprints = [
-        fingerprint_model(m.checkpoint.path, inputs=spec, device=device, token_range=token_range,
+        fingerprint_model(m.checkpoint.path, inputs=request.inputs, device=request.device, token_range=token_range,
                           tensor_hashes=m.tensor_hashes, input_set=input_set)
         for m, input_set in zip((a, b), input_sets)
     ]
-    return replace(compare_fingerprints(*fingerprints, statistic, device=device, rule=rule), model_a=a.name,
-                   model_b=b.name)
+    result = compare_fingerprints(*fingerprints, entry.name, device=request.device, rule=request.rule)
+    return replace(result, model_a=a.name, model_b=b.name, notes=[*notes, *result.notes])
 
 
 def _block_source(model: OpenModel) -> BlockSource:
@@ -133,6 +135,55 @@ def _block_source(model: OpenModel) -> BlockSource:
     return BlockSource(
         read_block=read_block, n_layers=model.adapter.shape.n_layers, hidden_size=model.adapter.shape.hidden_size
     )
+
+
+def _test_l2(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest, notes: list[str]) -> PairTestResult:
+    result = entry.compute(_block_source(a), _block_source(b), n_samples=request.permutations, seed=request.seed)
+    notes.append(f"PERMTEST over {request.permutations} Appendix B permutations of model A: p cannot go below "
+                 f"1/{request.permutations + 1}")
+    return _result(a, b, entry, notes, log10_p=result.log10_p, value=result.value)
+
+
+def _test_weights(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest,
+                  notes: list[str]) -> PairTestResult:
+    """A weight fingerprint against the null of its entry; an empirical one only from pairs of the tested pair's
+    kind (model types, depths, widths)."""
+    kind = pair_kind(*((m.adapter.shape.model_type, m.adapter.shape.n_layers, m.adapter.shape.hidden_size)
+                       for m in (a, b)))
+    null = None if request.null is None else request.null.get(kind, ())
+    result = entry.compute(weight_profile(a.adapter), weight_profile(b.adapter),
+                           WeightTestOptions(null, kind, max(request.permutations, 999), request.seed))
+    notes.append(result.null)
+    return _result(a, b, entry, notes, log10_p=result.log10_p, value=result.value)
+
+
+def _test_outputs(a: OpenModel, b: OpenModel, entry: Statistic, request: PairRequest,
+                  notes: list[str]) -> PairTestResult:
+    input_set = _pair_inputs(a, b, request.inputs, notes)
+    log_probs = [next_token_log_probs(load_causal_lm(m.checkpoint, request.device), input_set.ids,
+                                      input_set.token_range) for m in (a, b)]
+    return _result(a, b, entry, notes, log10_p=None, value=entry.compute(*log_probs), inputs=input_set.id)
+
+
+def _result(a: OpenModel, b: OpenModel, entry: Statistic, notes: list[str], *, log10_p: float | None,
+            layers: list[LayerResult] | None = None, value: float | None = None,
+            inputs: str | None = None) -> PairTestResult:
+    """A checkpoint test's result, closed by the caveat its statistic carries."""
+    return PairTestResult(model_a=a.name, model_b=b.name, statistic=entry.name, log10_p=log10_p, layers=layers or [],
+                          n_layers=min(a.adapter.shape.n_layers, b.adapter.shape.n_layers), inputs=inputs,
+                          notes=[*notes, *([entry.caveat] if entry.caveat else [])], value=value)
+
+
+PairTest = Callable[[OpenModel, OpenModel, Statistic, PairRequest, list[str]], PairTestResult]
+TESTS_BY_READS: dict[Reads, PairTest] = {
+    "gate and up activations": _test_activations,
+    "hidden activations": _test_activations,
+    "up-projection weights": _test_up,
+    "block weights": _test_l2,
+    "next-token distributions": _test_outputs,
+    "weight profile": _test_weights,
+}
+"""How a checkpoint pair gathers what a statistic reads (scanner.stats.registry) and tests it."""
 
 
 def compare_models(
@@ -148,52 +199,16 @@ def compare_models(
     null: Mapping[PairKind, Sequence[float]] | None = None,
     rule: MatchingRule = "screened",
 ) -> PairTestResult:
-    """Test the null hypothesis that two checkpoints were trained independently, with one statistic. ``null``: the
-    empirical null of the weight fingerprints that have no other, their values on independent pairs by kind of pair
-    (scanner.stats.weight_statistics.pair_kind); only the pairs of the tested pair's kind are read. ``rule``: how
-    MATCH pairs units for the statistics that match them (scanner.stats.matching)."""
-    if statistic not in STATISTICS:
-        raise ValueError(f"unknown statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
+    """Test the null hypothesis that two checkpoints were trained independently, with one statistic (any of
+    scanner.stats.registry). ``null``: the empirical null of the weight fingerprints that have no other, their values
+    on independent pairs by kind of pair (scanner.stats.weight_statistics.pair_kind); only the pairs of the tested
+    pair's kind are read. ``rule``: how MATCH pairs units for the statistics that match them (scanner.stats.matching).
+    """
+    entry = registry.statistic(statistic)
     a, b = open_model(path_a, follow_links=follow_links), open_model(path_b, follow_links=follow_links)
     notes = [f"{m.name}: {note}" for m in (a, b) for note in m.checkpoint.notes]
-    n_layers = min(a.adapter.shape.n_layers, b.adapter.shape.n_layers)
-    common = dict(model_a=a.name, model_b=b.name, statistic=statistic, n_layers=n_layers)
-
-    if statistic == "up":
-        layers = _test_up(a, b, notes, rule)
-        return PairTestResult(log10_p=fisher_of(layers), layers=layers, inputs=None, notes=notes, **common)
-    if statistic == "l2":
-        result = phi_l2(_block_source(a), _block_source(b), n_samples=permutations, seed=seed)
-        notes.append(
-            f"PERMTEST over {permutations} Appendix B permutations of model A: p cannot go below 1/{permutations + 1}"
-        )
-        return PairTestResult(
-            log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.observed, **common
-        )
-
-    if statistic in WEIGHT_STATISTICS:
-        kind = pair_kind(*((m.adapter.shape.model_type, m.adapter.shape.n_layers, m.adapter.shape.hidden_size)
-                           for m in (a, b)))
-        result = weight_statistic(statistic, weight_profile(a.adapter), weight_profile(b.adapter),
-                                  null=None if null is None else null.get(kind, ()), kind=kind,
-                                  permutations=max(permutations, 999), seed=seed)
-        notes += [result.null, WEIGHT_STATISTIC_NOTES[statistic]]
-        return PairTestResult(log10_p=result.log10_p, layers=[], inputs=None, notes=notes, value=result.value,
-                              **common)
-    if statistic in FINGERPRINT_STATISTICS:
-        result = _test_activations(a, b, statistic, inputs, device, rule)
-        return replace(result, notes=[*notes, *result.notes])
-    input_set = _pair_inputs(a, b, inputs, notes)  # jsd
-    log_probs = [
-        next_token_log_probs(load_causal_lm(m.checkpoint, device), input_set.ids, input_set.token_range) for m in (a, b)
-    ]
-    notes.append(
-        "phi_JSD has no valid null distribution (it is invariant to every output-preserving change): "
-        "raw value only, no p-value"
-    )
-    return PairTestResult(
-        log10_p=None, layers=[], inputs=input_set.id, notes=notes, value=mean_jensen_shannon(*log_probs), **common
-    )
+    request = PairRequest(inputs, permutations, seed, device, null, rule)
+    return TESTS_BY_READS[entry.reads](a, b, entry, request, notes)
 
 
 def fisher_of(layers: list[LayerResult]) -> float:

@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, TypeVar, get_args
+from typing import TypeVar
 
 from scanner.errors import IncomparableError
 from scanner.fingerprints.fingerprint import Fingerprint
@@ -32,14 +32,11 @@ from scanner.pairs.results import LayerResult, PairTestResult
 from scanner.reading.activations import MLPActivations
 from scanner.reading.canonical_mlp import odd_linear
 from scanner.stats.experts import ExpertPairing, pair_block_experts
-from scanner.stats.independence import BlockTest, fisher, phi_h, phi_match_many
+from scanner.stats.independence import BlockTest, fisher
 from scanner.stats.logp import log10_fisher
 from scanner.stats.matching import MatchingRule
+from scanner.stats.registry import FINGERPRINT_STATISTICS, STATISTIC_BY_NAME, Reads, Statistic
 from scanner.stats.sequential import SequentialDesign
-
-FingerprintStatistic = Literal["match", "hidden"]
-"""The statistics a fingerprint carries activations for (and so the ones a scan can test)."""
-FINGERPRINT_STATISTICS: tuple[str, ...] = get_args(FingerprintStatistic)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -103,18 +100,14 @@ def compare_fingerprints(
     fingerprints were taken on different input sets.
     """
     device = None if device in (None, "cpu") else device
-    if statistic not in FINGERPRINT_STATISTICS:
-        raise ValueError(
-            f"statistic {statistic!r} cannot be computed from fingerprints; "
-            f"choose one of {', '.join(FINGERPRINT_STATISTICS)}"
-        )
+    entry = fingerprint_statistic(statistic)
     reason = a.comparable_with(b)
     if reason is not None:
         raise IncomparableError(reason)
     mapped = len(a.blocks) != len(b.blocks) and bool(block_map)
 
     def test(block_pairs: list[BlockPairing]) -> list[BlockOutcome]:
-        return test_block_pairs(a, b, [pair_blocks(a, b, pairing) for pairing in block_pairs], statistic,
+        return test_block_pairs(a, b, [pair_blocks(a, b, pairing) for pairing in block_pairs], entry,
                                 device=device, rule=rule, workers=workers)
 
     by_index = run_design([(layer, layer) for layer in range(min(len(a.blocks), len(b.blocks)))], test, design)
@@ -134,18 +127,27 @@ def compare_fingerprints(
         layers=layers,
         n_layers=len(layers),
         inputs=a.meta.input_set,
-        notes=[*plan_notes(a, b, statistic, mapped), *rule_notes(rule),
+        notes=[*plan_notes(a, b, entry, mapped), *rule_notes(rule),
                *outcome_notes(outcome, a, b, mapped, outcome is by_map)],
         closeness=mean_closeness(layers),
         cannot_test=None if log10_p is not None else untestable_reason(layers),
     )
 
 
+def fingerprint_statistic(name: str) -> Statistic:
+    """The registry's entry for ``name`` (scanner.stats.registry), which must be one a fingerprint can give."""
+    if name not in FINGERPRINT_STATISTICS:
+        raise ValueError(f"statistic {name!r} cannot be computed from fingerprints; "
+                         f"choose one of {', '.join(FINGERPRINT_STATISTICS)}")
+    return STATISTIC_BY_NAME[name]
+
+
 # -- stage 1: plan -----------------------------------------------------------------------------------------------
 
 
-def plan_notes(a: Fingerprint, b: Fingerprint, statistic: str, mapped: bool) -> list[str]:
-    """What a reader should know before the blocks: the inputs, a depth difference, phi_H's weakness."""
+def plan_notes(a: Fingerprint, b: Fingerprint, entry: Statistic, mapped: bool) -> list[str]:
+    """What a reader should know before the blocks: the inputs, a depth difference, the statistic's caveat (phi_H's
+    weakness)."""
     if is_shared_string_input_set(a.meta.input_set):
         notes = [shared_inputs_note(a.meta.input_set, a.meta.token_range)]
     else:
@@ -154,8 +156,8 @@ def plan_notes(a: Fingerprint, b: Fingerprint, statistic: str, mapped: bool) -> 
         )
     if len(a.blocks) != len(b.blocks) and not mapped:
         notes.append(depth_note(len(a.blocks), len(b.blocks)))
-    if statistic == "hidden":
-        notes.append("phi_H is fooled by permuting hidden units; use --stat match against adversaries")
+    if entry.caveat:
+        notes.append(entry.caveat)
     canonical = canonical_note(a, b)
     return notes + ([canonical] if canonical else [])
 
@@ -194,32 +196,51 @@ def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer
 # -- stages 3 and 4: screen and match ----------------------------------------------------------------------------
 
 
-def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], statistic: str, *,
+def test_block_pairs(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], entry: Statistic, *,
                      device: str | None, rule: MatchingRule, workers: int) -> list[BlockOutcome]:
-    """Every paired MLP's test, screened on each side's informative units. phi_MATCH on a GPU builds the blocks'
-    matrices there together; otherwise blocks go one at a time, on ``workers`` threads."""
-    if statistic == "hidden":
-        def hidden(pair: BlockPair) -> BlockOutcome:
-            return outcome(pair, [phi_h(x.hidden(a.meta.hidden_act, a.meta.mlp_kind),
-                                        y.hidden(b.meta.hidden_act, b.meta.mlp_kind), device=device, rule=rule)
-                                  for x, y in pair.mlps])
+    """Every paired MLP's test by the statistic's ``compute``, screened on each side's informative units, through
+    the stage that gathers what it reads (BLOCK_TESTS)."""
+    return BLOCK_TESTS[entry.reads](a, b, pairs, entry, device=device, rule=rule, workers=workers)
 
-        return parallel_map(hidden, pairs, workers)
+
+def test_hidden(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], entry: Statistic, *,
+                device: str | None, rule: MatchingRule, workers: int) -> list[BlockOutcome]:
+    """phi_H of every paired MLP's hidden activations, blocks on ``workers`` threads."""
+    def hidden(pair: BlockPair) -> BlockOutcome:
+        return outcome(pair, [entry.compute(x.hidden(a.meta.hidden_act, a.meta.mlp_kind),
+                                            y.hidden(b.meta.hidden_act, b.meta.mlp_kind), device=device, rule=rule)
+                              for x, y in pair.mlps])
+
+    return parallel_map(hidden, pairs, workers)
+
+
+def test_gate_and_up(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], entry: Statistic, *,
+                     device: str | None, rule: MatchingRule, workers: int) -> list[BlockOutcome]:
+    """phi_MATCH of every paired MLP's gate and up views: on a GPU the blocks' matrices are built there together;
+    otherwise blocks go one at a time, on ``workers`` threads."""
     sign_free = a.meta.up_sign_free
     gate_sign_free = plain_gate_sign_free(a) and plain_gate_sign_free(b)
 
     def matched(group: list[BlockPair]) -> list[BlockOutcome]:
         mlps = [mlp for pair in group for mlp in pair.mlps]
-        tests = iter(phi_match_many([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, rule=rule,
-                                    up_sign_free=sign_free, gate_sign_free=gate_sign_free,
-                                    screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps],
-                                    writes=[None if x.write is None or y.write is None else (x.write, y.write)
-                                            for x, y in mlps]))
+        tests = iter(entry.compute([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, rule=rule,
+                                   up_sign_free=sign_free, gate_sign_free=gate_sign_free,
+                                   screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps],
+                                   writes=[None if x.write is None or y.write is None else (x.write, y.write)
+                                           for x, y in mlps]))
         return [outcome(pair, [next(tests) for _ in pair.mlps]) for pair in group]
 
     if device is not None:
         return matched(pairs)
     return parallel_map(lambda pair: matched([pair])[0], pairs, workers)
+
+
+BLOCK_TESTS: dict[Reads, Callable[..., list[BlockOutcome]]] = {
+    "gate and up activations": test_gate_and_up,
+    "hidden activations": test_hidden,
+}
+"""How the blocks of two fingerprints are tested, by what the statistic reads of them (the registry's
+FINGERPRINT_READS)."""
 
 
 def plain_gate_sign_free(fp: Fingerprint) -> bool:

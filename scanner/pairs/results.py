@@ -21,12 +21,17 @@ class LayerResult:
     closeness: float | None = None
     cannot_test: str | None = None  # why the block could not be tested (its log10_p then counts for nothing)
 
+    @property
+    def value(self) -> float | None:
+        """The block's raw statistic, its rho (scanner.stats.result.StatisticResult)."""
+        return self.rho
+
 
 @dataclass(frozen=True)
 class PairTestResult:
-    """A whole-model test. log10_p is None for a statistic without a valid null (then value holds it) and for a pair
-    that could not be tested (then cannot_test says why: too few units the test can read, never evidence of
-    independence)."""
+    """A whole-model test (a scanner.stats.result.StatisticResult). log10_p is None for a statistic without a valid
+    null (then value holds it) and for a pair that could not be tested (then cannot_test says why: too few units the
+    test can read, never evidence of independence)."""
 
     model_a: str
     model_b: str

@@ -26,7 +26,7 @@ from scanner.fingerprints.cache import FingerprintCache
 from scanner.fingerprints.fingerprint import Fingerprint
 from scanner.fingerprints.store import LazyBlocks, is_url, open_fingerprint_at, read_fingerprint_at
 from scanner.pairs.block_map import BlockMap, any_order_map, needs_block_map
-from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.pairs.fingerprint_compare import compare_fingerprints, fingerprint_statistic
 from scanner.pairs.results import PairTestResult
 from scanner.reading.activations import MLPActivations
 from scanner.stats.matching import MatchingRule
@@ -56,6 +56,9 @@ class PairWorker:
         disk_cache: FingerprintCache | None = None,
     ) -> None:
         self.device, self.statistic, self.design, self.workers, self.rule = device, statistic, design, workers, rule
+        # a block map and device-resident fingerprints serve the statistics that read gate and up views; a statistic
+        # no fingerprint gives is refused here, before any pair is read
+        self.reads_gate_and_up = fingerprint_statistic(statistic).reads == "gate and up activations"
         self.cache_bytes = _default_cache_bytes(device) if cache_bytes is None else cache_bytes
         self.disk_cache = disk_cache
         self._cache: OrderedDict[str, Fingerprint] = OrderedDict()
@@ -76,7 +79,7 @@ class PairWorker:
         """The pair's any-order block map when its test ``result`` calls for one (related, one width, depths differ:
         scanner.pairs.block_map.needs_block_map), else None; with this worker's matching rule, on its device."""
         a, b = self.fingerprint(address_a, sha256_a), self.fingerprint(address_b, sha256_b)
-        if self.statistic != "match" or not needs_block_map(a.meta, b.meta, result.log10_p):
+        if not self.reads_gate_and_up or not needs_block_map(a.meta, b.meta, result.log10_p):
             return None
         links = any_order_map(a, b, device=self.device, rule=self.rule)
         self._evict()  # a lazily opened fingerprint now holds every block
@@ -108,7 +111,7 @@ class PairWorker:
 
     def _place(self, block: list[MLPActivations]) -> list[MLPActivations]:
         """A block fetched from an object store, on this worker's device when dense fingerprints live there."""
-        if self.device == "cpu" or self.statistic != "match" or len(block) != 1:
+        if self.device == "cpu" or not self.reads_gate_and_up or len(block) != 1:
             return block
         return [self._on_device(x) for x in block]
 
@@ -119,7 +122,7 @@ class PairWorker:
                                    up=torch.tensor(x.up, device=self.device))
 
     def _resident(self, fingerprint: Fingerprint) -> Fingerprint:
-        if self.device == "cpu" or self.statistic != "match" or any(len(block) != 1 for block in fingerprint.blocks):
+        if self.device == "cpu" or not self.reads_gate_and_up or any(len(block) != 1 for block in fingerprint.blocks):
             return fingerprint
         return dataclasses.replace(fingerprint, blocks=[[self._on_device(x) for x in block]
                                                         for block in fingerprint.blocks])

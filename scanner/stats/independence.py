@@ -50,6 +50,11 @@ class BlockTest:
     set_aside: str = ""  # what scanner.stats.degenerate set aside (all-zero, duplicated units), or ""
     cannot_test: str = ""  # why the block could not be tested ("" when it was): its log10_p counts for nothing
 
+    @property
+    def value(self) -> float:
+        """The raw statistic, Spearman's rho (scanner.stats.result.StatisticResult)."""
+        return self.rho
+
 
 def _no_p_value(a: UnitScreen, b: UnitScreen) -> BlockTest:
     """A block with too few informative units: it cannot be tested (no evidence either way), and why."""
@@ -340,6 +345,11 @@ class PermTestResult(Generic[Theta]):
     observed: float
     null_values: np.ndarray
     log10_p: float
+
+    @property
+    def value(self) -> float:
+        """The observed statistic (scanner.stats.result.StatisticResult)."""
+        return self.observed
 
 
 def permtest(

@@ -95,6 +95,11 @@ class VerbatimShare:
         return self.equal / self.compared if self.compared else 0.0
 
     @property
+    def value(self) -> float:
+        """The share, as every statistic's result names its raw value (scanner.stats.result.StatisticResult)."""
+        return self.share
+
+    @property
     def coincidence_rate(self) -> float:
         return (self.coincident + 1) / (self.null_compared + 1)
 

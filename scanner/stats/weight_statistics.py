@@ -82,7 +82,8 @@ class WeightProfile:
 
 @dataclass(frozen=True)
 class WeightStatistic:
-    """A weight fingerprint's raw value and, where it has one, its log10 p-value and how that was obtained."""
+    """A weight fingerprint's raw value and, where it has one, its log10 p-value and how that was obtained (a
+    scanner.stats.result.StatisticResult)."""
 
     value: float
     log10_p: float | None
@@ -143,56 +144,48 @@ def empirical_test(observed: float, null: Sequence[float] | None, what: str, kin
                            f"empirical null of {len(null)} {pairs} (smallest p 1/{len(null) + 1})")
 
 
-#: The weight fingerprints by name (``hubtrace test --stat``), each with what it reads of a profile.
-WEIGHT_STATISTICS = ("layernorm", "attn-std", "ghostspec", "verbatim")
-#: The weight fingerprints that PERMTEST cannot move, so their p-value stands on an empirical null.
-EMPIRICAL_NULL_STATISTICS = ("attn-std", "ghostspec")
+@dataclass(frozen=True)
+class WeightTestOptions:
+    """What a weight fingerprint's null may use: ``null``, the values on independent pairs of the tested pair's
+    ``kind`` (the empirical null); ``permutations`` and ``seed``, PERMTEST's. Each test reads the ones its null needs
+    (scanner.stats.registry: one signature for all, so the registry dispatches on the name alone)."""
 
-#: What each one survives and what defeats it, as tests/test_weight_statistics.py measures it on the zoo (a fine-tune,
-#: depth and width prunes, a retrained MLP, and copies camouflaged by T1-T6: residual permutation and rotation,
-#: unit permutation, q/k rotation, new norm gains folded into the next maps, up/down scaling).
-WEIGHT_STATISTIC_NOTES = {
-    "layernorm": "LayerNorm cosine survives fine-tuning, pruning and MLP retraining, and is defeated by new norm gains "
-                 "with a residual permutation or rotation (T1, T3, T5: camouflaged copies score about 0); unrelated "
-                 "models score ~0.99, which is why only its p-value says anything",
-    "attn-std": "the intrinsic fingerprint survives fine-tuning, pruning and T1-T6 camouflage, but unrelated models "
-                "trained alike can correlate as well as a fine-tune and its base (up to 0.997 among the zoo's 17 "
-                "independent bases): only its empirical null says what a value is worth",
-    "ghostspec": "GhostSpec survives fine-tuning, pruning and T1-T6 camouflage, but unrelated models trained alike can "
-                 "correlate as well as a fine-tune and its base (up to 0.998 among the zoo's 17 independent bases): "
-                 "only its empirical null says what a value is worth",
-    "verbatim": "the verbatim share finds sparse derivations (a TIES or DARE merge keeps its base's values where it "
-                "trimmed or dropped, a TIES merge its sources' where one alone was kept) and is defeated by any dense "
-                "update (fine-tuning, a merged LoRA, linear, SLERP, task-arithmetic and model-stock merges score 0) "
-                "and by every camouflage that moves values (T1-T6): a small p says the two share values verbatim, a "
-                "large one says nothing about independence",
-}
+    null: Sequence[float] | None = None
+    kind: PairKind | None = None
+    permutations: int = 999
+    seed: int = 0
 
 
-def weight_statistic(name: str, a: WeightProfile, b: WeightProfile, *, null: Sequence[float] | None = None,
-                     kind: PairKind | None = None, permutations: int = 999, seed: int = 0) -> WeightStatistic:
-    """One weight fingerprint of a pair: its value and the p-value its null allows (see the module docstring);
-    ``null``: the values on independent pairs of the pair's ``kind``."""
-    if name == "layernorm":
-        if a.norms.size == 0 or b.norms.size == 0:
-            return WeightStatistic(float("nan"), None, "no p-value: a model without norm weights has no LayerNorm "
-                                                       "cosine")
-        if a.norms.shape[1:] != b.norms.shape[1:]:
-            return WeightStatistic(float("nan"), None, f"no p-value: norm weights of shapes {a.norms.shape[1:]} and "
-                                   f"{b.norms.shape[1:]} (kinds, width) do not line up, so there is no cosine to take")
-        return layernorm_permtest(a.norms, b.norms, permutations=permutations, seed=seed)
-    if name == "attn-std":
-        return empirical_test(profile_correlation(a.attn_std, b.attn_std), null, "the intrinsic fingerprint", kind)
-    if name == "ghostspec":
-        return empirical_test(profile_correlation(a.ghostspec, b.ghostspec), null, "GhostSpec", kind)
-    if name == "verbatim":
-        return verbatim_test(a, b)
-    raise ValueError(f"unknown weight statistic {name!r}; choose one of {', '.join(WEIGHT_STATISTICS)}")
+def layernorm_test(a: WeightProfile, b: WeightProfile, options: WeightTestOptions = WeightTestOptions()
+                   ) -> WeightStatistic:
+    """The LayerNorm cosine with PERMTEST, or no value and why where the norms do not line up."""
+    if a.norms.size == 0 or b.norms.size == 0:
+        return WeightStatistic(float("nan"), None, "no p-value: a model without norm weights has no LayerNorm "
+                                                   "cosine")
+    if a.norms.shape[1:] != b.norms.shape[1:]:
+        return WeightStatistic(float("nan"), None, f"no p-value: norm weights of shapes {a.norms.shape[1:]} and "
+                               f"{b.norms.shape[1:]} (kinds, width) do not line up, so there is no cosine to take")
+    return layernorm_permtest(a.norms, b.norms, permutations=options.permutations, seed=options.seed)
 
 
-def verbatim_test(a: WeightProfile, b: WeightProfile) -> WeightStatistic:
+def attn_std_test(a: WeightProfile, b: WeightProfile, options: WeightTestOptions = WeightTestOptions()
+                  ) -> WeightStatistic:
+    """The intrinsic fingerprint against its empirical null."""
+    return empirical_test(profile_correlation(a.attn_std, b.attn_std), options.null, "the intrinsic fingerprint",
+                          options.kind)
+
+
+def ghostspec_test(a: WeightProfile, b: WeightProfile, options: WeightTestOptions = WeightTestOptions()
+                   ) -> WeightStatistic:
+    """GhostSpec against its empirical null."""
+    return empirical_test(profile_correlation(a.ghostspec, b.ghostspec), options.null, "GhostSpec", options.kind)
+
+
+def verbatim_test(a: WeightProfile, b: WeightProfile, options: WeightTestOptions = WeightTestOptions()
+                  ) -> WeightStatistic:
     """The share of sampled MLP weight values that are bit-equal, against the pair's own coincidence rate
-    (scanner.stats.verbatim); no value when either profile has no sample or the two were read from other shapes."""
+    (scanner.stats.verbatim); no value when either profile has no sample or the two were read from other shapes.
+    ``options`` go unread: the pair's own values are the null."""
     if not a.mlp_values.size or not b.mlp_values.size:
         return WeightStatistic(float("nan"), None, "no p-value: a profile without an MLP value sample (recorded "
                                                    "before samples were kept, or a family whose MLP is read as "
