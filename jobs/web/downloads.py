@@ -1,13 +1,14 @@
 """Downloads (``/sql.csv``, ``/sql.json``, ``/tables/NAME.csv``, ``/tables/NAME.json``) made on a lane and
 streamed within bounds.
 
-A download's rows come from DuckDB a few megabytes at a time (`Store.stream_as_text`), are written as CSV or JSON
-on the same lane (at its lower CPU priority, never on a page thread), and go to waitress a megabyte at a time, so a
-download's memory does not grow with its size; a client that stops reading is cut off (jobs.web.channel). A
-download ends before the row that would take it past its byte cap (`ServeLimits.download_bytes`, the SQL box's
-downloads), a JSON one still a whole array. Values polars cannot hold (a date past year 262143 or 9999, DuckDB's
-``test_all_types()``) make the whole answer DuckDB's text, as on the SQL page: the first frame decides, before the
-response starts; a later frame that still cannot be written ends the download early, visibly cut.
+A download's rows come from DuckDB a few megabytes at a time (`Store.stream_as_text`), are written as CSV or JSON on the
+same lane (never on a page thread, and giving way before each row while a page is being made: jobs.web.priority), and go
+to waitress a megabyte at a time, so a download's memory does not grow with its size; a client that stops reading is cut
+off (jobs.web.channel). A download ends before the row that would take it past its byte cap
+(`ServeLimits.download_bytes`, the SQL box's downloads), a JSON one still a whole array. Values polars cannot hold (a
+date past year 262143 or 9999, DuckDB's ``test_all_types()``) make the whole answer DuckDB's text, as on the SQL page:
+the first frame decides, before the response starts; a later frame that still cannot be written ends the download early,
+visibly cut.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class Download:
             chunks, part, size = [], [], 0
             closing = len(self.text.closing.encode())
             for text in itertools.chain([self.text.opening(frame.columns)] if opening else [], self.text.rows(frame)):
+                self.lane.pages.give_way()
                 data = text.encode()
                 if self.max_bytes is not None and self.sent + len(data) + closing > self.max_bytes:
                     self.cut = True
