@@ -1,5 +1,5 @@
-"""Pages before downloads in the interpreter (jobs.web.priority): a lane writing a download's rows in Python gives
-way, between rows, to the threads making pages, and still finishes while pages keep coming.
+"""Pages before downloads in the interpreter (jobs.web.priority): a download writing its rows in Python gives way,
+before each row, to the threads making pages, and still finishes while pages keep coming.
 
 What is asserted is the order of events, never a duration: the sleeps only give a wrong order the chance to
 happen (the speed figures are bench/bench_serve_load.py's, in BENCHMARKS.md)."""
@@ -23,7 +23,7 @@ ROWS = 3000
 GUARD_S = 120.0
 """How long a test waits for a thread that must end (a guard against a hang, not a speed limit)."""
 CHANCE_S = 0.5
-"""How long a page is held open before it ends: time for a lane that did not wait to write its rows."""
+"""How long a page is held open before it ends: time for a writer that did not wait to write its rows."""
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +36,16 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_lane_waits_for_the_page_being_made() -> None:
+def test_a_writer_waits_for_the_page_being_made() -> None:
     pages, events = PagesFirst(wait_s=GUARD_S), []
     making = threading.Event()
 
-    def lane() -> None:
+    def writer_of_rows() -> None:
         making.wait()
         pages.give_way()
         events.append("row written")
 
-    writer = threading.Thread(target=lane)
+    writer = threading.Thread(target=writer_of_rows)
     writer.start()
     with pages.page():
         making.set()
@@ -61,7 +61,7 @@ def test_a_thread_waiting_for_a_lane_makes_no_page() -> None:
         assert pages.pages_being_made == 1
         with pages.aside():
             assert pages.pages_being_made == 0
-            pages.give_way()  # returns at once: the only page's thread is waiting for this lane
+            pages.give_way()  # returns at once: the only page's thread is waiting for a lane or writing
         assert pages.pages_being_made == 1
     with pages.aside():  # a thread making no page (a download's stream) stays so
         assert pages.pages_being_made == 0

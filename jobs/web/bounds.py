@@ -5,10 +5,10 @@ one grew the server past 6 GB; eight table downloads whose clients never read he
 runs:
 
 * in one of a few lanes, each a thread of its own with its own reader, at a lower CPU priority than the threads that
-  answer pages (on Linux), and giving way to them for the interpreter (jobs.web.priority): the SQL box has its lanes
-  (`ServeLimits.sql_slots`), the table downloads theirs (`ServeLimits.download_slots`); a request that finds every lane
-  of its kind taken is told to come back (503), and the server has a thread for each lane beside the page threads, so
-  pages keep answering whatever the lanes do;
+  answer pages (on Linux; a download's writing gives way to them for the interpreter: jobs.web.priority): the SQL box
+  has its lanes (`ServeLimits.sql_slots`), the table downloads theirs (`ServeLimits.download_slots`); a request that
+  finds every lane of its kind taken is told to come back (503), and the server has a thread for each lane beside the
+  page threads, so pages keep answering whatever the lanes do;
 * for at most `ServeLimits.query_seconds` of DuckDB's time (a SQL-box statement), and only while its client is
   there: a watchdog thread interrupts the statement (DuckDB's ``interrupt()``) when the time is up or waitress says
   the client went away;
@@ -54,9 +54,8 @@ class QueryStopped(Exception):
 
 class Lane:
     """One thread with its own reader of the database; slow work (a statement, a download's batches) runs on it while
-    the request's own thread waits, so the lane's lower priority is the work's. Its Python work gives way to the
-    pages being made (``pages.give_way()``, jobs.web.priority): a CPU priority does not order threads that wait for
-    the interpreter's lock."""
+    the request's own thread waits, so the lane's lower priority is the work's (DuckDB's, which does not hold the
+    interpreter's lock; a download's rows are written as text on its request's thread: jobs.web.priority)."""
 
     def __init__(self, database: Database, name: str, pages: PagesFirst) -> None:
         self.pages = pages
