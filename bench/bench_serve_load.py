@@ -1,13 +1,15 @@
 """`hubtrace serve` under load: 50 clients reading pages while others run slow SQL and walk away from it, hold
 downloads they read slowly or not at all, or hold connections that send nothing.
 
-    PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 3 x 60 s of load
+    PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 4 x 60 s of load
+    PYTHONPATH=. python bench/bench_serve_load.py --phases alone,downloads,botnet --seconds 45
     PYTHONPATH=. python bench/bench_serve_load.py --models 2000 --big-family 300 --seconds 30
     PYTHONPATH=. python bench/bench_serve_load.py --serve --sql-slots 1 --query-seconds 10
 
 The database is bench/bench_serve.py's synthetic hub, built once under .hubtrace-cache/bench-load/. One real server
-process with its default bounds (jobs.web.limits; --serve passes other options) is loaded four times for --seconds
-each, so each later phase's difference is its clients' doing whatever else the machine runs:
+process with its default bounds (jobs.web.limits; --serve passes other options) is loaded for --seconds in each
+phase (--phases, the first four by default), so each later phase's difference is its clients' doing whatever else
+the machine runs:
 
 1. pages alone: --page-clients threads (default 50), each a visitor of its own address (127.0.1.x; Linux answers
    every address of 127.0.0.0/8), fetching the front page, model pages, family views, searches and discrepancies in
@@ -24,7 +26,10 @@ each, so each later phase's difference is its clients' doing whatever else the m
    at 64 KB/s;
 4. the same pages, while one visitor (127.0.0.2) holds --hog-idle connections (default 150) that send nothing and
    --hog-trickling (default 50) that send a request's header a byte every half second (slowloris), each opened
-   again half a second after the server closes or refuses it.
+   again half a second after the server closes or refuses it;
+5. (``--phases ...,botnet``, not run by default) the same pages, while --bots visitors (default 64, each of its own
+   address, 127.0.3.x) each hold --bot-connections idle connections (default 15: within the per-address bound),
+   each opened again half a second after the server closes it.
 
 Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst), what became of the SQL and
 download requests and of the idle connections, and the server's resident memory (sampled every 0.2 s from /proc:
@@ -47,6 +52,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -92,12 +98,15 @@ class Phase:
     downloads: Counter = field(default_factory=Counter)
     connections: Counter = field(default_factory=Counter)
     memory: list[float] = field(default_factory=list)
+    load: float = float("nan")
+    """The machine's load average (1 minute) at the phase's end."""
 
 
 def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int = 0,
-         downloads: bool = False, hog: bool = False) -> Phase:
+         downloads: bool = False, hog: bool = False, botnet: bool = False) -> Phase:
     """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any; the idle,
-    stalled and slow download clients, if ``downloads``; the visitor holding connections, if ``hog``)."""
+    stalled and slow download clients, if ``downloads``; the visitor holding connections, if ``hog``; the many
+    visitors each holding its share, if ``botnet``)."""
     phase = Phase([[] for _ in pages])
     stop = threading.Event()
     table, answer = page_url(server.url, f"/tables/{BIG_TABLE}.csv"), page_url(server.url, "/sql.csv", q=BIG_SQL)
@@ -197,26 +206,35 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
         background += [threading.Thread(target=slow_client) for _ in range(args.slow_clients)]
     for thread in background:
         thread.start()
-    with Hog(server.url, HOG, idle=args.hog_idle if hog else 0, trickling=args.hog_trickling if hog else 0,
-             reconnect=True) as holder:
-        if sql_clients or downloads or hog:
+    with ExitStack() as held:
+        holder = held.enter_context(Hog(server.url, HOG, idle=args.hog_idle if hog else 0,
+                                        trickling=args.hog_trickling if hog else 0, reconnect=True))
+        bots = [held.enter_context(Hog(server.url, f"127.0.3.{k + 1}", idle=args.bot_connections, trickling=0,
+                                       reconnect=True)) for k in range(args.bots if botnet else 0)]
+        if sql_clients or downloads or hog or botnet:
             time.sleep(2.0)  # the slow statements, downloads and held connections are there before the pages start
         readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
         for thread in readers:
             thread.start()
         time.sleep(args.seconds)
         stop.set()
+        phase.load = os.getloadavg()[0]
         for thread in readers + background:
             thread.join()
         if hog:
             phase.connections.update({"hog: opened": holder.opened, "hog: closed or refused by the server":
                                       holder.closed_by_server, "hog: open at the end": holder.held})
+        if botnet:
+            phase.connections.update({
+                "bots: opened": sum(bot.opened for bot in bots),
+                "bots: closed or refused by the server": sum(bot.closed_by_server for bot in bots),
+                "bots: open at the end": sum(bot.held for bot in bots)})
     return phase
 
 
 def report(title: str, phase: Phase, pages: list[tuple[str, dict]], seconds: float) -> None:
     every = [t for times in phase.latencies for t in times]
-    print(f"\n{title}: {len(every) / seconds:.1f} pages/s answered, load average {os.getloadavg()[0]:.1f}")
+    print(f"\n{title}: {len(every) / seconds:.1f} pages/s answered, load average {phase.load:.1f}")
     print("| pages | requests | median ms | p95 ms | p99 ms | worst ms |\n|---|---|---|---|---|---|")
 
     def row(label: str, times: list[float]) -> None:
@@ -253,9 +271,14 @@ def main() -> None:
     parser.add_argument("--hog-idle", type=int, default=150, help="connections one visitor holds that send nothing")
     parser.add_argument("--hog-trickling", type=int, default=50,
                         help="connections the same visitor holds that send a request a byte every half second")
+    parser.add_argument("--bots", type=int, default=64, help="visitors of the botnet phase, each of its own address")
+    parser.add_argument("--bot-connections", type=int, default=15,
+                        help="idle connections each bot holds (within the default 16 an address)")
     parser.add_argument("--stalled-clients", type=int, default=8, help="downloads asked for and never read")
     parser.add_argument("--slow-clients", type=int, default=4, help="downloads read at 64 KB/s")
     parser.add_argument("--stall", type=float, default=40.0, help="seconds a stalled client holds its connection")
+    parser.add_argument("--phases", default="alone,sql,downloads,hog",
+                        help="the phases to run, in this order, of: alone, sql, downloads, hog, botnet")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[],
                         help="options for hubtrace serve, e.g. --serve --sql-slots 1 --threads 2")
     args = parser.parse_args()
@@ -263,28 +286,33 @@ def main() -> None:
     pages = [("/", {}), ("/model", {"id": "fam0100/ft-2"}), ("/model", {"id": "bigco/base"}),
              ("/family", {"id": "bigco/base"}), ("/family", {"id": "fam0100/base"}), ("/search", {"q": "ft-05"}),
              ("/model", {"id": f"bigco/ft-{args.big_family // 2:04d}"}), ("/discrepancies", {})]
+    titles = {"alone": "pages alone",
+              "sql": f"pages while {args.sql_clients} clients run slow SQL and one sends it and leaves",
+              "downloads": f"pages while {args.idle_clients} idle connections, {args.stalled_clients} downloads nobody "
+                           f"reads and {args.slow_clients} read at 64 KB/s are open",
+              "hog": f"pages while one visitor holds {args.hog_idle} idle and {args.hog_trickling} trickling "
+                     "connections",
+              "botnet": f"pages while {args.bots} visitors each hold {args.bot_connections} idle connections"}
+    clients = {"alone": {}, "sql": {"sql_clients": args.sql_clients}, "downloads": {"downloads": True},
+               "hog": {"hog": True}, "botnet": {"botnet": True}}
+    chosen = args.phases.split(",")
+    if unknown := set(chosen) - set(titles):
+        parser.error(f"no phase {', '.join(sorted(unknown))} (there are {', '.join(titles)})")
     with tempfile.TemporaryDirectory() as tmp, serving(db, Path(tmp) / "stderr.txt", *args.serve) as server:
         for path, params in pages:  # warm: the first model and family pages read their tables once
             urllib.request.urlopen(page_url(server.url, path, **params)).read()
         before = rss_mb(server.process.pid)
-        alone = load(server, pages, args)
-        loaded = load(server, pages, args, sql_clients=args.sql_clients)
-        held = load(server, pages, args, downloads=True)
-        hogged = load(server, pages, args, hog=True)
+        measured = {name: load(server, pages, args, **clients[name]) for name in chosen}
         time.sleep(1.0)
         after = rss_mb(server.process.pid)
         stopped = (Path(tmp) / "stderr.txt").read_text().count("stopped a statement")
     print(f"{args.page_clients} page clients ({args.think:g} s between pages), {args.models:,} models, "
           f"{args.seconds:.0f} s a phase, hubtrace serve {' '.join(args.serve) or '(defaults)'}, {os.cpu_count()} CPUs")
-    report("pages alone", alone, pages, args.seconds)
-    report(f"pages while {args.sql_clients} clients run slow SQL and one sends it and leaves", loaded, pages,
-           args.seconds)
-    report(f"pages while {args.idle_clients} idle connections, {args.stalled_clients} downloads nobody reads and "
-           f"{args.slow_clients} read at 64 KB/s are open", held, pages, args.seconds)
-    report(f"pages while one visitor holds {args.hog_idle} idle and {args.hog_trickling} trickling connections",
-           hogged, pages, args.seconds)
+    for name, phase in measured.items():
+        report(titles[name], phase, pages, args.seconds)
+    peak = max(m for phase in measured.values() for m in phase.memory)
     print(f"\nstatements the server stopped: {stopped}; server memory (RSS): {before:.0f} MB before, "
-          f"{max(alone.memory + loaded.memory + held.memory + hogged.memory):.0f} MB peak, {after:.0f} MB after")
+          f"{peak:.0f} MB peak, {after:.0f} MB after")
 
 
 if __name__ == "__main__":

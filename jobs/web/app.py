@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 from jobs.web import bounds, text
 from jobs.web.database import EXTENSION, Database
 from jobs.web.limits import ServeLimits
+from jobs.web.priority import PAGES, PagesFirst
 from jobs.web.views import discrepancies, family, home, model, pair, search, sql, tables
 from scanner.store import Store
 
@@ -47,14 +48,15 @@ def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES,
         app.before_request(_addressed_to(frozenset(host_names)))
     app.before_request(_not_from_another_site)
     database = app.extensions[EXTENSION] = Database(Path(db), limits.engine)
-    app.extensions.update(bounds.sql_and_download_gates(limits, database))
+    pages = app.extensions[PAGES] = PagesFirst()
+    app.extensions.update(bounds.sql_and_download_gates(limits, database, pages))
     app.jinja_env.filters.update(text.FILTERS)
     app.jinja_env.globals["database_name"] = Path(db).name
     for view in (home, discrepancies, search, model, pair, family, sql, tables):
         app.register_blueprint(view.blueprint)
     app.after_request(_headers)
     app.register_error_handler(HTTPException, _error_page)
-    app.wsgi_app = _guarded(app.wsgi_app)
+    app.wsgi_app = _guarded(app.wsgi_app, pages)
     return app
 
 
@@ -78,10 +80,11 @@ def _panics_as_errors() -> Iterator[None]:
         raise _Panicked(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _guarded(wsgi_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
-    """The app, with `_panics_as_errors` around each response, while it is made and while it is streamed."""
+def _guarded(wsgi_app: Callable[..., Iterable[bytes]], pages: PagesFirst) -> Callable[..., Iterable[bytes]]:
+    """The app, with `_panics_as_errors` around each response, while it is made and while it is streamed; the thread
+    counted as making a page while the response is made (not while a download streams: jobs.web.priority)."""
     def guarded(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        with _panics_as_errors():
+        with _panics_as_errors(), pages.page():
             return _GuardedBody(wsgi_app(environ, start_response))
     return guarded
 

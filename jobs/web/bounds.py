@@ -5,9 +5,10 @@ one grew the server past 6 GB; eight table downloads whose clients never read he
 runs:
 
 * in one of a few lanes, each a thread of its own with its own reader, at a lower CPU priority than the threads that
-  answer pages (on Linux): the SQL box has its lanes (`ServeLimits.sql_slots`), the table downloads theirs
-  (`ServeLimits.download_slots`); a request that finds every lane of its kind taken is told to come back (503), and
-  the server has a thread for each lane beside the page threads, so pages keep answering whatever the lanes do;
+  answer pages (on Linux; a download's writing gives way to them for the interpreter: jobs.web.priority): the SQL box
+  has its lanes (`ServeLimits.sql_slots`), the table downloads theirs (`ServeLimits.download_slots`); a request that
+  finds every lane of its kind taken is told to come back (503), and the server has a thread for each lane beside the
+  page threads, so pages keep answering whatever the lanes do;
 * for at most `ServeLimits.query_seconds` of DuckDB's time (a SQL-box statement), and only while its client is
   there: a watchdog thread interrupts the statement (DuckDB's ``interrupt()``) when the time is up or waitress says
   the client went away;
@@ -32,6 +33,7 @@ from flask import abort, current_app, request
 
 from jobs.web.database import Database
 from jobs.web.limits import ServeLimits
+from jobs.web.priority import PagesFirst
 from scanner.store import Store
 
 SQL = "hubtrace_sql_lanes"
@@ -52,15 +54,19 @@ class QueryStopped(Exception):
 
 class Lane:
     """One thread with its own reader of the database; slow work (a statement, a download's batches) runs on it while
-    the request's own thread waits, so the lane's lower priority is the work's."""
+    the request's own thread waits, so the lane's lower priority is the work's (DuckDB's, which does not hold the
+    interpreter's lock; a download's rows are written as text on its request's thread: jobs.web.priority)."""
 
-    def __init__(self, database: Database, name: str) -> None:
+    def __init__(self, database: Database, name: str, pages: PagesFirst) -> None:
+        self.pages = pages
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hubtrace-{name}",
                                           initializer=_lower_priority)
         self.store: Store = self._thread.submit(database.store).result()
 
     def run(self, work: Callable[[], T]) -> T:
-        return self._thread.submit(work).result()
+        """``work()`` on the lane; the calling thread makes no page while it waits."""
+        with self.pages.aside():
+            return self._thread.submit(work).result()
 
     def close(self) -> None:
         self._thread.shutdown()
@@ -78,9 +84,10 @@ class Gate:
     """The lanes of one kind of slow work (SQL-box statements, or table downloads) and their watchdog, for one app.
     ``busy``: what a request that finds every lane taken is told."""
 
-    def __init__(self, limits: ServeLimits, database: Database, slots: int, busy: str, name: str) -> None:
+    def __init__(self, limits: ServeLimits, database: Database, slots: int, busy: str, name: str,
+                 pages: PagesFirst) -> None:
         self.limits, self.busy = limits, busy
-        self._lanes = [Lane(database, f"{name}-{number}") for number in range(slots)]
+        self._lanes = [Lane(database, f"{name}-{number}", pages) for number in range(slots)]
         self._free: queue.SimpleQueue[Lane] = queue.SimpleQueue()
         for lane in self._lanes:
             self._free.put(lane)
@@ -140,13 +147,13 @@ class Gate:
             lane.close()
 
 
-def sql_and_download_gates(limits: ServeLimits, database: Database) -> dict[str, Gate]:
-    """The app's two gates, by their ``app.extensions`` keys."""
+def sql_and_download_gates(limits: ServeLimits, database: Database, pages: PagesFirst) -> dict[str, Gate]:
+    """The app's two gates, by their ``app.extensions`` keys, their lanes giving way to ``pages``."""
     return {
         SQL: Gate(limits, database, limits.sql_slots, f"The SQL box is answering {limits.sql_slots} other statements; "
-                  "try again in a moment (the other pages answer meanwhile).", "sql"),
+                  "try again in a moment (the other pages answer meanwhile).", "sql", pages),
         DOWNLOADS: Gate(limits, database, limits.download_slots, f"{limits.download_slots} table downloads are "
-                        "running; try again in a moment (the other pages answer meanwhile).", "download"),
+                        "running; try again in a moment (the other pages answer meanwhile).", "download", pages),
     }
 
 

@@ -1,9 +1,11 @@
 """Downloads (``/sql.csv``, ``/sql.json``, ``/tables/NAME.csv``, ``/tables/NAME.json``) made on a lane and
 streamed within bounds.
 
-A download's rows come from DuckDB a few megabytes at a time (`Store.stream_as_text`), are written as CSV or JSON
-on the same lane (at its lower CPU priority, never on a page thread), and go to waitress a megabyte at a time, so a
-download's memory does not grow with its size; a client that stops reading is cut off (jobs.web.channel). A
+A download's rows come from DuckDB a few megabytes at a time (`Store.stream_as_text`, on a lane), are written as CSV or
+JSON by the download's own request thread, giving way before each row while a page is being made (jobs.web.priority),
+and go to waitress a megabyte at a time, so a download's memory does not grow with its size; a client that stops reading
+is cut off (jobs.web.channel). The writing holds the interpreter's lock, so it is not done at the lane's lower CPU
+priority: a thread that holds the lock and that the system runs last holds up every page waiting for the lock. A
 download ends before the row that would take it past its byte cap (`ServeLimits.download_bytes`, the SQL box's
 downloads), a JSON one still a whole array. Values polars cannot hold (a date past year 262143 or 9999, DuckDB's
 ``test_all_types()``) make the whole answer DuckDB's text, as on the SQL page: the first frame decides, before the
@@ -34,8 +36,8 @@ date past its range, derives from BaseException, so it is named here)."""
 
 class Download:
     """One download: its first frame read and written before the response starts (so a refusal is still a 400), the
-    rest as the client takes them, each read under the gate's watchdog (DuckDB's time counted against ``seconds``,
-    default the query limit) and written on the lane. ``held`` (the lane) is released however it ends.
+    rest as the client takes them, each read on the lane under the gate's watchdog (DuckDB's time counted against
+    ``seconds``, default the query limit). ``held`` (the lane) is released however it ends.
     ``stream_of(as_text)`` opens the answer, run on the lane."""
 
     def __init__(self, gate: Gate, lane: Lane, held: ExitStack, stream_of: Callable[[bool], AnswerStream],
@@ -73,11 +75,13 @@ class Download:
             self.seconds_left -= time.monotonic() - started
 
     def _written(self, frame: pl.DataFrame, *, opening: bool = False) -> list[bytes]:
-        """The frame's rows as encoded chunks, written on the lane; short of the byte cap (``cut`` says so)."""
+        """The frame's rows as encoded chunks, short of the byte cap (``cut`` says so); the thread makes no page
+        meanwhile, and gives way to those that do."""
         def work() -> list[bytes]:
             chunks, part, size = [], [], 0
             closing = len(self.text.closing.encode())
             for text in itertools.chain([self.text.opening(frame.columns)] if opening else [], self.text.rows(frame)):
+                self.lane.pages.give_way()
                 data = text.encode()
                 if self.max_bytes is not None and self.sent + len(data) + closing > self.max_bytes:
                     self.cut = True
@@ -89,7 +93,8 @@ class Download:
                     part, size = [], 0
             return chunks + [b"".join(part)] if part else chunks
 
-        return self.lane.run(work)
+        with self.lane.pages.aside():
+            return work()
 
     def response(self, filename: str, headers: dict[str, str] | None = None) -> Response:
         """The download as a streamed response, saved under ``filename`` (a name the app made)."""
