@@ -31,9 +31,12 @@ from scanner.quiet import no_progress_bars
 from scanner.zoo import Zoo
 from scanner.zoo.languages import MarkovLanguage
 from scanner.zoo.training import single_thread
-from tests.fixtures.adaptive import attack, read_views
+from tests.fixtures.adaptive import attack, mlp_ablation_kl, read_views
 
 PRICE_PAID, STILL_DEPENDENT = 0.01, -6.0
+#: The price is small only against what the MLPs carry: replacing every MLP's output by its mean costs the null zoos'
+#: models 3.7 and 3.9 nats/token (Llama, Mixtral; GPT-2 4.2, GPT-NeoX 2.9): a copy that pays 0.01 kept their work.
+MLPS_CARRY_AT_LEAST = 1.0
 
 
 @pytest.mark.parametrize(("null_zoo", "weight"), [("llama", 0.0), ("llama", 0.1), ("mixtral", 0.3)],
@@ -43,6 +46,7 @@ def test_a_copy_fine_tuned_against_the_statistic_pays_or_stays_dependent(null_zo
     first = null_zoo["indie-00/solo-00"]
     language = MarkovLanguage(first.details["training"]["language_seed"], vocab_size=256)
     original = AutoModelForCausalLM.from_pretrained(first.path).eval()
+    assert mlp_ablation_kl(original, language.sample(16, 64, torch.Generator().manual_seed(5))) > MLPS_CARRY_AT_LEAST
     fp_original = fingerprint_model(first.path)
     with single_thread():  # reproducible reductions, and no threads spin-waiting on a loaded machine
         copy = attack(original, lambda g: language.sample(8, 64, g), torch.from_numpy(canonical_inputs(256).ids),
