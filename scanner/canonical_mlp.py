@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ class CanonicalMLP:
     stored: int  # units as stored
     dead: int  # units that write nothing, alone or with the units they were combined with
     combined: int  # units folded into another unit's function (a group of k live units counts k - 1)
+    #: (tokens, units) the gates' pre-activations on the inputs, bias included, where they were read and the canonical
+    #: units are the units as stored: the first view, which the caller need not compute again
+    pre_activation: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def unchanged(self) -> bool:
@@ -102,7 +105,7 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         live &= ~zero_key
     groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
     if live.all() and (groups == np.arange(units)).all():
-        return CanonicalMLP(weights, units, 0, 0)
+        return CanonicalMLP(weights, units, 0, 0, pre_activation)
     if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
         return CanonicalMLP(_select(weights, live), units, int((~live).sum()), 0)
     keys = _rows(key_map, key_bias)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers.activations import ACT2FN
 
+from scanner.activations import site_activations
 from scanner.architectures.sites import SiteWeights
 from scanner.canonical_mlp import SAME_FUNCTION_COSINE, SAME_GATE_COSINE, canonical_mlp
 from scanner.stats.canonical import RowView, close_pairs, leader_groups, leader_order, rank_one_factors
@@ -223,3 +224,18 @@ def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
     pre = pre / pre.norm(dim=0, keepdim=True)
     assert float((pre.T @ pre).fill_diagonal_(0).max()) < SAME_FUNCTION_COSINE
     assert canonical_mlp(w, "silu", x).unchanged
+
+
+def test_the_pre_activations_read_are_handed_back_for_the_units_as_stored_only() -> None:
+    """The canonical form hands back the gates' pre-activations it read on the inputs where its units are the units
+    as stored (site_activations uses them as the gate view instead of a second product) and none where it combined
+    units (the product of the stored rows is not the canonical units' then)."""
+    w = _gated(15, biases=True)
+    x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(16), dtype=torch.float64)
+    same = canonical_mlp(w, "silu", x)
+    assert same.unchanged and torch.allclose(same.pre_activation, x @ w.gate.T + w.gate_bias, rtol=1e-12, atol=1e-12)
+    split = canonical_mlp(_split_unlike(w, 2, "reads", 17), "silu", x)
+    assert split.combined == UNITS and split.pre_activation is None
+    (views,) = site_activations(x, [w], activation="silu")
+    want = (x @ w.gate.T + w.gate_bias).T.float().numpy()
+    assert float(np.abs(views.gate - want).max()) <= 1e-6 * float(np.abs(want).max())
