@@ -2,11 +2,14 @@
 
     nice python bench/bench_streaming_memory.py                   # default input set
     nice python bench/bench_streaming_memory.py --sequences 8     # 512 tokens
+    nice python bench/bench_streaming_memory.py --shape 7b-plain  # Pythia-6.9B's shape: a plain (GELU) MLP
 
-Writes a random-weight Llama-2-7B-shaped checkpoint (bf16, ~5 GB shards, index) into a temporary
-folder under .hubtrace-cache/bench, fingerprints it in a child process with ``fingerprint_model``
-(streamed block by block), and reports the child's peak RSS (its VmHWM), with the anonymous and
-file-backed parts sampled from /proc every 0.2 s. The checkpoint is deleted afterwards. Goal: <= 4 GB.
+Writes a random-weight Llama-2-7B-shaped checkpoint (bf16, ~5 GB shards, index; or another shape of
+synthetic_checkpoint.py) into a temporary folder under .hubtrace-cache/bench, fingerprints it in a child
+process with ``fingerprint_model`` (streamed block by block), and reports the child's peak RSS (its VmHWM),
+with the anonymous and file-backed parts sampled from /proc every 0.2 s, and the fingerprint file's size with
+the part its write views take (the file without them is what a fingerprint held before the write view,
+format 2). The checkpoint is deleted afterwards. Goal: <= 4 GB.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from scanner.fingerprints.inputs import InputSpec
 CHILD = """
 import sys, time
 from pathlib import Path
+from safetensors import safe_open
 from scanner.fingerprints.fingerprint import fingerprint_model, write_fingerprint
 from scanner.fingerprints.inputs import InputSpec
 start = time.perf_counter()
@@ -33,8 +37,12 @@ fp = fingerprint_model(
 seconds = time.perf_counter() - start
 write_fingerprint(fp, sys.argv[2])
 hwm = next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
-print(f"fingerprint: {seconds:.1f} s, {len(fp.blocks)} blocks, input set {fp.meta.input_set}, "
-      f"file {Path(sys.argv[2]).stat().st_size / 2**20:.0f} MiB; VmHWM {hwm}")
+with safe_open(sys.argv[2], "pt") as stored:
+    write = sum(stored.get_tensor(k).nbytes for k in stored.keys() if k.rsplit(".", 1)[-1] in ("write", "write_scale"))
+size = Path(sys.argv[2]).stat().st_size
+print(f"fingerprint: {seconds:.1f} s, {len(fp.blocks)} blocks, {fp.blocks[0][0].gate.shape[0]} units, input set "
+      f"{fp.meta.input_set}, file {size / 2**20:.1f} MiB, of which write views {write / 2**20:.1f} MiB "
+      f"(without them {(size - write) / 2**20:.1f} MiB); VmHWM {hwm}")
 """
 
 
@@ -74,7 +82,7 @@ def measure(model: Path, out: Path, sequences: int, seq_len: int, device: str) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="7b", choices=("7b", "1b"))
+    parser.add_argument("--shape", default="7b", choices=("7b", "1b", "7b-plain", "1b-plain"))
     parser.add_argument("--sequences", type=int, default=InputSpec.n_sequences)
     parser.add_argument("--seq-len", type=int, default=InputSpec.seq_len)
     parser.add_argument("--device", default="cpu")

@@ -8,13 +8,23 @@ No statistics here and no randomness beyond fixed seeds: every assertion holds e
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from transformers.activations import ACT2FN
 
+from scanner.reading.activations import _MEAN_FREE_COLUMNS, _columns_mean_free, site_activations
 from scanner.reading.architectures.sites import SiteWeights
-from scanner.reading.canonical_mlp import SAME_FUNCTION_COSINE, SAME_GATE_COSINE, canonical_mlp
+from scanner.reading.canonical_mlp import (
+    _ROWS,
+    SAME_FUNCTION_COSINE,
+    SAME_GATE_COSINE,
+    _directions,
+    _norms,
+    canonical_mlp,
+)
 from scanner.stats.canonical import RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
 WIDTH, UNITS = 24, 16
@@ -223,3 +233,48 @@ def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
     pre = pre / pre.norm(dim=0, keepdim=True)
     assert float((pre.T @ pre).fill_diagonal_(0).max()) < SAME_FUNCTION_COSINE
     assert canonical_mlp(w, "silu", x).unchanged
+
+
+def test_the_pre_activations_read_are_handed_back_for_the_units_as_stored_only() -> None:
+    """The canonical form hands back the gates' pre-activations it read on the inputs where its units are the units
+    as stored (site_activations uses them as the gate view instead of a second product) and none where it combined
+    units (the product of the stored rows is not the canonical units' then)."""
+    w = _gated(15, biases=True)
+    x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(16), dtype=torch.float64)
+    same = canonical_mlp(w, "silu", x)
+    assert same.unchanged and torch.allclose(same.pre_activation, x @ w.gate.T + w.gate_bias, rtol=1e-12, atol=1e-12)
+    split = canonical_mlp(_split_unlike(w, 2, "reads", 17), "silu", x)
+    assert split.combined == UNITS and split.pre_activation is None
+    (views,) = site_activations(x, [w], activation="silu")
+    want = (x @ w.gate.T + w.gate_bias).T.float().numpy()
+    assert float(np.abs(views.gate - want).max()) <= 1e-6 * float(np.abs(want).max())
+
+
+def test_maps_read_a_few_rows_at_a_time_give_what_each_row_gives_alone() -> None:
+    """`_directions` and `_norms` read a map `_ROWS` rows at a time (a 7B MLP's float64 temporaries whole took a
+    quarter of a fingerprint's memory goal): rows on either side of each chunk's edge, of scales 1e-30 to 1e30, get
+    the direction and length they get alone."""
+    units = 2 * _ROWS + 3
+    g = torch.Generator().manual_seed(18)
+    scales = torch.logspace(-30, 30, units, dtype=torch.float64)[torch.randperm(units, generator=g)]
+    rows = torch.randn(units, WIDTH, generator=g, dtype=torch.float64) * scales[:, None]
+    bias = torch.randn(units, generator=g, dtype=torch.float64) * scales
+    directions, lengths = _directions(rows, bias)
+    norms = _norms(rows)
+    for unit in (0, _ROWS - 1, _ROWS, 2 * _ROWS - 1, 2 * _ROWS, units - 1):
+        alone, length = _directions(rows[unit:unit + 1], bias[unit:unit + 1])
+        assert np.array_equal(directions[unit], alone[0]) and lengths[unit] == length[0]
+        assert norms[unit] == _norms(rows[unit:unit + 1])[0]
+        assert math.isclose(norms[unit], float(rows[unit].norm()), rel_tol=1e-6)
+
+
+def test_output_columns_lose_their_all_ones_part_a_few_columns_at_a_time() -> None:
+    """`_columns_mean_free` reads the output map `_MEAN_FREE_COLUMNS` columns at a time: each column, on either side of
+    a chunk's edge, is what it is alone, with no all-ones part left."""
+    columns = 2 * _MEAN_FREE_COLUMNS + 3
+    g = torch.Generator().manual_seed(19)
+    down = torch.randn(WIDTH, columns, generator=g) + 1e4 * torch.randn(1, columns, generator=g)
+    free = _columns_mean_free(down)
+    for column in (0, _MEAN_FREE_COLUMNS - 1, _MEAN_FREE_COLUMNS, columns - 1):
+        assert torch.equal(free[:, column], _columns_mean_free(down[:, column:column + 1])[:, 0])
+    assert float(free.double().mean(dim=0).abs().max()) <= 1e-6 * float(free.abs().max())

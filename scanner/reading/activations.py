@@ -208,7 +208,8 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     if weights[0].gate is None:
         if stream is None:
             raise ValueError("a plain MLP's second view reads the residual stream; none was given")
-        views = plain_views(mlp_input, stream, weights, sign_free=odd_linear(activation))
+        views = plain_views(mlp_input, stream, weights, sign_free=odd_linear(activation),
+                            pre_activations=[c.pre_activation for c in canonical])
     else:
         rows = stream_rows(stream, weights[0].down) if stream is not None else None
         views = []
@@ -216,8 +217,11 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
             if computed is not None and len(weights) == 1 and c.unchanged:
                 gate, up = computed
             else:
-                gate, up = mlp_input @ w.gate.T, mlp_input @ w.up.T
-                gate = gate if w.gate_bias is None else gate + w.gate_bias
+                gate = c.pre_activation  # the canonical form's product, where it read one for these units
+                if gate is None:
+                    gate = mlp_input @ w.gate.T
+                    gate = gate if w.gate_bias is None else gate + w.gate_bias
+                up = mlp_input @ w.up.T
                 up = up if w.up_bias is None else up + w.up_bias
             views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up),
                                         write=None if rows is None else write_view(rows, w.down)))
@@ -236,8 +240,16 @@ def _columns_mean_free(down: torch.Tensor) -> torch.Tensor:
     that direction, a unit that writes only along it (or twins whose writes differ only along it) writes nothing, and
     the canonical form must see it so (an independent check padded copies with such units:
     tests/fixtures/stream_offset.py). The views read the same on a mean-free stream either way."""
-    wide = down.detach().double()
-    return (wide - wide.mean(dim=0, keepdim=True)).to(down.dtype)
+    out = torch.empty_like(down)
+    for start in range(0, down.shape[1], _MEAN_FREE_COLUMNS):
+        wide = down[:, start:start + _MEAN_FREE_COLUMNS].detach().double()
+        out[:, start:start + _MEAN_FREE_COLUMNS] = wide - wide.mean(dim=0, keepdim=True)
+    return out
+
+
+#: Output columns `_columns_mean_free` reads at a time: its float64 copies stay at tens of MB (a 7B plain MLP's
+#: 4096 x 16384 map read whole took 1.25 GiB of them, a third of a fingerprint's memory goal).
+_MEAN_FREE_COLUMNS = 2048
 
 
 def stream_rows(stream: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -260,7 +272,8 @@ RANK_TOLERANCE = 1e-5
 
 
 def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[SiteWeights], *,
-                sign_free: bool = False) -> list[MLPActivations]:
+                sign_free: bool = False,
+                pre_activations: list[torch.Tensor | None] | None = None) -> list[MLPActivations]:
     """A plain MLP's two views per unit: the fc pre-activation ``x W_fc^T + b`` on the MLP input, and the unit's
     write direction (its proj column) read on the residual stream, each token's row scaled to unit length, with
     what the site's first views linearly predict of it removed.
@@ -273,7 +286,8 @@ def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[Sit
     unit's own (`unpredicted_up_to_sign`), which a negated unit leaves as it was. phi_MATCH pairs it with the first
     view turned to a positive mean (scanner.stats.views.oriented_rows) beside the pair as stored, which keeps the
     power of the stored views on relatives (scanner.stats.independence). Otherwise the write view is the read-back
-    as it is (for the duplicate screen).
+    as it is (for the duplicate screen). ``pre_activations``: each expert's fc pre-activation (tokens, units) where
+    the caller has it already (the canonical form reads it), else None.
 
     Why the removal: training couples a unit's write direction to its read direction by a map that every unit of a
     block shares, and that map is learned alike by models trained alike (with tied embeddings a unit that reads a
@@ -293,7 +307,9 @@ def plain_views(mlp_input: torch.Tensor, stream: torch.Tensor, experts: list[Sit
     change no other unit's view; the screen (scanner.stats.degenerate) sets them aside. Routed experts of one site
     are regressed together (an expert may have fewer units than tokens).
     """
-    first = [_plain_pre_activation(mlp_input, w) for w in experts]
+    given = pre_activations or [None] * len(experts)
+    first = [_plain_pre_activation(mlp_input, w) if pre is None else pre.T.float().contiguous().cpu()
+             for w, pre in zip(experts, given, strict=True)]
     rows = stream_rows(stream, experts[0].down)
     read_back = torch.cat([(rows @ w.down).T for w in experts]).double().cpu()  # (units, tokens)
     predictors = unit_rows_tensor(torch.cat(first).double().cpu())

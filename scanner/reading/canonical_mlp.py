@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -57,6 +57,9 @@ SAME_GATE_COSINE = 0.95
 SAME_FUNCTION_COSINE = 0.9999
 #: Gate rows of a non-homogeneous activation are one gate only where their lengths agree to this fraction too.
 SAME_SCALE = 0.05
+#: Rows of a map `_directions` and `_norms` read at a time: their float32 and float64 temporaries stay at tens of MB
+#: (a 7B plain MLP's 16384 x 4097 fc map read whole took 1 GiB of them, a quarter of a fingerprint's memory goal).
+_ROWS = 2048
 #: A unit whose size (|output column| |up row| |gate row|^degree, unchanged by every output-preserving rescale)
 #: is below this fraction of the median unit's writes nothing a float32 model can resolve.
 DEAD = 1e-6
@@ -70,6 +73,9 @@ class CanonicalMLP:
     stored: int  # units as stored
     dead: int  # units that write nothing, alone or with the units they were combined with
     combined: int  # units folded into another unit's function (a group of k live units counts k - 1)
+    #: (tokens, units) the gates' pre-activations on the inputs, bias included, where they were read and the canonical
+    #: units are the units as stored: the first view, which the caller need not compute again
+    pre_activation: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def unchanged(self) -> bool:
@@ -102,7 +108,7 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         live &= ~zero_key
     groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
     if live.all() and (groups == np.arange(units)).all():
-        return CanonicalMLP(weights, units, 0, 0)
+        return CanonicalMLP(weights, units, 0, 0, pre_activation)
     if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
         return CanonicalMLP(_select(weights, live), units, int((~live).sum()), 0)
     keys = _rows(key_map, key_bias)
@@ -252,7 +258,18 @@ def _rows(matrix: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:
 def _directions(matrix: torch.Tensor, bias: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
     """(unit-length rows as float32 on the CPU, their lengths as float64) of a map's rows with its bias as one more
     column; each row is divided by its peak first, so rows of 1e30 or 1e-30 (a rescaled unit) neither overflow nor
-    underflow."""
+    underflow. `_ROWS` rows at a time."""
+    units = matrix.shape[0]
+    unit = np.empty((units, matrix.shape[1] + (bias is not None)), dtype=np.float32)
+    lengths = np.empty(units)
+    for start in range(0, units, _ROWS):
+        part = slice(start, start + _ROWS)
+        unit[part], lengths[part] = _unit_rows(matrix[part], None if bias is None else bias[part])
+    return unit, lengths
+
+
+def _unit_rows(matrix: torch.Tensor, bias: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """`_directions` of a few rows."""
     rows = matrix.detach()
     if bias is not None:
         rows = torch.cat([rows, bias.detach().to(rows.dtype)[:, None]], dim=1)
@@ -265,12 +282,16 @@ def _directions(matrix: torch.Tensor, bias: torch.Tensor | None) -> tuple[np.nda
 
 
 def _norms(matrix: torch.Tensor) -> np.ndarray:
-    """Row lengths as float64 (rows of any finite scale: each divided by its peak before it is squared)."""
-    rows = matrix.detach().float()
-    peak = rows.abs().amax(dim=1) if rows.shape[1] else torch.zeros(rows.shape[0], device=rows.device)
-    safe = torch.where(peak > 0, peak, torch.ones_like(peak))
-    lengths = torch.linalg.vector_norm(rows / safe[:, None], dim=1, dtype=torch.float64)
-    return (lengths * peak.double()).cpu().numpy()
+    """Row lengths as float64 (rows of any finite scale: each divided by its peak before it is squared), `_ROWS` rows
+    at a time."""
+    lengths = np.empty(matrix.shape[0])
+    for start in range(0, matrix.shape[0], _ROWS):
+        rows = matrix[start:start + _ROWS].detach().float()
+        peak = rows.abs().amax(dim=1) if rows.shape[1] else torch.zeros(rows.shape[0], device=rows.device)
+        safe = torch.where(peak > 0, peak, torch.ones_like(peak))
+        part = torch.linalg.vector_norm(rows / safe[:, None], dim=1, dtype=torch.float64)
+        lengths[start:start + _ROWS] = (part * peak.double()).cpu().numpy()
+    return lengths
 
 
 def _select(weights: SiteWeights, keep: np.ndarray) -> SiteWeights:
