@@ -27,8 +27,9 @@ byte every few seconds (never idle in that sense), held every other visitor out.
 An answer whose client keeps taking it, however slowly, is never cut by these bounds.
 
 This reaches into waitress 3's `HTTPChannel` (its wait for the buffer to drain, the readiness checks its main loop
-makes of every connection on every turn, at least once a second) and its servers' ``channel_class`` (called with
-each accepted socket); tests/test_serve_bounds.py holds it to the behaviour.
+makes of every connection on every turn, at least once a second, its queue of requests and of unsent bytes) and its
+servers' ``channel_class`` (called with each accepted socket) and their rule of accepting nothing while their map
+holds ``connection_limit`` entries; tests/test_serve_bounds.py holds it to the behaviour.
 """
 
 from __future__ import annotations
