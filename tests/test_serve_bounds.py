@@ -222,3 +222,49 @@ def test_a_connection_is_closed_when_it_sends_no_request_or_takes_no_answer_not_
             assert kept.sock.recv(1) == b""  # closed by the server (a guard of CLOSE_GUARD_S, then TimeoutError)
             assert server_holds(server, alone) == alone  # the unread answer's connection closed too
         kept.close()
+
+
+def test_a_full_server_makes_room_by_closing_the_connection_that_waited_longest_for_a_request(
+        db: Path, tmp_path: Path) -> None:
+    """Many visitors each within their share (a botnet) once filled every connection with ones that sent nothing, and
+    a visitor's connection waited in the kernel's queue until one closed (5 s, --request-seconds; never, with ten
+    minutes). Now each new connection into a full server closes the one that has waited longest for a request: the
+    first visitor's, which trickles half a request, goes first, the last one's stays, and a page is answered."""
+    options = ("--connections", "12", "--connections-per-address", "4", "--request-seconds", "600")
+    with serving(db, tmp_path / "stderr.txt", *options) as server, ExitStack() as held:
+        first = held.enter_context(Hog(server.url, "127.0.0.2", idle=0, trickling=4))
+        eventually(lambda: first.sent_after_open > 0)  # the first visitor's four are older than the others'
+        second = held.enter_context(Hog(server.url, "127.0.0.3", idle=4, trickling=0))
+        last = held.enter_context(Hog(server.url, "127.0.0.4", idle=4, trickling=0))
+        hogs = (first, second, last)
+        assert eventually(lambda: first.closed_by_server > 0) and last.closed_by_server == 0
+        closed = sum(hog.closed_by_server for hog in hogs)
+        assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
+        assert eventually(lambda: sum(hog.closed_by_server for hog in hogs) > closed)  # room made for the page
+        assert last.closed_by_server == 0 and last.held == 4
+    assert "every connection taken (--connections): closing those that waited longest" in (
+        tmp_path / "stderr.txt").read_text()
+
+
+def test_a_full_server_never_closes_a_connection_whose_answer_is_being_written_or_waits_to_be_sent(
+        db: Path, tmp_path: Path) -> None:
+    """Two downloads nobody reads (one the app is still writing, past the 16 MB waitress holds; one the app has
+    finished, its rest waiting in the server's buffer) hold their connections while visitors that send nothing fill
+    the server and a page asks for room: the visitors' connections are closed to make it, the downloads arrive
+    whole once read."""
+    options = ("--connections", "8", "--connections-per-address", "3", "--request-seconds", "600",
+               "--write-seconds", "600")
+    rows = {"writing": 30000, "written": 8000}
+    with serving(db, tmp_path / "stderr.txt", *options) as server, ExitStack() as held:
+        downloads = {}
+        for name, count in rows.items():
+            url = page_url(server.url, "/sql.csv", q=f"SELECT i, pad FROM wide ORDER BY i LIMIT {count}")
+            downloads[name] = http.client.HTTPResponse(held.enter_context(unread(url)))
+            downloads[name].begin()  # its answer has begun: its request is being answered
+            assert downloads[name].status == 200
+        hogs = [held.enter_context(Hog(server.url, f"127.0.0.{k}", idle=2, trickling=0)) for k in range(2, 7)]
+        assert eventually(lambda: sum(hog.closed_by_server for hog in hogs) > 0)
+        assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
+        for name, count in rows.items():
+            body = downloads[name].read()
+            assert len(body) == len("i,pad\r\n") + sum(len(str(i)) + ROW_BYTES + 3 for i in range(count)), name

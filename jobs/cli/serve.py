@@ -48,8 +48,10 @@ def serve_command(
                                            "connection opens or its last answer was sent; then the connection is "
                                            "closed.")] = ServeLimits.request_seconds,
     connections: Annotated[int, typer.Option(
-        "--connections", min=2, help="Connections open at once; more wait to be accepted. Keep it below the open "
-                                     "files a process may have (ulimit -n).")] = ServeLimits.connections,
+        "--connections", min=2, help="Connections open at once; a new one then closes the one that has waited "
+                                     "longest for a request, or waits to be accepted while every one is being "
+                                     "answered. Keep it below the open files a process may have (ulimit -n).")
+    ] = ServeLimits.connections,
     connections_per_address: Annotated[int, typer.Option(
         "--connections-per-address", min=1, help="Connections one client address may hold at once; more are "
                                                  "refused at once. Behind a reverse proxy every visitor has the "

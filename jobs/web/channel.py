@@ -16,13 +16,20 @@ byte every few seconds (never idle in that sense), held every other visitor out.
   ClientDisconnected), so the app's streaming code releases its lane. An answer the app has finished that still
   waits in the buffer for a client that takes none of it for ``write_seconds`` is closed the same way;
 * a connection from an address that already holds ``per_address`` connections is refused as it is accepted
-  (`Admission`), so one visitor holds at most its share of ``connection_limit``.
+  (`Admission`), so one visitor holds at most its share of ``connection_limit``;
+* a connection accepted into a full server takes the place of the one that has waited longest for a request (kept
+  alive after its answer, or sending one), so many visitors each within their share (a botnet) cannot fill the
+  server for the others: waitress stops accepting once ``connection_limit`` are open, and a visitor's connection
+  then waited in the kernel's queue behind every other one until some closed. A connection with a request being
+  answered, or with an answer still to send, is never closed to make room; when every one has, the server is full
+  and new connections wait in the kernel's queue as before.
 
 An answer whose client keeps taking it, however slowly, is never cut by these bounds.
 
 This reaches into waitress 3's `HTTPChannel` (its wait for the buffer to drain, the readiness checks its main loop
-makes of every connection on every turn, at least once a second) and its servers' ``channel_class`` (called with
-each accepted socket); tests/test_serve_bounds.py holds it to the behaviour.
+makes of every connection on every turn, at least once a second, its queue of requests and of unsent bytes) and its
+servers' ``channel_class`` (called with each accepted socket) and their rule of accepting nothing while their map
+holds ``connection_limit`` entries; tests/test_serve_bounds.py holds it to the behaviour.
 """
 
 from __future__ import annotations
@@ -38,8 +45,10 @@ from waitress.channel import HTTPChannel
 POLL_S = 0.25
 """How often a waiting writer looks at the clock (the main loop also wakes it whenever the client takes bytes)."""
 TOLD_EVERY_S = 60.0
-"""How often the server's stderr names an address it refuses connections from (a refused client may retry at
-once, many times a second)."""
+"""How often the server's stderr names an address it refuses connections from, or says it makes room (a refused
+client may retry at once, many times a second)."""
+FULL = ""
+"""The key in `Admission.told` of the server making room (an address is never empty)."""
 
 
 class BoundedChannel(HTTPChannel):
@@ -96,6 +105,12 @@ class BoundedChannel(HTTPChannel):
     def writable(self) -> bool:
         return self.connected and super().writable()
 
+    @property
+    def waiting_for_request(self) -> bool:
+        """Whether closing the connection now loses nothing but its wait: no request is being answered or waits for
+        a thread, and no answer waits to be sent."""
+        return self.connected and not self.requests and not self.total_outbufs_len and not self.stalled
+
     def _overdue(self, now: float) -> bool:
         """Whether the client has had its time: to take bytes of an answer, or to send a request."""
         if self.stalled:
@@ -120,7 +135,8 @@ def bounded_channel(request_seconds: float, write_seconds: float) -> type[Bounde
 class Admission:
     """A listener's ``channel_class``: accepts a connection as a `channel` unless its client's address already holds
     ``per_address`` connections, and then closes it at once with a reset (the client sees its connection refused;
-    the server keeps nothing of it, not even a closing socket).
+    the server keeps nothing of it, not even a closing socket). A connection that fills the server closes the one
+    that has waited longest for a request, so the server goes on accepting (`make_room`).
 
     An address is a visitor only where visitors connect directly: behind a reverse proxy every connection comes from
     the proxy's address, and the proxy has to bound its clients (docs/serve.md)."""
@@ -128,23 +144,42 @@ class Admission:
     channel: type[BoundedChannel]
     per_address: int
     told: dict[str, float] = field(default_factory=dict)
-    """When the server last said it refuses an address's connections."""
+    """When the server last said it refuses an address's connections (or, under `FULL`, that it is full)."""
+    made_room: int = 0
+    """Connections closed to make room since the server last said so."""
 
     def __call__(self, server, sock: socket.socket, addr, adj, map) -> BoundedChannel | None:
         address = addr[0]
-        held = sum(1 for channel in map.values()
-                   if isinstance(channel, BoundedChannel) and channel.addr[0] == address)
-        if held < self.per_address:
-            return self.channel(server, sock, addr, adj, map=map)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-        self._tell(address)
-        return None
+        channels = [channel for channel in map.values() if isinstance(channel, BoundedChannel)]
+        if sum(1 for channel in channels if channel.addr[0] == address) >= self.per_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+            self._tell(address, f"refusing connections from {address}: it holds {self.per_address} "
+                                "(--connections-per-address)")
+            return None
+        accepted = self.channel(server, sock, addr, adj, map=map)
+        if len(map) >= adj.connection_limit:  # waitress would accept no more until one closes
+            self.make_room(channels)
+        return accepted
 
-    def _tell(self, address: str) -> None:
+    def make_room(self, channels: list[BoundedChannel]) -> None:
+        """Close the connection of ``channels`` that has waited longest for a request, if any waits for one (the
+        newest waits least: it is usually a visitor who has just sent one, not yet read)."""
+        waiting = [channel for channel in channels if channel.waiting_for_request]
+        if not waiting:
+            return
+        min(waiting, key=lambda channel: channel.waiting_since).handle_close()
+        self.made_room += 1
+        if self._tell(FULL, "every connection taken (--connections): closing those that waited longest for a "
+                            f"request to make room for new ones ({self.made_room} since this was last said)"):
+            self.made_room = 0
+
+    def _tell(self, key: str, message: str) -> bool:
+        """Say ``message`` on stderr unless the server said it of ``key`` within `TOLD_EVERY_S`; whether it did."""
         now = time.monotonic()
-        if now - self.told.get(address, -TOLD_EVERY_S) >= TOLD_EVERY_S:
-            self.told = {seen: at for seen, at in self.told.items() if now - at < TOLD_EVERY_S}
-            self.told[address] = now
-            sys.stderr.write(f"hubtrace serve: refusing connections from {address}: it holds {self.per_address} "
-                             f"(--connections-per-address)\n")
+        if now - self.told.get(key, -TOLD_EVERY_S) < TOLD_EVERY_S:
+            return False
+        self.told = {seen: at for seen, at in self.told.items() if now - at < TOLD_EVERY_S}
+        self.told[key] = now
+        sys.stderr.write(f"hubtrace serve: {message}\n")
+        return True
