@@ -2,15 +2,14 @@
 different pages once a second from its own address for --seconds, each on a fresh connection, and prints one JSON
 line of latencies (seconds) and failures."""
 
+import functools
+import http.client
 import json
-import socket
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import http.client
-import functools
 
 base, seconds, address = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 PAGES = ["/", "/model?id=fam0100/ft-2", "/family?id=bigco/base", "/search?q=ft-05", "/discrepancies",

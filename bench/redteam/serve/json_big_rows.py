@@ -1,6 +1,12 @@
-import sys, time, threading, subprocess
+# ruff: noqa: E501, E701, E702, E741, B023  (red-team scripts written in a 35-minute time box; not product code)
+import subprocess
+import sys
+import threading
+import time
+
 sys.path.insert(0, "bench/redteam/serve")
 from redteam_serve import Server, rss_mb
+
 s = Server("/tmp/s5c44.duckdb", [])
 peak=[0]; stop=threading.Event()
 def samp():
