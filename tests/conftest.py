@@ -5,10 +5,11 @@ reuses them; the builders are file-locked, so parallel sessions wait for one bui
 
 Test tiers: a test is ``slow`` when it needs a trained model from the cache (or trains models itself) or a Ray
 cluster, or when it is a calibration study (a KS test of a statistic's p-values over a simulated null sample against
-uniform: hundreds of draws, each a full test), by the rule in
-``pytest_collection_modifyitems`` (through any chain of fixtures, or the test's own source), never by hand.
-``make test-fast`` runs ``-m "not slow"``: every behaviour; ``make test`` runs everything, the calibration of every
-statistic included.
+uniform: hundreds of draws, each a full test). The test declares it: ``@pytest.mark.slow`` (or its module's
+``pytestmark``), or a fixture in tests.tier_support.SLOW_FIXTURES, which marks every test that uses it
+(``pytest_collection_modifyitems``: pytest itself ignores marks on fixtures). tests/test_tiers.py fails when a test
+trains a zoo or runs a KS test without either. ``make test-fast`` runs ``-m "not slow"``: every behaviour;
+``make test`` runs everything, the calibration of every statistic included.
 
 Cold cache: before the first test runs, ``pytest_collection_finish`` builds every cached artefact the *selected*
 tests need and the cache lacks, side by side in worker processes, each given its share of the cores as torch threads
@@ -17,7 +18,6 @@ tests need and the cache lacks, side by side in worker processes, each given its
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import os
 import shutil
@@ -42,6 +42,7 @@ from tests.null_support import NULL_KINDS
 from tests.null_support import null_stress_zoo as null_stress_zoo_of
 from tests.null_support import null_zoo as null_zoo_of
 from tests.ray_support import ray_for_tests
+from tests.tier_support import SLOW_FIXTURES
 
 if TYPE_CHECKING:
     from scanner.fingerprints.fingerprint import Fingerprint
@@ -61,35 +62,13 @@ MERGE_ZOO_SPEC = MergeZooSpec(seed=0, step_scale=0.5)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
-#: Fixtures that make a test slow: the trained zoos (the encoder, merge and null zoos too) and the real model
-#: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind
-#: (test_adversary.py), and Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo", "null_stress_zoo", "tool_hub"})
-
-
-#: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
-ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(", "build_merge_zoo(", "build_tool_hub(")
-#: A KS test in a test makes it a calibration study: a statistic's p-values over a simulated null sample, checked
-#: against uniform (a chi-square in a test is left alone: the canonical inputs' uniformity check is one cheap draw).
-CALIBRATION_CALLS = ("kstest(",)
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test whose fixture closure reaches one of SLOW_FIXTURES, or that calls a zoo trainer or
-    runs a calibration study."""
+    """Mark ``slow`` every test whose fixture closure reaches one of SLOW_FIXTURES (a fixture's declaration that
+    its users are slow)."""
     for item in items:
-        fixtures = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if fixtures or _calls(item, ZOO_TRAINERS + CALIBRATION_CALLS):
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-
-
-def _calls(item: pytest.Item, calls: tuple[str, ...]) -> bool:
-    try:
-        source = inspect.getsource(item.function)  # type: ignore[attr-defined]
-    except (AttributeError, OSError, TypeError):
-        return False
-    return any(call in source for call in calls)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
