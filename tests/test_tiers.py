@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tier_support import SLOW_FIXTURES, fixtures_defined, undeclared_slow_tests
+from tests.tier_support import RAY_CLUSTER_FIXTURES, SLOW_FIXTURES, fixtures_defined, undeclared_slow_tests
 
 
 def test_every_test_that_trains_or_calibrates_declares_itself_slow() -> None:
@@ -13,8 +13,10 @@ def test_every_test_that_trains_or_calibrates_declares_itself_slow() -> None:
 
 
 def test_every_slow_fixture_is_a_fixture_of_the_suite() -> None:
-    """A renamed fixture left behind in SLOW_FIXTURES would silently move its users to the fast tier."""
+    """A renamed fixture left behind in SLOW_FIXTURES would silently move its users to the fast tier (and one left in
+    RAY_CLUSTER_FIXTURES its tests out of their xdist group); a Ray cluster is slow."""
     assert SLOW_FIXTURES <= fixtures_defined()
+    assert RAY_CLUSTER_FIXTURES <= SLOW_FIXTURES
 
 
 def test_the_check_sees_a_trainer_through_helpers_fixtures_and_run_time_lookups(tmp_path: Path) -> None:

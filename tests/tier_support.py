@@ -23,6 +23,9 @@ from pathlib import Path
 #: test_ray_job_submit.py).
 SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
                            "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo", "null_stress_zoo", "tool_hub"})
+#: Fixtures that start a Ray cluster: their tests share one pytest-xdist group (tests/conftest.py), one cluster at a
+#: time on one worker rather than two clusters of 2 CPUs each on a 2-core machine.
+RAY_CLUSTER_FIXTURES = frozenset({"local_ray", "cluster"})
 
 #: Functions that train a zoo at its recipe's size: a test that calls one (or a helper or fixture that does) trains
 #: for seconds to minutes. A builder called at a toy size (two steps, three models) is not in this list.
