@@ -15,11 +15,12 @@ Cold cache: before the first test runs, ``pytest_collection_finish`` builds ever
 tests need and the cache lacks, side by side in build processes, each given its share of the cores as torch threads
 (on a 2-core machine two builds of one thread each take the time of one); a run of the fast tier builds nothing.
 
-Both cores: ``make test`` runs pytest-xdist workers (``-n 2 --dist loadgroup``). Each worker's torch gets its share of
-the cores (two workers of two threads on 2 cores spin-wait for each other), every worker pre-builds with its share,
-and a build is claimed with a lock in the cache so two workers never build one artefact twice (the zoo builders
-lock their folders too; SmolLM2's family does not). Tests that start a Ray cluster (RAY_CLUSTER_FIXTURES) share one
-xdist group, so one worker runs them one cluster at a time; each worker's Ray has its own RAY_TMPDIR.
+Both cores: ``make test-fast`` runs pytest-xdist workers (``-n logical --dist loadgroup``). Each worker's torch gets
+its share of the cores (two workers of two threads on 2 cores spin-wait for each other), every worker pre-builds
+with its share, and a build is claimed with a lock in the cache so two workers never build one artefact twice (the
+zoo builders lock their folders too; SmolLM2's family does not). Tests that start a Ray cluster
+(RAY_CLUSTER_FIXTURES) share one xdist group, so one worker runs them, one cluster at a time; each worker's Ray has
+its own RAY_TMPDIR.
 """
 
 from __future__ import annotations
