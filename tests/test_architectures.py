@@ -275,6 +275,7 @@ def test_plain_and_gated_fingerprints_are_refused_as_a_pair(tmp_path: Path) -> N
     assert reason is not None and "plain" in reason and "gated" in reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coupling", [0.0, 0.8])
 def test_plain_statistic_p_values_are_uniform_for_independent_mlps_that_share_a_coupling(coupling: float) -> None:
     """150 independent pairs of plain MLPs (fc 96 units, width 32) that read the same 256 tokens in different bases

@@ -72,6 +72,7 @@ def _glu(rng: np.random.Generator, x: np.ndarray, kind: str | None, fraction: fl
 CASES = [(kind, fraction, both) for kind in ("zero", "duplicate") for fraction in (0.25, 0.5) for both in (False, True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "fraction", "both"), CASES)
 def test_phi_match_p_values_stay_uniform_with_degenerate_units_in_either_order(kind, fraction, both) -> None:
     rng = np.random.default_rng(11)
@@ -86,6 +87,7 @@ def test_phi_match_p_values_stay_uniform_with_degenerate_units_in_either_order(k
     assert _too_small(backward) >= ALPHA
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "fraction"), [(k, f) for k in ("zero", "duplicate") for f in (0.25, 0.5)])
 def test_phi_u_and_phi_h_p_values_stay_uniform_with_degenerate_units(kind, fraction) -> None:
     rng = np.random.default_rng(12)
@@ -114,6 +116,7 @@ def _fingerprint(template: Fingerprint, name: str, gate: np.ndarray, up: np.ndar
     return Fingerprint(meta, [[MLPActivations(gate=gate.astype(np.float32), up=up.astype(np.float32))]])
 
 
+@pytest.mark.slow
 def test_localize_p_values_stay_uniform_with_half_the_units_zeroed(template: Fingerprint) -> None:
     rng = np.random.default_rng(13)
     x = rng.normal(size=(64, WIDTH))

@@ -59,6 +59,7 @@ def test_encoders_are_compared_only_with_encoders(tmp_path: Path) -> None:
     assert reason is not None and "encoder" in reason and "bidirectional" in reason
 
 
+@pytest.mark.slow
 def test_random_encoders_get_uniform_p_values(tmp_path: Path) -> None:
     """16 tiny BERTs at their own random initialisations, all 120 pairs: the p-values are not smaller than uniform
     (one-sided KS at alpha 0.01, so this fails falsely once in a hundred seeds; the seeds are fixed)."""

@@ -165,6 +165,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Fingerprint:
     return template_fingerprint(tmp_path_factory.mktemp("llama"), 64)
 
 
+@pytest.mark.slow
 def test_screen_p_values_are_uniform_for_independent_blocks(template: Fingerprint) -> None:
     """400 independent block pairs of 600 units screened on 100: KS against uniform at alpha = 0.001
     (false-failure rate 0.1% for an exactly uniform screen)."""

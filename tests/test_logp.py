@@ -96,6 +96,7 @@ def test_fisher_matches_mpmath(log10_ps):
     assert abs(ours - exact) <= 1e-10 * max(1.0, abs(exact))
 
 
+@pytest.mark.slow
 def test_fisher_of_uniform_pvalues_is_uniform():
     """KS against U(0,1) at alpha=0.01 on 2000 fixed-seed draws: false-failure rate 1%, seed fixed."""
     rng = np.random.default_rng(1)

@@ -145,6 +145,7 @@ def test_rectangular_matrices_match_the_smaller_side_either_way() -> None:
     np.testing.assert_array_equal(transposed.b_index, matching.a_index)
 
 
+@pytest.mark.slow
 def test_two_unrelated_matchings_give_uniform_spearman_p_values() -> None:
     """Two views of unrelated units (independent Gaussian similarity matrices), matched with one candidate per stage
     so that most rows reach the later stages: were leftovers paired by index, both matchings would pair late rows
@@ -158,6 +159,7 @@ def test_two_unrelated_matchings_give_uniform_spearman_p_values() -> None:
     assert kstest(10.0 ** np.asarray(log10_ps), "uniform", alternative="greater").pvalue >= 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["screened", "greedy"])
 def test_phi_match_is_valid_on_independent_blocks_and_finds_a_disguised_copy(rule: str) -> None:
     """Independent random blocks: one-sided KS of 200 block p-values at 1e-3 (false failure 0.1%; the default rule

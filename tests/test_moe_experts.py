@@ -110,6 +110,7 @@ def test_independent_moe_models_are_not_dependent(moe) -> None:
     assert compare_fingerprints(fp["dense"], fp["other"]).log10_p > -2
 
 
+@pytest.mark.slow
 def test_matched_expert_p_values_are_uniform_under_independence() -> None:
     """300 independent 4-expert blocks (random activations): the block p-value after matching the experts
     is uniform (KS at alpha 0.001); without exchangeable units it would not be, since matching picks maxima. Each

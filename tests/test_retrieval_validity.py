@@ -80,6 +80,7 @@ def null_pairs(tmp_path_factory):
     return models, scores, log10_p
 
 
+@pytest.mark.slow
 def test_p_values_of_retrieval_selected_independent_pairs_are_uniform(null_pairs) -> None:
     _, scores, log10_p = null_pairs
     assert len(scores) >= 200, f"the lowered threshold selected only {len(scores)} pairs"
@@ -90,6 +91,7 @@ def test_p_values_of_retrieval_selected_independent_pairs_are_uniform(null_pairs
     assert kstest(screened, "uniform", alternative="greater").pvalue > ALPHA
 
 
+@pytest.mark.slow
 def test_a_selection_that_looks_at_unit_labels_would_fail_the_same_check(null_pairs) -> None:
     """Decisive, not marginal: KS p about 1e-6 against α = 0.001 (measured). With 44 models, 320 selected and the
     default rule's p-values it came out 0.0010 to 0.0011, and then only because those p-values are conservative:

@@ -67,6 +67,7 @@ def test_phi_u_detects_a_fine_tune_and_is_fooled_by_a_permutation():
     assert phi_u(up, tuned[rng.permutation(128)]).log10_p > -3
 
 
+@pytest.mark.slow
 def test_phi_u_pvalues_are_uniform_for_independent_weights():
     """KS at alpha=0.01 over 300 independent pairs; fixed seed, false-failure rate 1%."""
     rng = np.random.default_rng(4)
@@ -97,6 +98,7 @@ def test_phi_match_survives_permutation_scaling_and_residual_rotation():
     assert phi_h((silu(gate_act) * up_act).T, (silu(gate_act_b) * up_act_b).T).log10_p > -3
 
 
+@pytest.mark.slow
 def test_phi_match_pvalues_are_uniform_for_independent_mlps():
     """KS at alpha=0.01 over 200 independent GLU pairs on shared inputs; fixed seed, false-failure rate 1%."""
     rng = np.random.default_rng(6)

@@ -58,6 +58,7 @@ def _independent(profiles: dict[str, WeightProfile]) -> list[str]:
     return [*BASES, *(m for m in profiles if m.startswith("independent/"))]
 
 
+@pytest.mark.slow
 def test_layernorm_permtest_is_uniform_for_independent_models() -> None:
     """150 pairs of models whose norm weights are drawn independently, each dimension alike (what training from
     all-ones gains does under a null that permutes the residual stream): PERMTEST's p-values are uniform."""

@@ -6,6 +6,7 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -205,6 +206,7 @@ def test_up_rows_track_their_counterpart_only_under_dependence(zoo: Zoo) -> None
                 assert hits < 0.05 and cos.diagonal().mean() < 1.5 * off_diagonal, (other, i)
 
 
+@pytest.mark.slow
 def test_independent_models_are_deterministic_and_unrelated(tmp_path: Path) -> None:
     first = train_independent_models(tmp_path / "a", n=3, seed=7, steps=20)
     second = train_independent_models(tmp_path / "b", n=3, seed=7, steps=20)
