@@ -25,8 +25,9 @@ NULL_ARCH = {kind: ArchSpec(intermediate_size=256) if kind in ("gpt2", "gpt_neox
              for kind in NULL_KINDS}
 #: Models per kind: 28 independent pairs.
 N_NULL = 8
-#: Adam steps (lr 5e-3, batch 8) on the one language: the loss falls from 5.5 to about 2.2-2.3 nats, and the plain
-#: statistic before its second view was fixed failed on GPT-2s trained so (docs/statistics.md).
+#: Adam steps (lr 5e-3, batch 8) on the one language: the loss falls from 5.5 to about 2.2-2.3 nats, long enough for
+#: independently trained models to share features, which is what a view pair that is not valid under training must
+#: be caught on (a plain MLP's raw write view fails here: docs/statistics.md).
 NULL_STEPS = 400
 
 
