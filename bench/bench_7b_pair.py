@@ -6,7 +6,8 @@
     python bench/bench_7b_pair.py --workers 2              # also blocks compared two at a time on threads
 
 The fingerprints are real ``Fingerprint`` objects (metadata of a tiny random Llama's fingerprint on the chosen
-input set, so they are comparable) whose blocks are replaced by synthetic gate/up activations: Gaussian
+input set, so they are comparable) whose blocks are replaced by synthetic gate, up and write views, as a real gated
+fingerprint (format 3+) holds them (three cosine products and matchings a block): Gaussian
 for model A; for the dependent model B, A's units permuted per block, up rescaled, plus noise of equal
 scale (cosine ~0.7 with the true partner); for the independent B, fresh Gaussians. Synthesis is not
 timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs under cProfile, which reports where the time goes (unit
@@ -93,7 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         template = tiny_template(Path(folder), 64 * args.sequences)
-    print(f"# {os.cpu_count()} CPUs, torch {torch.__version__} threads {torch.get_num_threads()}, device "
+    print(f"# load average {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs, torch {torch.__version__} threads "
+          f"{torch.get_num_threads()}, device "
           f"{args.device}{' ' + torch.cuda.get_device_name() if args.device.startswith('cuda') else ''}; "
           f"{args.blocks} blocks x {args.units} units, {template.blocks[0][0].gate.shape[1]} tokens "
           f"({template.meta.input_set})")
@@ -102,7 +104,7 @@ def main() -> None:
         parents = {layer: layer for layer in range(args.blocks)} if dependent else {}
         for design in designs:
             a, b = synthetic_pair(template, args.blocks, args.units, parents, 7 + dependent, noise=1.0,
-                                  up_scale=2.5)  # fresh fingerprints: no screen computed yet
+                                  up_scale=2.5, write_views=True)  # fresh fingerprints: no screen computed yet
             print(f"## {'dependent' if dependent else 'independent'} pair, "
                   f"{'sequential design' if design else 'every block'}")
             profile_compare(a, b, args.device, design, args.rules[0], "cold")
