@@ -4,17 +4,13 @@
     python bench/bench_7b_pair.py --device cuda            # cosine matrices (and greedy matchings) on the GPU
     python bench/bench_7b_pair.py --pairs dependent --design sequential --rules screened
     python bench/bench_7b_pair.py --workers 2              # also blocks compared two at a time on threads
-    python bench/bench_7b_pair.py --products float32 bf16  # greedy candidates from each CPU product, alternated
 
 The fingerprints are real ``Fingerprint`` objects (metadata of a tiny random Llama's fingerprint on the chosen
 input set, so they are comparable) whose blocks are replaced by synthetic gate, up and write views, as a real gated
-fingerprint (format 3+) holds them (three views, so three cosine products and matchings a block): Gaussian
+fingerprint (format 3+) holds them (three cosine products and matchings a block): Gaussian
 for model A; for the dependent model B, A's units permuted per block, up rescaled, plus noise of equal
 scale (cosine ~0.7 with the true partner); for the independent B, fresh Gaussians. Synthesis is not
-timed. ``--products``: on the CPU, whether the greedy matching's candidates come from the float32 matrix or from a
-bf16 product re-scored in float32 (scanner.stats.unit_cosines; the default where the CPU has AMX tiles); with both,
-every rule runs under each in turn, on the same fingerprints, and each rule's bf16 / float32 ratio is printed.
-``compare_fingerprints`` (phi_MATCH, FISHER) runs under cProfile, which reports where the time goes (unit
+timed. ``compare_fingerprints`` (phi_MATCH, FISHER) runs under cProfile, which reports where the time goes (unit
 screen, cosine products, matching), for the scan's sequential design (``--design sequential``: screening blocks
 first, stopping when they settle the test) and every block (``--design all``, as `hubtrace test`).
 
@@ -43,14 +39,13 @@ from scanner.fingerprints.fingerprint import Fingerprint
 from scanner.fingerprints.inputs import InputSpec
 from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.pairs.results import PairTestResult
-from scanner.stats import unit_cosines
 from scanner.stats.matching import MATCHING_RULES
 from scanner.stats.sequential import SequentialDesign
 from tests.fixtures.synthetic import synthetic_pair
 
 UNITS, BLOCKS = 11008, 32
-PROFILED = ("screen_units", "decoupled_up", "cosine_similarity_matrix", "of_views", "first_candidates",
-            "float32_matrix", "greedy_matching", "solve_assignment", "spearman", "paired_cosine")
+PROFILED = ("screen_units", "decoupled_up", "cosine_similarity_matrix", "greedy_matching", "solve_assignment",
+            "spearman", "paired_cosine")
 
 
 def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: SequentialDesign | None, rule: str,
@@ -63,7 +58,7 @@ def profile_compare(a: Fingerprint, b: Fingerprint, device: str, design: Sequent
         torch.cuda.synchronize()
     total = time.perf_counter() - start
     rhos = [x.rho for x in result.layers]
-    print(f"{rule:<7} {label:<13} {total:7.2f} s  {result.n_layers} blocks compared, log10 p = {result.log10_p:.1f}, "
+    print(f"{rule:<7} {label:<5} {total:7.2f} s  {result.n_layers} blocks compared, log10 p = {result.log10_p:.1f}, "
           f"rho per block {min(rhos):+.3f} .. {max(rhos):+.3f}")
     stats = pstats.Stats(profiler)
     parts = []
@@ -96,13 +91,11 @@ def main() -> None:
     parser.add_argument("--rules", nargs="+", choices=MATCHING_RULES, default=list(MATCHING_RULES),
                         help="matching rules timed side by side (the first one also cold)")
     parser.add_argument("--workers", type=int, nargs="*", default=[], help="also time these many blocks at once")
-    parser.add_argument("--products", nargs="+", choices=("float32", "bf16"), default=[unit_cosines.CPU_PRODUCTS],
-                        help="CPU products the greedy candidates come from, each in turn (default: this CPU's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         template = tiny_template(Path(folder), 64 * args.sequences)
-    print(f"# load average {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs, AMX tiles {unit_cosines.fast_bf16()}, "
-          f"torch {torch.__version__} threads {torch.get_num_threads()}, device "
+    print(f"# load average {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs, torch {torch.__version__} threads "
+          f"{torch.get_num_threads()}, device "
           f"{args.device}{' ' + torch.cuda.get_device_name() if args.device.startswith('cuda') else ''}; "
           f"{args.blocks} blocks x {args.units} units, {template.blocks[0][0].gate.shape[1]} tokens "
           f"({template.meta.input_set})")
@@ -114,25 +107,13 @@ def main() -> None:
                                   up_scale=2.5, write_views=True)  # fresh fingerprints: no screen computed yet
             print(f"## {'dependent' if dependent else 'independent'} pair, "
                   f"{'sequential design' if design else 'every block'}")
-            unit_cosines.CPU_PRODUCTS = args.products[0]
             profile_compare(a, b, args.device, design, args.rules[0], "cold")
-            warm = {}
-            for products in args.products:
-                unit_cosines.CPU_PRODUCTS = products
-                warm[products] = {rule: profile_compare(a, b, args.device, design, rule, f"warm {products}")
-                                  for rule in args.rules}
-                for rule in args.rules[1:]:
-                    print(f"        {rule} / {args.rules[0]} (warm {products}): "
-                          f"{warm[products][rule][1] / warm[products][args.rules[0]][1]:.2f}x")
-            for products in args.products[1:]:
-                for rule in args.rules:
-                    ratio = warm[products][rule][1] / warm[args.products[0]][rule][1]
-                    same = warm[products][rule][0].layers == warm[args.products[0]][rule][0].layers
-                    print(f"        {rule}: {products} / {args.products[0]} {ratio:.2f}x, blocks' results "
-                          f"{'identical' if same else 'DIFFERENT'}")
+            warm = {rule: profile_compare(a, b, args.device, design, rule, "warm") for rule in args.rules}
+            for rule in args.rules[1:]:
+                print(f"        {rule} / {args.rules[0]} (warm): {warm[rule][1] / warm[args.rules[0]][1]:.2f}x")
             for workers in args.workers:
                 if workers > 1:
-                    threaded_compare(a, b, args.device, design, workers, warm[args.products[-1]][args.rules[0]])
+                    threaded_compare(a, b, args.device, design, workers, warm[args.rules[0]])
             del a, b
 
 

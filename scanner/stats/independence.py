@@ -31,7 +31,6 @@ from scanner.stats.matching import (
     unit_rows,
     unit_rows_tensor,
 )
-from scanner.stats.unit_cosines import UnitCosines, bf16_candidates
 from scanner.stats.views import decoupled_up, oriented_rows
 
 Theta = TypeVar("Theta")
@@ -184,20 +183,15 @@ def _group_tests(group: list[tuple[int, MatchInputs, WriteViews, str]], device: 
                  up_sign_free: bool) -> list[tuple[int, BlockTest]]:
     """phi_MATCH of a group of screened blocks, their cosine matrices built together (on ``device``)."""
     similarities = []
-    unit_cosines = bf16_candidates(device)
-
-    def cosines(a: Any, b: Any, sign_free: bool = False) -> Any:
-        """The view's cosine matrix; on a CPU with AMX tiles kept as unit rows (scanner.stats.unit_cosines)."""
-        if unit_cosines:
-            return UnitCosines.of_views(a, b, sign_free)
-        return cosine_similarity_matrix(a, b, device=device, sign_free=sign_free)
-
     for _, (ga, ua, gb, ub), write, _ in group:
-        views = [cosines(ga, gb), cosines(decoupled_up(ga, ua), decoupled_up(gb, ub), sign_free=up_sign_free)]
+        views = [cosine_similarity_matrix(ga, gb, device=device),
+                 cosine_similarity_matrix(decoupled_up(ga, ua), decoupled_up(gb, ub), device=device,
+                                          sign_free=up_sign_free)]
         if write is not None and up_sign_free:
-            views.append(cosines(*write, sign_free=True))
+            views.append(cosine_similarity_matrix(*write, device=device, sign_free=True))
         elif write is not None:  # a plain MLP whose gate sign is free (phi_match_many)
-            views += [cosines(oriented_rows(ga), oriented_rows(gb)), cosines(*write)]
+            views += [cosine_similarity_matrix(oriented_rows(ga), oriented_rows(gb), device=device),
+                      cosine_similarity_matrix(*write, device=device)]
         similarities.append(views)
     out = []
     for (k, (_, ua, _, ub), _, note), views in zip(group, similarities, strict=True):
@@ -329,8 +323,6 @@ def matched_closeness(similarity: Any, matching: Matching) -> float:
     """
     if matching.size == 0:
         return 0.0
-    if isinstance(similarity, UnitCosines):
-        return float(similarity.pairs(matching.a_index, matching.b_index).double().mean())
     if isinstance(similarity, np.ndarray):
         return float(np.mean(similarity[matching.a_index, matching.b_index], dtype=np.float64))
     import torch

@@ -115,8 +115,7 @@ def match(a: np.ndarray, b: np.ndarray, rule: MatchingRule = "screened") -> Matc
 
 
 def match_similarity(similarity: Any, rule: MatchingRule = "screened") -> Matching:
-    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, torch tensor on any device, or
-    scanner.stats.unit_cosines.UnitCosines). With no
+    """MATCH on a precomputed (a_rows, b_rows) similarity matrix (numpy array, or torch tensor on any device). With no
     statistic to screen on, ``screened`` matches exactly (a unit map of blocks already found related)."""
     if rule not in MATCHING_RULES:
         raise ValueError(f"unknown matching rule {rule!r}; choose one of {', '.join(MATCHING_RULES)}")
@@ -129,11 +128,10 @@ def match_similarity(similarity: Any, rule: MatchingRule = "screened") -> Matchi
 
 
 def _matched(similarity: Any, rule: MatchingRule) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, their columns) for a matrix with rows <= cols, every row matched (a UnitCosines is matched exactly on
-    its float32 matrix)."""
+    """(rows, their columns) for a matrix with rows <= cols, every row matched."""
     if rule == "greedy":
         return np.arange(similarity.shape[0]), greedy_matching(similarity)
-    return max_weight_assignment(similarity.float32_matrix() if hasattr(similarity, "float32_matrix") else similarity)
+    return max_weight_assignment(similarity)
 
 
 def match_for(similarities: Sequence[Any], log10_p: Callable[[list[Matching]], float],

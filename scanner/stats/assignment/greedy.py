@@ -24,10 +24,8 @@ the same way (equivariance), which is the property the p-values rest on. Exact t
 row, the earlier candidate); on continuous data they do not occur, and the unit screen (scanner.stats.degenerate)
 removes the all-zero and duplicated units that would make them.
 
-Inputs: a numpy array (computed on the CPU through torch, sharing its memory), a torch tensor on any device
-(computed there; only the matching comes back), or a scanner.stats.unit_cosines.UnitCosines (its first stage's
-candidates found by a bf16 product, every value read in float32). Entries must be finite (a NaN or an infinity raises
-ValueError).
+Inputs: a numpy array (computed on the CPU through torch, sharing its memory) or a torch tensor on any device
+(computed there; only the matching comes back). Entries must be finite (a NaN or an infinity raises ValueError).
 """
 
 from __future__ import annotations
@@ -44,42 +42,35 @@ def greedy_matching(similarity: Any, *, candidates: int = CANDIDATES) -> np.ndar
     """Each row's column under the greedy rule (module docstring), for a (rows, cols) matrix with rows <= cols."""
     import torch
 
-    unit_cosines = hasattr(similarity, "first_candidates")  # scanner.stats.unit_cosines.UnitCosines
-    s = similarity if torch.is_tensor(similarity) or unit_cosines else \
-        torch.from_numpy(np.ascontiguousarray(similarity))
-    if len(s.shape) != 2:
+    s = similarity if torch.is_tensor(similarity) else torch.from_numpy(np.ascontiguousarray(similarity))
+    if s.ndim != 2:
         raise ValueError(f"similarity must be 2-D, got shape {tuple(s.shape)}")
     n, m = s.shape
     if n > m:
         raise ValueError(f"the greedy matching needs rows <= cols, got {n}x{m}; pass the transpose")
     if candidates < 1:
         raise ValueError(f"candidates must be >= 1, got {candidates}")
-    device = torch.device("cpu") if unit_cosines else s.device
-    column = torch.full((n,), -1, dtype=torch.int64, device=device)
-    free_column = torch.ones(m, dtype=torch.bool, device=device)
-    rows = torch.arange(n, device=device)
+    column = torch.full((n,), -1, dtype=torch.int64, device=s.device)
+    free_column = torch.ones(m, dtype=torch.bool, device=s.device)
+    rows = torch.arange(n, device=s.device)
     while rows.numel():
-        if rows.numel() == n and unit_cosines:  # found by a bf16 product, -inf where a row has fewer
-            values, columns = s.first_candidates(min(candidates, m))
-        elif rows.numel() == n:  # the first stage: every row, every column
+        if rows.numel() == n:  # the first stage: every row, every column
             values, columns = torch.topk(s, min(candidates, m), dim=1)
         else:
             free = torch.nonzero(free_column).flatten()
-            rest = s.block(rows, free) if unit_cosines else s[rows][:, free]
-            values, positions = torch.topk(rest, min(candidates, free.numel()), dim=1)
+            values, positions = torch.topk(s[rows][:, free], min(candidates, free.numel()), dim=1)
             columns = free[positions]
-        if not unit_cosines and not bool(torch.isfinite(values).all()):  # UnitCosines checks its rows
+        if not bool(torch.isfinite(values).all()):
             raise ValueError("similarity contains NaN or infinite entries")
         matched = _mutual_best_rounds(values, columns, free_column)
-        column[rows] = torch.as_tensor(matched, device=device)
+        column[rows] = torch.as_tensor(matched, device=s.device)
         rows = rows[column[rows] < 0]
     return column.cpu().numpy()
 
 
 def _mutual_best_rounds(values: Any, columns: Any, free_column: Any) -> Any:
     """The greedy matching of the candidate graph (row i may take column columns[i, c] at values[i, c]): each row's
-    column, -1 for a row whose candidates were all taken. Marks the taken columns in ``free_column``. Entries of
-    value -inf are no candidates (a row with fewer than k).
+    column, -1 for a row whose candidates were all taken. Marks the taken columns in ``free_column``.
 
     The candidate entries are kept as flat arrays, and every step is a gather or a scatter over them (a reduction
     over each row's few candidates is many times slower); numpy on a CPU, torch elsewhere (``Ops``)."""
@@ -90,8 +81,6 @@ def _mutual_best_rounds(values: Any, columns: Any, free_column: Any) -> Any:
     owner = ops.repeat(n, k)  # each entry's row
     columns, values = columns.reshape(-1), values.reshape(-1)
     unmatched = ops.full(n, True)
-    candidate = values > -np.inf
-    owner, columns, values = owner[candidate], columns[candidate], values[candidate]
     while True:
         live = free_column_here[columns] & unmatched[owner]  # entries whose row and column are both free
         owner, columns, values = owner[live], columns[live], values[live]
