@@ -218,5 +218,27 @@ def test_family_pairs_close_over_blocks() -> None:
     assert len(family_pairs([(x, y, [(0, 0), (1, 1)]) for x, y in combinations([a, b, c, d], 2)])) == 6
     # b holds block 0 of a's family and block 1 of d's (an MLP retrained from d): a and d share nothing
     assert family_pairs([(a, b, [(0, 0)]), (b, d, [(1, 1)])]) == {(a, b), (b, d)}
-    assert family_pairs([(a, b, [(0, 0)]), (b, c, [(0, 0)]), (c, d, [(0, 0)])], max_component=3) == set(), \
-        "a chained giant adds no closure"
+    assert family_pairs([(a, b, [(0, 0)]), (b, c, [(0, 0)]), (c, d, [(0, 0)])], max_component=3) == \
+        {(a, b), (a, c), (b, c), (b, d), (c, d)}, "a component past the cap adds only the pairs that meet at a block"
+
+
+def test_a_merge_whose_block_mixes_two_families_keeps_both_families_pairs() -> None:
+    """The class of miss of the synthetic hub (BENCHMARKS.md, "Candidate retrieval"): a merge m averages a1, of
+    family A, with r, a member of A whose block 1 was retrained from family B; m's block 1 holds both, so it is
+    mapped to a1's block 1 (the larger share) and to r's (the smaller), and joins the two families' block-1
+    components into one past the closure's cap. Dropping that component's closure lost every pair in it that had
+    not collided directly: m with B's base, which it reaches only through r's block, and a depth prune of B that
+    kept only block 1 with B's other members."""
+    family_a = [(f"a{i}", "r") for i in range(5)]
+    family_b = [(f"b{i}", "r") for i in range(5)]
+    m, r, pruned = ("m", "r"), ("r", "r"), ("b-pruned", "r")
+    edges = [(family_a[0], x, [(0, 0), (1, 1)]) for x in family_a[1:]]      # A's derivatives collide with its base
+    edges += [(family_b[0], x, [(0, 0), (1, 1)]) for x in family_b[1:]]
+    edges += [(family_b[0], pruned, [(1, 0)])]                               # B's block 1 alone
+    edges += [(family_a[1], r, [(0, 0)]), (r, family_b[0], [(1, 1)])]        # r: A's block 0, B's block 1
+    edges += [(family_a[1], m, [(0, 0), (1, 1)]), (m, r, [(0, 0), (1, 1)])]  # m = 0.6 a1 + 0.4 r, block by block
+    pairs = family_pairs(edges, max_component=8)
+    assert (family_b[0], m) in pairs, "the merge reaches its smaller parent's family through the block it mixed"
+    assert {tuple(sorted((pruned, b))) for b in family_b} <= pairs, \
+        "a model that holds only the mixed component's blocks keeps its family"
+    assert not {(a, b) for a in family_a[2:] for b in family_b[1:]} & pairs, "the two families are not paired"

@@ -133,8 +133,15 @@ def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey, Sequence[tuple[int, i
     drifted to collide directly) is reached through the blocks they share; a model that holds blocks of two
     families (an MLP retrained from another model, a merge across families) joins each family only through
     the blocks that came from it, so it does not chain whole families together (a model-level closure did:
-    bench/bench_retrieval_recall.py, BENCHMARKS.md). A component of more than ``max_component`` models adds
-    nothing beyond its direct edges: its closure would cost quadratically."""
+    bench/bench_retrieval_recall.py, BENCHMARKS.md).
+
+    A component of more than ``max_component`` models (its full closure would cost quadratically) adds only the
+    pairs of models whose blocks meet at one block: both mapped to it, or one holding it (``_meeting_pairs``).
+    Such components come from merges whose blocks mix parents of two families: the merged block is mapped to
+    both parents' blocks and so joins the two families' components into one. Dropping that component's closure
+    altogether lost the pairs of every model in it, the merge's pairs with its minority parent's family among
+    them (BENCHMARKS.md, "Candidate retrieval"); the pairs that meet at a block keep the merge with the models
+    that collide with its parents' blocks."""
     parent: dict[tuple[ModelKey, int], tuple[ModelKey, int]] = {}
 
     def root(x: tuple[ModelKey, int]) -> tuple[ModelKey, int]:
@@ -143,6 +150,7 @@ def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey, Sequence[tuple[int, i
             x = parent[x]
         return x
 
+    edges = list(edges)
     for a, b, blocks in edges:
         for x, y in blocks:
             parent[root((a, x))] = root((b, y))
@@ -152,6 +160,25 @@ def family_pairs(edges: Iterable[tuple[ModelKey, ModelKey, Sequence[tuple[int, i
     pairs = set()
     for models in components.values():
         if len(models) <= max_component:
-            ordered = sorted(models)
-            pairs |= {(x, y) for i, x in enumerate(ordered) for y in ordered[i + 1:]}
-    return pairs
+            pairs |= _all_pairs(models)
+    oversized = {node for node in parent if len(components[root(node)]) > max_component}
+    return pairs | _meeting_pairs(edges, oversized) if oversized else pairs
+
+
+def _all_pairs(models: Iterable[ModelKey]) -> set[tuple[ModelKey, ModelKey]]:
+    ordered = sorted(models)
+    return {(x, y) for i, x in enumerate(ordered) for y in ordered[i + 1:]}
+
+
+def _meeting_pairs(edges: Sequence[tuple[ModelKey, ModelKey, Sequence[tuple[int, int]]]],
+                   blocks: set[tuple[ModelKey, int]]) -> set[tuple[ModelKey, ModelKey]]:
+    """Pairs of models whose blocks meet at one of ``blocks``: the models of each block and of every block it is
+    mapped to, pairwise (two steps in the graph of mapped blocks). Costs the sum over blocks of their number of
+    mapped blocks squared, not the square of the component."""
+    met: dict[tuple[ModelKey, int], set[ModelKey]] = {}
+    for a, b, mapped in edges:
+        for x, y in mapped:
+            if (a, x) in blocks:
+                met.setdefault((a, x), {a}).add(b)
+                met.setdefault((b, y), {b}).add(a)
+    return set().union(*(_all_pairs(models) for models in met.values()))
