@@ -1,6 +1,7 @@
 """Every table and view of the database (``/tables``) and each one whole as CSV or JSON
-(``/tables/NAME.csv``, ``/tables/NAME.json``), made on a download lane a few megabytes at a time
-(jobs.web.downloads): a download never holds a page thread, and a third one at once is asked to come back."""
+(``/tables/NAME.csv``, ``/tables/NAME.json``), made on a download lane a few megabytes at a time and sent from a spool
+file (jobs.web.downloads): a download holds a lane only while it is written, never while its client reads it, and a
+third one written at once is asked to come back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from contextlib import ExitStack
 
 from flask import Blueprint, Response, abort, render_template
 
-from jobs.web.bounds import download_gate
+from jobs.web.bounds import download_gate, spool
 from jobs.web.database import store
 from jobs.web.downloads import Download
 from scanner.store import queries
@@ -35,4 +36,4 @@ def download(name: str, fmt: str) -> Response:
         body = Download(downloads, lane, held, table_stream, fmt, seconds=math.inf)
     except KeyError:
         abort(404, description=f"No table {name!r} in this database (the tables page lists them).")
-    return body.response(f"{name}.{fmt}")
+    return body.response(f"{name}.{fmt}", spool())
