@@ -45,8 +45,9 @@ MESSAGE_BYTES = 16 << 20
 """The most Arrow bytes one message carries (and so the largest row an answer may have)."""
 HEADER = struct.Struct(">cQ")
 """A message: its kind and its length, then that many bytes."""
-BATCH, CUT, DONE, REFUSED = b"B", b"C", b"D", b"E"
-"""Rows (an Arrow IPC stream); the answer ends at the byte budget asked for; the answer ends; a one-line refusal."""
+BATCH, CUT, DONE, REFUSED, READY = b"B", b"C", b"D", b"E", b"R"
+"""Rows (an Arrow IPC stream); the answer ends at the byte budget asked for; the answer ends; a one-line refusal;
+the child has opened the database and waits for statements."""
 NICENESS = 10
 """How much lower the child's CPU priority is than the server's (the page threads')."""
 MEMORY_SHARE = 2
@@ -90,6 +91,7 @@ class StatementProcess:
         self.current: ProcessAnswer | None = None
         """The answer last asked for."""
         self.killed = False
+        self.ready = False
         self._start()
 
     def _start(self) -> None:
@@ -98,14 +100,21 @@ class StatementProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(self.db), str(self.data_mb), memory, self.engine.spill,
              str(self.folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-        self.killed = False
+        self.killed = self.ready = False
 
     def answer(self, sql: str, *, as_text: bool, limit: int | None, batch_rows: int,
                max_bytes: int | None = None) -> ProcessAnswer:
-        """Ask the child for ``sql``'s answer (its first ``limit`` rows, and no more than ``max_bytes`` of them);
-        nothing is read until the answer is iterated."""
+        """Ask the child for ``sql``'s answer (its first ``limit`` rows, and no more than ``max_bytes`` of them),
+        once it is ready (a child started after the last statement was stopped loads for a second or two: not the
+        statement's time); nothing more is read until the answer is iterated."""
         if self.killed or self.process.poll() is not None:
             self.restart()
+        if not self.ready:
+            kind, payload = self.read()
+            if kind != READY:
+                self.kill()
+                raise Refused(bytes(payload).decode() if kind == REFUSED else out_of_memory(self.data_mb))
+            self.ready = True
         request = json.dumps({"sql": sql, "as_text": as_text, "limit": limit, "batch_rows": batch_rows,
                               "max_bytes": max_bytes}) + "\n"
         data = memoryview(request.encode())
@@ -285,6 +294,7 @@ def main(db: str, data_mb: str, memory: str, spill: str, folder: str) -> None:
     except (StoreError, duckdb.Error) as exc:
         _send(out, REFUSED, refusal(exc, Path(folder)).encode())
         return
+    _send(out, READY)
     for line in sys.stdin.buffer:
         try:
             _answer(store, json.loads(line), out)

@@ -11,9 +11,9 @@ from contextlib import ExitStack, closing
 import polars as pl
 from flask import Blueprint, Response, abort, render_template, request
 
-from jobs.web.bounds import QueryStopped, gate, spool
+from jobs.web.bounds import Gate, QueryStopped, StatementLane, gate, spool
 from jobs.web.downloads import RENDERING_ERRORS, Download
-from jobs.web.statement_process import MESSAGE_BYTES, ProcessAnswer, Refused, StatementProcess
+from jobs.web.statement_process import MESSAGE_BYTES, ProcessAnswer, Refused
 
 blueprint = Blueprint("sql", __name__)
 ROWS_SHOWN = 500
@@ -44,7 +44,7 @@ def page() -> tuple[str, int]:
         sql_gate = gate()
         try:
             with sql_gate.lane() as lane:
-                columns, rows, cut = sql_gate.run(lane, lambda: answer(lane.process, sql), lane.process.kill)
+                columns, rows, cut = answer(sql_gate, lane, sql)
         except REFUSALS as exc:
             error, stopped = str(exc), isinstance(exc, QueryStopped)
     return render_template("sql.html", sql=sql, columns=columns, rows=rows[:ROWS_SHOWN], more=len(rows) > ROWS_SHOWN,
@@ -73,19 +73,20 @@ def download(fmt: str) -> Response:
         abort(400, description=str(exc))
 
 
-def answer(process: StatementProcess, sql: str) -> tuple[list[str], list[tuple], bool]:
+def answer(sql_gate: Gate, lane: StatementLane, sql: str) -> tuple[list[str], list[tuple], bool]:
     """The statement's columns and rows (the first `ROWS_SHOWN` and one more, within `PAGE_BYTES`), and whether the
     bytes cut them, as `hubtrace query` gets them: when some values polars cannot hold or turn into Python values (a
     date past year 9999), every column as DuckDB's text."""
     try:
-        return _answer(process, sql, as_text=False)
+        return _answer(sql_gate, lane, sql, as_text=False)
     except RENDERING_ERRORS:
-        return _answer(process, sql, as_text=True)
+        return _answer(sql_gate, lane, sql, as_text=True)
 
 
-def _answer(process: StatementProcess, sql: str, *, as_text: bool) -> tuple[list[str], list[tuple], bool]:
-    stream = process.answer(sql, as_text=as_text, limit=ROWS_SHOWN + 1, batch_rows=ROWS_SHOWN + 1,
-                            max_bytes=PAGE_BYTES)
+def _answer(sql_gate: Gate, lane: StatementLane, sql: str, *, as_text: bool) -> tuple[list[str], list[tuple], bool]:
+    """One try, read under the watchdog (the lane's process made ready before, outside its time)."""
+    stream = lane.run(lambda: lane.process.answer(sql, as_text=as_text, limit=ROWS_SHOWN + 1,
+                                                  batch_rows=ROWS_SHOWN + 1, max_bytes=PAGE_BYTES))
     with closing(stream):
-        frame = pl.concat(list(stream))
+        frame = pl.concat(sql_gate.run(lane, lambda: list(stream), stream.interrupt))
         return frame.columns, frame.rows(), stream.cut
