@@ -144,7 +144,8 @@ def test_unread_sql_downloads_hold_no_lane(db: Path, tmp_path: Path) -> None:
     connections."""
     with serving(db, tmp_path / "stderr.txt", "--write-seconds", "600") as server, ExitStack() as clients:
         alone = sockets(server.process.pid)
-        for _ in range(2):
+        for _ in range(2):  # one after the other: downloads keep a lane free for the page's statements
+            assert until(200, page_url(server.url, "/sql.csv", q="SELECT 1 AS free")) == 200
             clients.enter_context(unread(page_url(server.url, "/sql.csv", q="SELECT * FROM wide")))
         statement = page_url(server.url, "/sql", q="SELECT 42 AS answer")
         assert until(200, statement) == 200
@@ -216,6 +217,7 @@ def test_a_connection_is_closed_when_it_sends_no_request_or_takes_no_answer_not_
         assert answer.status == 200 and answer.read() and not answer.will_close  # kept alive for a next request
         leftover = page_url(server.url, "/sql.csv", q="SELECT i, pad FROM wide ORDER BY i LIMIT 2000")  # 2 MB
         with unread(leftover):
+            assert until(200, page_url(server.url, "/sql.csv", q="SELECT 1 AS written")) == 200  # its lane free again
             received = 0
             with urllib.request.urlopen(page_url(server.url, "/sql.csv", q="SELECT i, pad FROM wide ORDER BY i"),
                                         timeout=GUARD_S) as download:

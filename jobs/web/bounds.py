@@ -21,7 +21,6 @@ runs:
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 import time
@@ -112,30 +111,41 @@ AnyLane = Lane | StatementLane
 
 class Gate:
     """The lanes of one kind of slow work (SQL-box statements, or table downloads) and their watchdog, for one app.
-    ``busy``: what a request that finds every lane taken is told."""
+    ``busy``: what a request that finds every lane taken is told; ``downloads_at_most``: the lanes downloads may hold
+    at once (the SQL box keeps one for the statements of its page, which clients asking for downloads again and again
+    would otherwise take)."""
 
-    def __init__(self, limits: ServeLimits, lanes: list[AnyLane], busy: str) -> None:
+    def __init__(self, limits: ServeLimits, lanes: list[AnyLane], busy: str, downloads_at_most: int | None = None
+                 ) -> None:
         self.limits, self.busy = limits, busy
+        self.downloads_at_most = len(lanes) if downloads_at_most is None else downloads_at_most
         self._lanes = lanes
-        self._free: queue.SimpleQueue[AnyLane] = queue.SimpleQueue()
-        for lane in self._lanes:
-            self._free.put(lane)
+        self._free = list(lanes)
+        self._downloads = 0
+        """Lanes held by downloads now."""
+        self._lock = threading.Lock()
 
     @contextmanager
-    def lane(self) -> Iterator[AnyLane]:
-        """A free lane for the request's work; with none free, refuse at once (503) instead of queueing behind slow
-        work."""
-        try:
-            lane = self._free.get_nowait()
-        except queue.Empty:
-            abort(503, description=self.busy)
+    def lane(self, download: bool = False, busy: str | None = None) -> Iterator[AnyLane]:
+        """A free lane for the request's work; with none free, refuse at once (503, saying ``busy`` or the gate's own)
+        instead of queueing behind slow work. A ``download`` may take a lane only while downloads hold fewer than
+        `downloads_at_most`."""
+        with self._lock:
+            lane = None
+            if self._free and not (download and self._downloads >= self.downloads_at_most):
+                lane = self._free.pop()
+                self._downloads += download
+        if lane is None:
+            abort(503, description=busy or self.busy)
         try:
             yield lane
         finally:
             try:
                 lane.release()
             finally:
-                self._free.put(lane)
+                with self._lock:
+                    self._free.append(lane)
+                    self._downloads -= download
 
     def run(self, lane: AnyLane, work: Callable[[], T], interrupt: Callable[[], None],
             seconds: float | None = None) -> T:
@@ -192,7 +202,8 @@ def sql_and_download_gates(limits: ServeLimits, database: Database, pages: Pages
     return {
         SPOOL: Spool(limits.spool_bytes, folder / "spool"),
         SQL: Gate(limits, statements, f"The SQL box is answering {limits.sql_slots} other statements; try again in a "
-                  "moment (the other pages answer meanwhile)."),
+                  "moment (the other pages answer meanwhile).",
+                  downloads_at_most=max(1, limits.sql_slots - 1)),  # the last lane kept for the page's statements
         DOWNLOADS: Gate(limits, downloads, f"{limits.download_slots} table downloads are running; try again in a "
                         "moment (the other pages answer meanwhile)."),
     }

@@ -28,7 +28,7 @@ from werkzeug.wsgi import wrap_file
 
 from jobs.exports import FORMATS
 from jobs.web.bounds import AnyLane, Gate
-from jobs.web.spool import Spool, SpoolFull
+from jobs.web.spool import Spool, SpoolFull, SpoolReader
 from jobs.web.statement_process import ProcessAnswer
 from scanner.store.store import AnswerStream
 
@@ -53,7 +53,7 @@ class Download:
                  fmt: str, *, seconds: float | None = None, max_bytes: int | None = None) -> None:
         self.gate, self.lane, self._held, self._fmt = gate, lane, held, fmt
         self.max_bytes = max_bytes
-        self.seconds_left = gate.limits.query_seconds if seconds is None else seconds
+        self._seconds = gate.limits.query_seconds if seconds is None else seconds
         try:
             try:
                 self._first = self._start(stream_of, as_text=False)
@@ -65,6 +65,7 @@ class Download:
 
     def _start(self, stream_of: Callable[[bool], Answer], *, as_text: bool) -> list[bytes]:
         self.text, self.sent, self.cut = FORMATS[self._fmt](), 0, False
+        self.seconds_left = self._seconds  # a try as text is a statement of its own
         self.stream = self.lane.run(lambda: stream_of(as_text))
         self._frames = iter(self.stream)
         try:
@@ -105,15 +106,16 @@ class Download:
         with self.lane.pages.aside():
             return work()
 
-    def response(self, filename: str, spool: Spool, headers: dict[str, str] | None = None) -> Response:
+    def response(self, filename: str, spool: Spool, headers: dict[str, str] | None = None,
+                 keep: tuple[str, ...] | None = None) -> Response:
         """The download written whole to a spool file, its lane then free, and sent from the file by waitress's main
-        loop as the client takes it (jobs.web.spool), saved under ``filename`` (a name the app made). A statement
-        stopped midway raises here, before the response starts; a spool without room for it is a 503."""
+        loop as the client takes it (jobs.web.spool), saved under ``filename`` (a name the app made); kept in the
+        spool under ``keep`` for later downloads of the same. A statement stopped midway raises here, before the
+        response starts; a spool without room for it is a 503."""
         file = spool.file()
         try:
             for chunk in self.chunks():
                 file.write(chunk)
-            file.seek(0)
         except SpoolFull as exc:
             file.close()
             abort(503, description=str(exc))
@@ -124,9 +126,9 @@ class Download:
         except BaseException:
             file.close()
             raise
-        return Response(wrap_file(request.environ, file), mimetype=MIMETYPES[self._fmt], direct_passthrough=True,
-                        headers={"Content-Disposition": f'attachment; filename="{filename}"',
-                                 "Content-Length": str(file.size), **(headers or {})})
+        if keep is not None:
+            spool.keep(keep, file)
+        return spooled(file.reader(), self._fmt, filename, headers)
 
     def chunks(self) -> Iterator[bytes]:
         """The whole download; the cursor and the lane released however it ends."""
@@ -142,3 +144,10 @@ class Download:
         finally:
             self.stream.close()
             self._held.close()
+
+
+def spooled(reader: SpoolReader, fmt: str, filename: str, headers: dict[str, str] | None = None) -> Response:
+    """A download written before, sent from its spool file by waitress's main loop, saved under ``filename``."""
+    return Response(wrap_file(request.environ, reader), mimetype=MIMETYPES[fmt], direct_passthrough=True,
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"',
+                             "Content-Length": str(reader.size), **(headers or {})})

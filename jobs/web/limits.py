@@ -25,6 +25,6 @@ class ServeLimits:
     """The memory (the system's data limit) of each SQL lane's process, jobs.web.statement_process."""
     spool_bytes: int = 4 << 30
     """Bytes of downloads written and waiting for their clients, all together (jobs.web.spool)."""
-    min_rate: int = 64 << 10
+    min_rate: int = 16 << 10
     """Bytes a second a client must take of a finished answer, on average, once it has had `write_seconds`."""
     engine: EngineLimits = field(default_factory=EngineLimits)

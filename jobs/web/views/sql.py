@@ -31,6 +31,8 @@ EXAMPLES = (
     ("Discrepancies by kind", "SELECT kind, count(*) AS n FROM discrepancies GROUP BY kind ORDER BY n DESC"),
     ("Licences in the database", "SELECT license, count(*) AS n FROM current_models GROUP BY license ORDER BY n DESC"),
 )
+DOWNLOADS_BUSY = ("The SQL box's downloads are using every lane left to them (one is kept for the statements of "
+                  "this page); try again in a moment.")
 REFUSALS = (Refused, QueryStopped)
 """What a statement may end in that the page states as its answer: refused, failed in DuckDB, too large, or
 stopped."""
@@ -60,8 +62,8 @@ def download(fmt: str) -> Response:
     sql = request.args.get("q", "")
     sql_gate = gate()
     limits = sql_gate.limits
-    held = ExitStack()
-    lane = held.enter_context(sql_gate.lane())
+    held = ExitStack()  # the last lane is kept for the statements of the page, however many downloads are asked for
+    lane = held.enter_context(sql_gate.lane(download=True, busy=DOWNLOADS_BUSY))
     def answer_stream(as_text: bool) -> ProcessAnswer:
         return lane.process.answer(sql, as_text=as_text, limit=limits.download_rows, batch_rows=EXPORT_ROWS)
 
