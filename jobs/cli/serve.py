@@ -5,6 +5,7 @@ scan cannot start until the app stops."""
 from __future__ import annotations
 
 import ipaddress
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -116,6 +117,7 @@ def serve_command(
     for address, bound in listening:
         shown = f"[{address}]" if ":" in address else address
         typer.echo(terminal(f"hubtrace serve: http://{shown}:{bound}/ (read-only view of {db}; Ctrl-C stops)"))
+    signal.signal(signal.SIGTERM, _stop)  # stopped as by Ctrl-C: the lanes' processes and private folders go too
     try:
         server.run()
     except KeyboardInterrupt:
@@ -125,6 +127,10 @@ def serve_command(
         for gate in (SQL, DOWNLOADS):
             app.extensions[gate].close()
         app.extensions[EXTENSION].close()
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _loopback(host: str) -> bool:
