@@ -88,6 +88,49 @@ def unread(url: str) -> Iterator[socket.socket]:
         yield client
 
 
+class SlowReader:
+    """A client that asks for ``url`` from ``source`` and then takes ``per_second`` bytes a second (a 4 KB receive
+    window), on a thread of its own while the block runs. ``status``: its answer's status line; ``received``: the
+    bytes taken; ``closed_by_server``: whether the server ended the connection before the answer was whole."""
+
+    def __init__(self, url: str, source: str = "127.0.0.1", per_second: int = 1024) -> None:
+        self.url, self.source, self.per_second = urllib.parse.urlsplit(url), source, per_second
+        self.status = ""
+        self.received = 0
+        self.closed_by_server = False
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read)
+
+    def __enter__(self) -> SlowReader:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _read(self) -> None:
+        with socket.socket() as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+            client.settimeout(120)
+            client.bind((self.source, 0))
+            client.connect((self.url.hostname, self.url.port))
+            client.sendall(f"GET {self.url.path}?{self.url.query} HTTP/1.1\r\nHost: {self.url.netloc}\r\n\r\n"
+                           .encode())
+            while not self.stop.is_set():
+                try:
+                    chunk = client.recv(self.per_second)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self.closed_by_server = True
+                    return
+                if not self.status:
+                    self.status = chunk.split(b"\r\n", 1)[0].decode(errors="replace")
+                self.received += len(chunk)
+                self.stop.wait(1.0)
+
+
 class Hog:
     """One visitor (one source address, ``source``) holding ``idle`` connections that send nothing and ``trickling``
     ones that send a request's header a byte every ``every`` seconds without ever finishing it (slowloris), kept by a

@@ -5,6 +5,7 @@ scan cannot start until the app stops."""
 from __future__ import annotations
 
 import ipaddress
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -43,6 +44,13 @@ def serve_command(
     write_seconds: Annotated[float, typer.Option(
         "--write-seconds", min=1, help="Seconds a response waits for a client that takes none of it; then the "
                                        "connection is closed.")] = ServeLimits.write_seconds,
+    min_rate_kb: Annotated[int, typer.Option(
+        "--min-rate-kb", min=0, help="KiB a second a client must take of an answer, on average, once it has had "
+                                     "--write-seconds; a slower one is cut off.")] = ServeLimits.min_rate >> 10,
+    spool_mb: Annotated[int, typer.Option(
+        "--spool-mb", min=1, help="MiB of temporary disk the downloads written and waiting for their readers may "
+                                  "hold together; a download that would pass it is asked to come back later.")
+    ] = ServeLimits.spool_bytes >> 20,
     request_seconds: Annotated[float, typer.Option(
         "--request-seconds", min=0.5, help="Seconds a client may take to send a whole request, from when its "
                                            "connection opens or its last answer was sent; then the connection is "
@@ -58,8 +66,14 @@ def serve_command(
                                                  "proxy's address: raise it to --connections and let the proxy "
                                                  "bound its clients.")] = ServeLimits.connections_per_address,
     memory_limit: Annotated[str, typer.Option(
-        "--memory-limit", help="Memory DuckDB may use for all requests together (e.g. 1GB, 500MB).")
+        "--memory-limit", help="Memory DuckDB may use for the pages and table downloads together, and for each SQL-box "
+                               "statement (e.g. 1GB, 500MB; a statement's DuckDB gets at most half of "
+                               "--statement-mb).")
     ] = EngineLimits.memory,
+    statement_mb: Annotated[int, typer.Option(
+        "--statement-mb", min=512, help="MB of memory each SQL-box statement's process may hold, whatever the "
+                                        "statement builds; a statement that needs more is refused.")
+    ] = ServeLimits.statement_mb,
     threads: Annotated[int, typer.Option(
         "--threads", min=1, help="Threads DuckDB may use for all requests together.")] = EngineLimits.threads,
     spill: Annotated[str, typer.Option(
@@ -76,9 +90,12 @@ def serve_command(
     from jobs.web.database import EXTENSION
 
     local = _loopback(host)
-    limits = ServeLimits(query_seconds, download_rows, download_mb << 20, sql_slots, download_slots, write_seconds,
-                         request_seconds, connections, connections_per_address,
-                         EngineLimits(memory_limit, threads, spill))
+    limits = ServeLimits(query_seconds=query_seconds, download_rows=download_rows, download_bytes=download_mb << 20,
+                         sql_slots=sql_slots, download_slots=download_slots, write_seconds=write_seconds,
+                         request_seconds=request_seconds, connections=connections,
+                         connections_per_address=connections_per_address, statement_mb=statement_mb,
+                         spool_bytes=spool_mb << 20, min_rate=min_rate_kb << 10,
+                         engine=EngineLimits(memory_limit, threads, spill))
     # a missing, locked, outdated or newer database, or a limit DuckDB cannot read: a StoreError, one line
     app = create_app(db, host_names=LOCAL_NAMES | {host} if local else None, limits=limits)
     try:
@@ -89,7 +106,7 @@ def serve_command(
                                asyncore_use_poll=True)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    admission = Admission(bounded_channel(request_seconds, write_seconds), connections_per_address)
+    admission = Admission(bounded_channel(request_seconds, write_seconds, limits.min_rate), connections_per_address)
     for listener in server.map.values() if isinstance(server, MultiSocketServer) else [server]:  # one per address
         if isinstance(listener, BaseWSGIServer):
             listener.channel_class = admission
@@ -100,6 +117,7 @@ def serve_command(
     for address, bound in listening:
         shown = f"[{address}]" if ":" in address else address
         typer.echo(terminal(f"hubtrace serve: http://{shown}:{bound}/ (read-only view of {db}; Ctrl-C stops)"))
+    signal.signal(signal.SIGTERM, _stop)  # stopped as by Ctrl-C: the lanes' processes and private folders go too
     try:
         server.run()
     except KeyboardInterrupt:
@@ -109,6 +127,10 @@ def serve_command(
         for gate in (SQL, DOWNLOADS):
             app.extensions[gate].close()
         app.extensions[EXTENSION].close()
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _loopback(host: str) -> bool:

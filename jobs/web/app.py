@@ -4,6 +4,9 @@ stylesheet (no script, no frame, no other site). Served by waitress (jobs/cli/se
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +52,7 @@ def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES,
     app.before_request(_not_from_another_site)
     database = app.extensions[EXTENSION] = Database(Path(db), limits.engine)
     pages = app.extensions[PAGES] = PagesFirst()
-    app.extensions.update(bounds.sql_and_download_gates(limits, database, pages))
+    app.extensions.update(bounds.sql_and_download_gates(limits, database, pages, _private_folder()))
     app.jinja_env.filters.update(text.FILTERS)
     app.jinja_env.globals["database_name"] = Path(db).name
     for view in (home, discrepancies, search, model, pair, family, sql, tables):
@@ -58,6 +61,13 @@ def create_app(db: Path, *, host_names: Collection[str] | None = LOCAL_NAMES,
     app.register_error_handler(HTTPException, _error_page)
     app.wsgi_app = _guarded(app.wsgi_app, pages)
     return app
+
+
+def _private_folder() -> Path:
+    """A folder of the server's own, removed when it exits: where the SQL lanes' processes spill."""
+    folder = Path(tempfile.mkdtemp(prefix="hubtrace-serve-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 class _Panicked(RuntimeError):
@@ -85,7 +95,11 @@ def _guarded(wsgi_app: Callable[..., Iterable[bytes]], pages: PagesFirst) -> Cal
     counted as making a page while the response is made (not while a download streams: jobs.web.priority)."""
     def guarded(environ: dict, start_response: Callable) -> Iterable[bytes]:
         with _panics_as_errors(), pages.page():
-            return _GuardedBody(wsgi_app(environ, start_response))
+            body = wsgi_app(environ, start_response)
+        file_wrapper = environ.get("wsgi.file_wrapper")
+        if file_wrapper is not None and isinstance(body, file_wrapper):
+            return body  # a spooled download: waitress sends the file itself, without a thread (jobs.web.spool)
+        return _GuardedBody(body)
     return guarded
 
 

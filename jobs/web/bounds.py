@@ -4,29 +4,30 @@ Without bounds, four requests of one slow statement froze every page a minute af
 one grew the server past 6 GB; eight table downloads whose clients never read held every page thread. So slow work
 runs:
 
-* in one of a few lanes, each a thread of its own with its own reader, at a lower CPU priority than the threads that
-  answer pages (on Linux; a download's writing gives way to them for the interpreter: jobs.web.priority): the SQL box
-  has its lanes (`ServeLimits.sql_slots`), the table downloads theirs (`ServeLimits.download_slots`); a request that
-  finds every lane of its kind taken is told to come back (503), and the server has a thread for each lane beside the
-  page threads, so pages keep answering whatever the lanes do;
+* in one of a few lanes, at a lower CPU priority than the threads that answer pages (on Linux; a download's writing
+  gives way to them for the interpreter: jobs.web.priority): the SQL box has its lanes (`ServeLimits.sql_slots`),
+  each a process of its own of bounded memory (`StatementLane`, jobs.web.statement_process: DuckDB builds rows
+  outside its memory limit), the table downloads theirs (`ServeLimits.download_slots`), each a thread with its own
+  reader (`Lane`); a request that finds every lane of its kind taken is told to come back (503), and the server has a
+  thread for each lane beside the page threads, so pages keep answering whatever the lanes do;
 * for at most `ServeLimits.query_seconds` of DuckDB's time (a SQL-box statement), and only while its client is
-  there: a watchdog thread interrupts the statement (DuckDB's ``interrupt()``) when the time is up or waitress says
-  the client went away;
+  there: a watchdog thread stops the statement (DuckDB's ``interrupt()``, or the lane's process killed) when the time
+  is up or waitress says the client went away;
 * on an engine of bounded memory, threads and spill space (`EngineLimits`, set when the database opens);
-* and a download streams a few megabytes at a time (jobs.web.downloads), to a client that must keep reading
-  (jobs.web.channel).
+* and a download is written a few megabytes at a time to a spool file, its lane then free, and sent from the file
+  (jobs.web.downloads, jobs.web.spool) to a client that must keep reading (jobs.web.channel).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from flask import abort, current_app, request
@@ -34,12 +35,16 @@ from flask import abort, current_app, request
 from jobs.web.database import Database
 from jobs.web.limits import ServeLimits
 from jobs.web.priority import PagesFirst
+from jobs.web.spool import Spool
+from jobs.web.statement_process import StatementProcess
 from scanner.store import Store
 
 SQL = "hubtrace_sql_lanes"
 """The key of the app's SQL-box `Gate` in ``app.extensions``."""
 DOWNLOADS = "hubtrace_download_lanes"
 """The key of the app's table-download `Gate` in ``app.extensions``."""
+SPOOL = "hubtrace_spool"
+"""The key of the app's `Spool` in ``app.extensions``."""
 POLL_S = 0.05
 """How often the watchdog looks at the clock and the client."""
 LANE_NICENESS = 10
@@ -68,8 +73,29 @@ class Lane:
         with self.pages.aside():
             return self._thread.submit(work).result()
 
+    def release(self) -> None:
+        """After a request's work (nothing to settle: a cursor closes with its answer)."""
+
     def close(self) -> None:
         self._thread.shutdown()
+
+
+class StatementLane:
+    """A lane of the SQL box: its statements run in a child process bounded in memory (jobs.web.statement_process),
+    at a lower CPU priority; the request's own thread reads the answer from it, making no page meanwhile."""
+
+    def __init__(self, process: StatementProcess, pages: PagesFirst) -> None:
+        self.process, self.pages = process, pages
+
+    def run(self, work: Callable[[], T]) -> T:
+        with self.pages.aside():
+            return work()
+
+    def release(self) -> None:
+        self.process.settle()
+
+    def close(self) -> None:
+        self.process.close()
 
 
 def _lower_priority() -> None:
@@ -80,32 +106,48 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + LANE_NICENESS))
 
 
+AnyLane = Lane | StatementLane
+
+
 class Gate:
     """The lanes of one kind of slow work (SQL-box statements, or table downloads) and their watchdog, for one app.
-    ``busy``: what a request that finds every lane taken is told."""
+    ``busy``: what a request that finds every lane taken is told; ``downloads_at_most``: the lanes downloads may hold
+    at once (the SQL box keeps one for the statements of its page, which clients asking for downloads again and again
+    would otherwise take)."""
 
-    def __init__(self, limits: ServeLimits, database: Database, slots: int, busy: str, name: str,
-                 pages: PagesFirst) -> None:
+    def __init__(self, limits: ServeLimits, lanes: list[AnyLane], busy: str, downloads_at_most: int | None = None
+                 ) -> None:
         self.limits, self.busy = limits, busy
-        self._lanes = [Lane(database, f"{name}-{number}", pages) for number in range(slots)]
-        self._free: queue.SimpleQueue[Lane] = queue.SimpleQueue()
-        for lane in self._lanes:
-            self._free.put(lane)
+        self.downloads_at_most = len(lanes) if downloads_at_most is None else downloads_at_most
+        self._lanes = lanes
+        self._free = list(lanes)
+        self._downloads = 0
+        """Lanes held by downloads now."""
+        self._lock = threading.Lock()
 
     @contextmanager
-    def lane(self) -> Iterator[Lane]:
-        """A free lane for the request's work; with none free, refuse at once (503) instead of queueing behind slow
-        work."""
-        try:
-            lane = self._free.get_nowait()
-        except queue.Empty:
-            abort(503, description=self.busy)
+    def lane(self, download: bool = False, busy: str | None = None) -> Iterator[AnyLane]:
+        """A free lane for the request's work; with none free, refuse at once (503, saying ``busy`` or the gate's own)
+        instead of queueing behind slow work. A ``download`` may take a lane only while downloads hold fewer than
+        `downloads_at_most`."""
+        with self._lock:
+            lane = None
+            if self._free and not (download and self._downloads >= self.downloads_at_most):
+                lane = self._free.pop()
+                self._downloads += download
+        if lane is None:
+            abort(503, description=busy or self.busy)
         try:
             yield lane
         finally:
-            self._free.put(lane)
+            try:
+                lane.release()
+            finally:
+                with self._lock:
+                    self._free.append(lane)
+                    self._downloads -= download
 
-    def run(self, lane: Lane, work: Callable[[], T], interrupt: Callable[[], None],
+    def run(self, lane: AnyLane, work: Callable[[], T], interrupt: Callable[[], None],
             seconds: float | None = None) -> T:
         """``work()`` on the lane under the watchdog: ``interrupt()`` when ``seconds`` (default: the query limit;
         infinity: none) are up or the client went away, and `QueryStopped` saying which instead of DuckDB's
@@ -147,14 +189,29 @@ class Gate:
             lane.close()
 
 
-def sql_and_download_gates(limits: ServeLimits, database: Database, pages: PagesFirst) -> dict[str, Gate]:
-    """The app's two gates, by their ``app.extensions`` keys, their lanes giving way to ``pages``."""
+def sql_and_download_gates(limits: ServeLimits, database: Database, pages: PagesFirst,
+                           folder: Path) -> dict[str, Gate | Spool]:
+    """The app's two gates and the downloads' spool, by their ``app.extensions`` keys, the lanes giving way to
+    ``pages``; the SQL lanes' processes spill, and the spool keeps its files, in ``folder`` (a private folder of the
+    server's)."""
+    statements: list[AnyLane] = [
+        StatementLane(StatementProcess(database.path, limits.engine, limits.statement_mb, folder / f"sql-{number}"),
+                      pages) for number in range(limits.sql_slots)]
+    downloads: list[AnyLane] = [Lane(database, f"download-{number}", pages) for number in range(limits.download_slots)]
+    (folder / "spool").mkdir()
     return {
-        SQL: Gate(limits, database, limits.sql_slots, f"The SQL box is answering {limits.sql_slots} other statements; "
-                  "try again in a moment (the other pages answer meanwhile).", "sql", pages),
-        DOWNLOADS: Gate(limits, database, limits.download_slots, f"{limits.download_slots} table downloads are "
-                        "running; try again in a moment (the other pages answer meanwhile).", "download", pages),
+        SPOOL: Spool(limits.spool_bytes, folder / "spool"),
+        SQL: Gate(limits, statements, f"The SQL box is answering {limits.sql_slots} other statements; try again in a "
+                  "moment (the other pages answer meanwhile).",
+                  downloads_at_most=max(1, limits.sql_slots - 1)),  # the last lane kept for the page's statements
+        DOWNLOADS: Gate(limits, downloads, f"{limits.download_slots} table downloads are running; try again in a "
+                        "moment (the other pages answer meanwhile)."),
     }
+
+
+def spool() -> Spool:
+    """The app's spool of downloads waiting for their clients (inside a request)."""
+    return current_app.extensions[SPOOL]
 
 
 def gate() -> Gate:

@@ -14,7 +14,11 @@ byte every few seconds (never idle in that sense), held every other visitor out.
   nothing once held every page thread. Here that wait ends: the main loop closes the connection (its socket and
   buffers go at once, however full), and the writer stops as for a client that left (waitress's
   ClientDisconnected), so the app's streaming code releases its lane. An answer the app has finished that still
-  waits in the buffer for a client that takes none of it for ``write_seconds`` is closed the same way;
+  waits in the buffer (a spooled download: jobs.web.spool) for a client that takes none of it for ``write_seconds``
+  is closed the same way, and so is one whose client, once it has had ``write_seconds``, has taken less than
+  ``min_rate`` bytes a second on average since the answer was finished (a client reading a 1 GB answer at 1 KB/s
+  would otherwise hold its spool file for twelve days). Such a connection is reset, not closed: the system would
+  otherwise go on sending the client what it holds for it (a few megabytes), however slowly it reads;
 * a connection from an address that already holds ``per_address`` connections is refused as it is accepted
   (`Admission`), so one visitor holds at most its share of ``connection_limit``;
 * a connection accepted into a full server takes the place of the one that has waited longest for a request (kept
@@ -24,7 +28,8 @@ byte every few seconds (never idle in that sense), held every other visitor out.
   answered, or with an answer still to send, is never closed to make room; when every one has, the server is full
   and new connections wait in the kernel's queue as before.
 
-An answer whose client keeps taking it, however slowly, is never cut by these bounds.
+An answer the app is still writing, whose client keeps taking it, however slowly, is never cut by these bounds (the
+app's downloads are finished before they are sent; the minimum rate bounds those).
 
 This reaches into waitress 3's `HTTPChannel` (its wait for the buffer to drain, the readiness checks its main loop
 makes of every connection on every turn, at least once a second, its queue of requests and of unsent bytes) and its
@@ -34,6 +39,7 @@ holds ``connection_limit`` entries; tests/test_serve_bounds.py holds it to the b
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import sys
@@ -57,6 +63,10 @@ class BoundedChannel(HTTPChannel):
 
     request_seconds: float = 5.0
     write_seconds: float = 30.0
+    min_rate: float = 0.0
+    """Bytes a second the client must take of a finished answer, on average, once it has had `write_seconds`."""
+    taken: int = 0
+    """Bytes the client took since its answer was finished (or its connection opened)."""
     last_taken: float = 0.0
     """When the client last took bytes (waitress's own last_activity counts bytes it sent us too)."""
     stalled: bool = False
@@ -73,9 +83,11 @@ class BoundedChannel(HTTPChannel):
         self.waiting_since = self.answered = self.creation_time
 
     def _flush_some(self, do_close: bool = True) -> bool:
+        waiting = self.total_outbufs_len
         sent = super()._flush_some(do_close=do_close)
         if sent:
             self.last_taken = time.time()
+            self.taken += max(waiting - self.total_outbufs_len, 0)
         return sent
 
     def _flush_outbufs_below_high_watermark(self) -> None:
@@ -99,6 +111,9 @@ class BoundedChannel(HTTPChannel):
         client reads nothing is never ready for writing, and one that trickles a request is always ready for
         reading, so neither would come to waitress's own checks in time.)"""
         if self.connected and self._overdue(time.time()):
+            if self.stalled:  # the client takes too little: what the system still holds for it goes too (a reset)
+                with contextlib.suppress(OSError):
+                    self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.handle_close()
         return self.connected and super().readable()
 
@@ -117,18 +132,22 @@ class BoundedChannel(HTTPChannel):
             return True
         if self.requests:  # being answered: its writer keeps the time of what the client takes
             self.waiting_since = self.answered = now
+            self.taken = 0
             return False
-        if self.total_outbufs_len:  # the rest of a finished answer waits for the client
+        if self.total_outbufs_len:  # the rest of a finished answer (a spooled download) waits for the client
             self.waiting_since = now
-            return now - max(self.answered, self.last_taken) >= self.write_seconds
+            had = now - self.answered
+            self.stalled = (now - max(self.answered, self.last_taken) >= self.write_seconds
+                            or (had >= self.write_seconds and self.taken < self.min_rate * had))
+            return self.stalled
         return now - self.waiting_since >= self.request_seconds
 
 
-def bounded_channel(request_seconds: float, write_seconds: float) -> type[BoundedChannel]:
-    """The channel class of a server whose clients have ``request_seconds`` to send a request and ``write_seconds``
-    to take bytes of an answer."""
+def bounded_channel(request_seconds: float, write_seconds: float, min_rate: float = 0.0) -> type[BoundedChannel]:
+    """The channel class of a server whose clients have ``request_seconds`` to send a request, ``write_seconds`` to
+    take bytes of an answer, and must then take a finished answer at ``min_rate`` bytes a second on average."""
     return type("BoundedChannel", (BoundedChannel,), {"request_seconds": request_seconds,
-                                                      "write_seconds": write_seconds})
+                                                      "write_seconds": write_seconds, "min_rate": min_rate})
 
 
 @dataclass

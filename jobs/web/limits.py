@@ -21,4 +21,10 @@ class ServeLimits:
     request_seconds: float = 5.0
     connections: int = 256
     connections_per_address: int = 16
+    statement_mb: int = 1024
+    """The memory (the system's data limit) of each SQL lane's process, jobs.web.statement_process."""
+    spool_bytes: int = 4 << 30
+    """Bytes of downloads written and waiting for their clients, all together (jobs.web.spool)."""
+    min_rate: int = 16 << 10
+    """Bytes a second a client must take of a finished answer, on average, once it has had `write_seconds`."""
     engine: EngineLimits = field(default_factory=EngineLimits)

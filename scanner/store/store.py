@@ -175,26 +175,38 @@ class AnswerStream:
                  batch_rows: int, batch_bytes: int) -> None:
         self._cursor, self._sql, self._every_column, self._limit = cursor, sql, every_column, limit
         self._batch_rows, self._batch_bytes = batch_rows, batch_bytes
+        self._schema: pa.Schema | None = None
+        """The answer's columns, once DuckDB has begun it (None for a statement that returns nothing)."""
 
     def __iter__(self) -> Iterator[pl.DataFrame]:
+        pending: list[pa.RecordBatch] = []
+        rows = size = 0
+        for batch in self.arrow_batches():
+            pending.append(batch)
+            rows, size = rows + batch.num_rows, size + batch.nbytes
+            if rows >= self._batch_rows or size >= self._batch_bytes:
+                yield pl.from_arrow(pa.Table.from_batches(pending))
+                pending, rows, size = [], 0, 0
+        if pending:
+            yield pl.from_arrow(pa.Table.from_batches(pending))
+        elif self._schema is None:
+            yield pl.DataFrame()
+
+    def arrow_batches(self) -> Iterator[pa.RecordBatch]:
+        """The answer as DuckDB hands it over, `ARROW_ROWS` rows (or ``batch_rows``, if fewer) at a time: at least
+        one batch, empty for an empty answer, unless the statement returns nothing at all."""
         try:
             relation = _text_relation(self._cursor, self._sql, self._every_column, self._limit)
             if relation is None:
-                yield pl.DataFrame()
                 return
             reader = relation.to_arrow_reader(min(ARROW_ROWS, self._batch_rows))
-            pending: list[pa.RecordBatch] = []
-            rows = size = 0
+            self._schema = reader.schema
             empty = True
             for batch in reader:
-                pending.append(batch)
-                rows, size = rows + batch.num_rows, size + batch.nbytes
-                if rows >= self._batch_rows or size >= self._batch_bytes:
-                    empty = False
-                    yield pl.from_arrow(pa.Table.from_batches(pending))
-                    pending, rows, size = [], 0, 0
-            if pending or empty:
-                yield pl.from_arrow(pa.Table.from_batches(pending, schema=reader.schema))
+                empty = False
+                yield batch
+            if empty:
+                yield pa.RecordBatch.from_pylist([], schema=reader.schema)
         finally:
             self._cursor.close()
 

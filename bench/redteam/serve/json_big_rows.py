@@ -7,7 +7,7 @@ import time
 sys.path.insert(0, "bench/redteam/serve")
 from redteam_serve import Server, rss_mb
 
-s = Server("/tmp/s5c44.duckdb", [])
+s = Server(sys.argv[1] if len(sys.argv) > 1 else "/tmp/s5c44.duckdb", [])
 peak=[0]; stop=threading.Event()
 def samp():
     while not stop.is_set():

@@ -29,13 +29,17 @@ GUARD_MB = 4000  # the server is killed past this RSS (the machine is shared); t
 
 
 def rss_mb(pid: int) -> float:
+    """The resident memory of the server and of its children (the SQL lanes' processes, where there are any)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        own = next(int(line.split()[1]) / 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return float("nan")
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
-        pass
-    return float("nan")
+        children = []
+    return own + sum(m for m in (rss_mb(c) for c in children) if m == m)
 
 
 class Server:

@@ -1,25 +1,26 @@
 """The SQL box (``/sql?q=STATEMENT``, and ``/sql.csv`` / ``/sql.json`` for the answer): one statement through
-`queries.read_only_query`, the sealed path `hubtrace query` takes: DuckDB's parser admits only a statement that
+`queries.read_only_stream`, the sealed path `hubtrace query` takes: DuckDB's parser admits only a statement that
 reads and calls no function that acts, on a connection that reaches no file but the database, and every statement
-runs within the bounds of jobs.web.bounds (a slot, a time limit, its client still there, a row cap on downloads)."""
+runs within the bounds of jobs.web.bounds (a lane's process of bounded memory, a time limit, its client still there,
+row and byte caps)."""
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 
-import duckdb
+import polars as pl
 from flask import Blueprint, Response, abort, render_template, request
 
-from jobs.web.bounds import QueryStopped, gate
+from jobs.web.bounds import Gate, QueryStopped, StatementLane, gate, spool
 from jobs.web.downloads import RENDERING_ERRORS, Download
-from scanner.errors import without_sql_excerpt
-from scanner.store import Store, StoreError, queries
-from scanner.store.store import AnswerStream, private_folders_hidden
+from jobs.web.statement_process import MESSAGE_BYTES, ProcessAnswer, Refused
 
 blueprint = Blueprint("sql", __name__)
 ROWS_SHOWN = 500
 """Rows of an answer shown on the page (it reads one more, to say whether there are more); the downloads carry up
 to the app's row cap."""
+PAGE_BYTES = MESSAGE_BYTES
+"""The most bytes of an answer (as Arrow holds them) the page reads: its rows end before the one that passes them."""
 EXPORT_ROWS = 10_000
 """Rows a download reads and sends at a time."""
 EXAMPLES = (
@@ -30,61 +31,64 @@ EXAMPLES = (
     ("Discrepancies by kind", "SELECT kind, count(*) AS n FROM discrepancies GROUP BY kind ORDER BY n DESC"),
     ("Licences in the database", "SELECT license, count(*) AS n FROM current_models GROUP BY license ORDER BY n DESC"),
 )
-REFUSALS = (StoreError, duckdb.Error, QueryStopped)
-"""What a statement may end in that the page states as its answer: refused, failed in DuckDB, or stopped."""
+DOWNLOADS_BUSY = ("The SQL box's downloads are using every lane left to them (one is kept for the statements of "
+                  "this page); try again in a moment.")
+REFUSALS = (Refused, QueryStopped)
+"""What a statement may end in that the page states as its answer: refused, failed in DuckDB, too large, or
+stopped."""
 
 
 @blueprint.get("/sql")
 def page() -> tuple[str, int]:
     sql = request.args.get("q", "")
-    columns, rows, error, stopped = None, [], None, False
+    columns, rows, cut, error, stopped = None, [], False, None, False
     if sql.strip():
         sql_gate = gate()
         try:
             with sql_gate.lane() as lane:
-                columns, rows = sql_gate.run(lane, lambda: answer(lane.store, sql, limit=ROWS_SHOWN + 1),
-                                             lane.store.connection.interrupt)
+                columns, rows, cut = answer(sql_gate, lane, sql)
         except REFUSALS as exc:
-            error, stopped = message(exc), isinstance(exc, QueryStopped)
+            error, stopped = str(exc), isinstance(exc, QueryStopped)
     return render_template("sql.html", sql=sql, columns=columns, rows=rows[:ROWS_SHOWN], more=len(rows) > ROWS_SHOWN,
-                           error=error, stopped=stopped, examples=EXAMPLES, rows_shown=ROWS_SHOWN,
-                           limits=gate().limits), 400 if error else 200
+                           cut=cut, error=error, stopped=stopped, examples=EXAMPLES, rows_shown=ROWS_SHOWN,
+                           page_mb=PAGE_BYTES >> 20, limits=gate().limits), 400 if error else 200
 
 
 @blueprint.get("/sql.<any(csv, json):fmt>")
 def download(fmt: str) -> Response:
-    """The answer, up to the row and byte caps, streamed: one slot held and the time limit counted while DuckDB works
-    on a batch (not while the client reads it), and the statement interrupted if the client goes away."""
+    """The answer, up to the row and byte caps, written to a spool file and sent from there: a lane held and the time
+    limit counted while DuckDB works on a batch, the lane free before the client reads a byte, and the statement
+    stopped if the client goes away meanwhile."""
     sql = request.args.get("q", "")
     sql_gate = gate()
     limits = sql_gate.limits
-    held = ExitStack()
-    lane = held.enter_context(sql_gate.lane())
-    def answer_stream(as_text: bool) -> AnswerStream:
-        return queries.read_only_stream(lane.store, sql, as_text=as_text, limit=limits.download_rows,
-                                        batch_rows=EXPORT_ROWS)
+    held = ExitStack()  # the last lane is kept for the statements of the page, however many downloads are asked for
+    lane = held.enter_context(sql_gate.lane(download=True, busy=DOWNLOADS_BUSY))
+    def answer_stream(as_text: bool) -> ProcessAnswer:
+        return lane.process.answer(sql, as_text=as_text, limit=limits.download_rows, batch_rows=EXPORT_ROWS)
 
     try:
         body = Download(sql_gate, lane, held, answer_stream, fmt, max_bytes=limits.download_bytes)
+        return body.response(f"query.{fmt}", spool(), {"X-Hubtrace-Row-Cap": str(limits.download_rows),
+                                                       "X-Hubtrace-Byte-Cap": str(limits.download_bytes)})
     except REFUSALS as exc:
-        abort(400, description=message(exc))
-    return body.response(f"query.{fmt}", {"X-Hubtrace-Row-Cap": str(limits.download_rows),
-                                          "X-Hubtrace-Byte-Cap": str(limits.download_bytes)})
+        abort(400, description=str(exc))
 
 
-def answer(reader: Store, sql: str, limit: int | None = None) -> tuple[list[str], list[tuple]]:
-    """The statement's columns and rows (its first ``limit``), as `hubtrace query` gets them: when some values
-    polars cannot hold or turn into Python values (a date past year 9999), every column as DuckDB's text."""
+def answer(sql_gate: Gate, lane: StatementLane, sql: str) -> tuple[list[str], list[tuple], bool]:
+    """The statement's columns and rows (the first `ROWS_SHOWN` and one more, within `PAGE_BYTES`), and whether the
+    bytes cut them, as `hubtrace query` gets them: when some values polars cannot hold or turn into Python values (a
+    date past year 9999), every column as DuckDB's text."""
     try:
-        frame = queries.read_only_query(reader, sql, limit=limit)
-        return frame.columns, frame.rows()
+        return _answer(sql_gate, lane, sql, as_text=False)
     except RENDERING_ERRORS:
-        frame = queries.read_only_query(reader, sql, as_text=True, limit=limit)
-        return frame.columns, frame.rows()
+        return _answer(sql_gate, lane, sql, as_text=True)
 
 
-def message(error: Exception) -> str:
-    """The refusal on one line, without DuckDB's ``LINE 1: ... ^`` excerpt, and without the server's own folders (its
-    home directory, DuckDB's temporary folder), which DuckDB names in some errors (``duckdb_extensions()``)."""
-    text = without_sql_excerpt(error)
-    return private_folders_hidden(text if isinstance(error, StoreError | QueryStopped) else f"SQL: {text}")
+def _answer(sql_gate: Gate, lane: StatementLane, sql: str, *, as_text: bool) -> tuple[list[str], list[tuple], bool]:
+    """One try, read under the watchdog (the lane's process made ready before, outside its time)."""
+    stream = lane.run(lambda: lane.process.answer(sql, as_text=as_text, limit=ROWS_SHOWN + 1,
+                                                  batch_rows=ROWS_SHOWN + 1, max_bytes=PAGE_BYTES))
+    with closing(stream):
+        frame = pl.concat(sql_gate.run(lane, lambda: list(stream), stream.interrupt))
+        return frame.columns, frame.rows(), stream.cut

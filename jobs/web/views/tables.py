@@ -1,6 +1,7 @@
 """Every table and view of the database (``/tables``) and each one whole as CSV or JSON
-(``/tables/NAME.csv``, ``/tables/NAME.json``), made on a download lane a few megabytes at a time
-(jobs.web.downloads): a download never holds a page thread, and a third one at once is asked to come back."""
+(``/tables/NAME.csv``, ``/tables/NAME.json``), made on a download lane a few megabytes at a time and sent from a spool
+file (jobs.web.downloads): a download holds a lane only while it is written, never while its client reads it, and a
+third one written at once is asked to come back; a table once written is kept for its later downloads."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from contextlib import ExitStack
 
 from flask import Blueprint, Response, abort, render_template
 
-from jobs.web.bounds import download_gate
+from jobs.web.bounds import download_gate, spool
 from jobs.web.database import store
-from jobs.web.downloads import Download
+from jobs.web.downloads import Download, spooled
 from scanner.store import queries
 from scanner.store.store import AnswerStream
 
@@ -25,6 +26,12 @@ def page() -> str:
 
 @blueprint.get("/tables/<name>.<any(csv, json):fmt>")
 def download(name: str, fmt: str) -> Response:
+    """The table as a file, written on a download lane the first time it is asked for, and then kept (jobs.web.spool:
+    the database cannot change while the server holds it)."""
+    written = spool()
+    kept = written.kept(("table", name, fmt))
+    if kept is not None:
+        return spooled(kept, fmt, f"{name}.{fmt}")
     downloads = download_gate()
     held = ExitStack()
     lane = held.enter_context(downloads.lane())
@@ -35,4 +42,4 @@ def download(name: str, fmt: str) -> Response:
         body = Download(downloads, lane, held, table_stream, fmt, seconds=math.inf)
     except KeyError:
         abort(404, description=f"No table {name!r} in this database (the tables page lists them).")
-    return body.response(f"{name}.{fmt}")
+    return body.response(f"{name}.{fmt}", written, keep=("table", name, fmt))
