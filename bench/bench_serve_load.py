@@ -3,6 +3,7 @@ downloads they read slowly or not at all, or hold connections that send nothing.
 
     PYTHONPATH=. python bench/bench_serve_load.py                      # 10,000 models, 4 x 60 s of load
     PYTHONPATH=. python bench/bench_serve_load.py --phases alone,downloads,botnet --seconds 45
+    PYTHONPATH=. python bench/bench_serve_load.py --phases alone,everything --seconds 60
     PYTHONPATH=. python bench/bench_serve_load.py --models 2000 --big-family 300 --seconds 30
     PYTHONPATH=. python bench/bench_serve_load.py --serve --sql-slots 1 --query-seconds 10
 
@@ -29,12 +30,19 @@ the machine runs:
    again half a second after the server closes or refuses it;
 5. (``--phases ...,botnet``, not run by default) the same pages, while --bots visitors (default 64, each of its own
    address, 127.0.3.x) each hold --bot-connections idle connections (default 15: within the per-address bound),
-   each opened again half a second after the server closes it.
+   each opened again half a second after the server closes it;
+6. (``--phases ...,everything``, not run by default) the same pages while every visitor above acts at once (the slow
+   SQL and the one who leaves, the idle connections, the unread and 64 KB/s downloads, the hog's idle and slowloris
+   connections, the botnet), and two more: --crawlers (default 6, each of its own address, 127.0.4.x) that read
+   `/sql.csv` of the biggest answer and `/tables/*.csv` at 1 KB/s (a 4 KB receive window), asking again when cut
+   off, and --hostile-clients (default 2, 127.0.5.x) that cycle through `HOSTILE_URLS`, every page with parameters
+   far out of range, malformed, or written to break the SQL box, each answer read whole.
 
-Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst), what became of the SQL and
-download requests and of the idle connections, and the server's resident memory (sampled every 0.2 s from /proc:
-before, peak, after). Goals: pages p95 <= 1 s while the slow SQL runs (issue 34), and pages answered within a
-second while any number of downloads and idle connections are open (issue 44), the server's memory bounded.
+Prints, for each phase, the page latencies (median, 95th and 99th percentile, worst, how many took over a second), what
+became of the SQL and download requests, the idle connections and the hostile URLs, and the server's resident memory
+(sampled every 0.2 s from /proc: before, peak, after). Goals: pages p95 <= 1 s while the slow SQL runs (issue 34), and
+pages answered within a second while any number of downloads and idle connections are open (issue 44), the server's
+memory bounded.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.client
+import itertools
 import os
 import random
 import socket
@@ -66,6 +75,25 @@ SLOW = "SELECT sum(a.range * b.range) AS s FROM range(1000000) a, range(1000000)
 BIG_TABLE = "pair_tests"
 BIG_SQL = "SELECT * FROM pair_tests t JOIN models m ON m.model_id = t.model_a"
 HOG = "127.0.0.2"
+CRAWLED = ("/sql.csv", f"/tables/{BIG_TABLE}.csv", "/tables/lineage_edges.csv", "/tables/models.csv")
+"""What the 1 KB/s readers of the everything phase download (the SQL one with `BIG_SQL`)."""
+HOSTILE_URLS = [
+    ("/", {"page": "1" + "0" * 30}), ("/", {"page": "-3"}), ("/", {"page": "nan"}), ("/", {"sort": "x; DROP TABLE"}),
+    ("/search", {"q": "%_\\"}), ("/search", {"q": "\x00\uffff"}), ("/search", {"q": "a", "page": str(2**64 + 1)}),
+    ("/model", {"id": "../../etc/passwd"}), ("/model", {"id": "bigco/base", "page": "9" * 25}),
+    ("/model", {"id": "m" * 100_000}), ("/family", {"id": "bigco/base", "q": "%" * 2000, "page": "-7"}),
+    ("/family?id=%ff%fe", {}), ("/pair", {"a": "bigco/base", "b": "bigco/ft-0007"}),
+    ("/pair", {"a": "nobody/x", "b": "nobody/y" * 5000}), ("/discrepancies", {"page": "1e308"}),
+    ("/tables/..%2fmodels.csv", {}), ("/tables/duckdb_settings.json", {}), ("/tables/models", {"page": "-1"}),
+    ("/sql", {"q": "SELECT 1; SELECT 2"}), ("/sql", {"q": "ATTACH '/tmp/x.duckdb'"}),
+    ("/sql", {"q": "SELECT * FROM read_text('/etc/hostname')"}), ("/sql", {"q": "CALL checkpoint()"}),
+    ("/sql", {"q": "SELECT " + "(" * 1500 + "1" + ")" * 1500}), ("/sql", {"q": "SELECT " + " + ".join(["2"] * 15000)}),
+    ("/sql", {"q": "SELECT 1 " + " ".join(f"UNION ALL SELECT {i}" for i in range(2000))}),
+    ("/sql", {"q": "SELECT DATE '5881580-07-10'"}), ("/sql.json", {"q": "SELECT '\u2028', 'nan'::DOUBLE"}),
+    ("/static/../../etc/passwd", {}), ("/%00", {}),
+]
+"""What the hostile visitors of the everything phase ask for, over and over: each must be answered (most with 400 or
+404), never hang or fail the server."""
 
 
 class FromAddress(urllib.request.HTTPHandler):
@@ -97,16 +125,20 @@ class Phase:
     sql: Counter = field(default_factory=Counter)
     downloads: Counter = field(default_factory=Counter)
     connections: Counter = field(default_factory=Counter)
+    hostile: Counter = field(default_factory=Counter)
+    """The hostile visitors' answers by status."""
     memory: list[float] = field(default_factory=list)
     load: float = float("nan")
     """The machine's load average (1 minute) at the phase's end."""
 
 
 def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int = 0,
-         downloads: bool = False, hog: bool = False, botnet: bool = False) -> Phase:
+         downloads: bool = False, hog: bool = False, botnet: bool = False, crawl: bool = False,
+         hostile: bool = False) -> Phase:
     """--seconds of page clients (and ``sql_clients`` slow-SQL clients and one that leaves, if any; the idle,
     stalled and slow download clients, if ``downloads``; the visitor holding connections, if ``hog``; the many
-    visitors each holding its share, if ``botnet``)."""
+    visitors each holding its share, if ``botnet``; the 1 KB/s readers, if ``crawl``; the hostile URLs, if
+    ``hostile``)."""
     phase = Phase([[] for _ in pages])
     stop = threading.Event()
     table, answer = page_url(server.url, f"/tables/{BIG_TABLE}.csv"), page_url(server.url, "/sql.csv", q=BIG_SQL)
@@ -189,6 +221,40 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
             except (urllib.error.URLError, OSError) as error:
                 phase.downloads[f"slow {type(error).__name__}"] += 1
 
+    def crawler(k: int) -> None:
+        path = CRAWLED[k % len(CRAWLED)]
+        url = page_url(server.url, path, **({"q": BIG_SQL} if path == "/sql.csv" else {}))
+        while not stop.is_set():
+            try:
+                with unread(url, source=f"127.0.4.{k + 1}") as client:
+                    client.settimeout(60)
+                    status = b"".join(client.recv(1024).split(b" ", 2)[1:2]).decode() or "no answer"
+                    phase.downloads[f"1 KB/s {path}: {status}"] += 1
+                    while status == "200" and not stop.wait(1.0):
+                        if not client.recv(1024):
+                            phase.downloads[f"1 KB/s {path}: cut off by the server"] += 1
+                            break
+            except OSError as error:
+                phase.downloads[f"1 KB/s {path}: {type(error).__name__}"] += 1
+            stop.wait(1.0)
+
+    def hostile_client(k: int) -> None:
+        opener = urllib.request.build_opener(FromAddress(f"127.0.5.{k + 1}"))
+        for i in itertools.count(k):
+            if stop.is_set():
+                return
+            path, params = HOSTILE_URLS[i % len(HOSTILE_URLS)]
+            try:
+                with opener.open(page_url(server.url, path, **params), timeout=120) as answer:
+                    answer.read()
+                    status = answer.status
+            except urllib.error.HTTPError as error:
+                error.read()
+                status = error.code
+            except (urllib.error.URLError, OSError) as error:
+                status = type(error).__name__
+            phase.hostile[f"{status}"] += 1
+
     def sampler() -> None:
         while not stop.is_set():
             phase.memory.append(rss_mb(server.process.pid))
@@ -204,6 +270,10 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
         background += [threading.Thread(target=stalled_client, args=(table if k % 2 else answer,))
                        for k in range(args.stalled_clients)]
         background += [threading.Thread(target=slow_client) for _ in range(args.slow_clients)]
+    if crawl:
+        background += [threading.Thread(target=crawler, args=(k,)) for k in range(args.crawlers)]
+    if hostile:
+        background += [threading.Thread(target=hostile_client, args=(k,)) for k in range(args.hostile_clients)]
     for thread in background:
         thread.start()
     with ExitStack() as held:
@@ -211,7 +281,7 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
                                         trickling=args.hog_trickling if hog else 0, reconnect=True))
         bots = [held.enter_context(Hog(server.url, f"127.0.3.{k + 1}", idle=args.bot_connections, trickling=0,
                                        reconnect=True)) for k in range(args.bots if botnet else 0)]
-        if sql_clients or downloads or hog or botnet:
+        if sql_clients or downloads or hog or botnet or crawl or hostile:
             time.sleep(2.0)  # the slow statements, downloads and held connections are there before the pages start
         readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
         for thread in readers:
@@ -235,16 +305,16 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
 def report(title: str, phase: Phase, pages: list[tuple[str, dict]], seconds: float) -> None:
     every = [t for times in phase.latencies for t in times]
     print(f"\n{title}: {len(every) / seconds:.1f} pages/s answered, load average {phase.load:.1f}")
-    print("| pages | requests | median ms | p95 ms | p99 ms | worst ms |\n|---|---|---|---|---|---|")
+    print("| pages | requests | median ms | p95 ms | p99 ms | worst ms | over 1 s |\n|---|---|---|---|---|---|---|")
 
     def row(label: str, times: list[float]) -> None:
         times = sorted(times)
         if not times:
-            print(f"| {label} | 0 | | | | |")
+            print(f"| {label} | 0 | | | | | |")
             return
         q = lambda f: times[min(len(times) - 1, round(f * (len(times) - 1)))] * 1000  # noqa: E731
         print(f"| {label} | {len(times)} | {statistics.median(times) * 1000:.0f} | {q(0.95):.0f} | {q(0.99):.0f} "
-              f"| {times[-1] * 1000:.0f} |")
+              f"| {times[-1] * 1000:.0f} | {sum(t > 1.0 for t in times)} |")
 
     for (path, params), times in zip(pages, phase.latencies):
         row(path + (f" {params}" if params else ""), times)
@@ -256,6 +326,8 @@ def report(title: str, phase: Phase, pages: list[tuple[str, dict]], seconds: flo
         print(f"download clients: {dict(phase.downloads)}")
     if phase.connections:
         print(f"idle connections: {dict(phase.connections)}")
+    if phase.hostile:
+        print(f"hostile URLs, answers by status: {dict(phase.hostile)}")
     print(f"server memory (RSS) peak: {max(phase.memory, default=float('nan')):.0f} MB")
 
 
@@ -277,8 +349,11 @@ def main() -> None:
     parser.add_argument("--stalled-clients", type=int, default=8, help="downloads asked for and never read")
     parser.add_argument("--slow-clients", type=int, default=4, help="downloads read at 64 KB/s")
     parser.add_argument("--stall", type=float, default=40.0, help="seconds a stalled client holds its connection")
+    parser.add_argument("--crawlers", type=int, default=6, help="downloads read at 1 KB/s (everything phase)")
+    parser.add_argument("--hostile-clients", type=int, default=2,
+                        help="visitors cycling through hostile URLs (everything phase)")
     parser.add_argument("--phases", default="alone,sql,downloads,hog",
-                        help="the phases to run, in this order, of: alone, sql, downloads, hog, botnet")
+                        help="the phases to run, in this order, of: alone, sql, downloads, hog, botnet, everything")
     parser.add_argument("--serve", nargs=argparse.REMAINDER, default=[],
                         help="options for hubtrace serve, e.g. --serve --sql-slots 1 --threads 2")
     args = parser.parse_args()
@@ -292,9 +367,13 @@ def main() -> None:
                            f"reads and {args.slow_clients} read at 64 KB/s are open",
               "hog": f"pages while one visitor holds {args.hog_idle} idle and {args.hog_trickling} trickling "
                      "connections",
-              "botnet": f"pages while {args.bots} visitors each hold {args.bot_connections} idle connections"}
+              "botnet": f"pages while {args.bots} visitors each hold {args.bot_connections} idle connections",
+              "everything": f"pages while every visitor above acts at once, with {args.crawlers} downloads read at "
+                            f"1 KB/s and {args.hostile_clients} visitors asking for hostile URLs"}
     clients = {"alone": {}, "sql": {"sql_clients": args.sql_clients}, "downloads": {"downloads": True},
-               "hog": {"hog": True}, "botnet": {"botnet": True}}
+               "hog": {"hog": True}, "botnet": {"botnet": True},
+               "everything": {"sql_clients": args.sql_clients, "downloads": True, "hog": True, "botnet": True,
+                              "crawl": True, "hostile": True}}
     chosen = args.phases.split(",")
     if unknown := set(chosen) - set(titles):
         parser.error(f"no phase {', '.join(sorted(unknown))} (there are {', '.join(titles)})")

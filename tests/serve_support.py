@@ -77,12 +77,14 @@ def get(url: str, *, headers: dict[str, str] | None = None, method: str = "GET",
 
 
 @contextmanager
-def unread(url: str) -> Iterator[socket.socket]:
+def unread(url: str, *, source: str | None = None) -> Iterator[socket.socket]:
     """A client that asks for ``url`` and then reads nothing (its receive buffer fills, then the server's send
-    buffer), until the block ends."""
+    buffer), until the block ends; from the address ``source`` if given (a visitor of its own)."""
     parts = urllib.parse.urlsplit(url)
     with socket.socket() as client:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting, so the window stays small
+        if source is not None:
+            client.bind((source, 0))
         client.connect((parts.hostname, parts.port))
         client.sendall(f"GET {parts.path}?{parts.query} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode())
         yield client

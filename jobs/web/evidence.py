@@ -1,16 +1,18 @@
 """The pair page's body: `hubtrace report A B`'s own document (lineage_graph.report: verdict, direction, per-block
 chart, block and unit maps, metadata, every statistic, how to reproduce), written once per pair into a private
-folder and kept: the database cannot change while the app holds it open, so neither can the report."""
+folder and kept: the database cannot change while the app holds it open, so neither can the report. Reports are
+kept up to `REPORT_CACHE_BYTES`, not a count: a report holds its models' card text (a licence, declared bases,
+ids), which a hub's uploader chooses, so 128 reports of a hostile hub once meant hundreds of megabytes."""
 
 from __future__ import annotations
 
 import tempfile
 import threading
-from functools import lru_cache
 from pathlib import Path
 
 from markupsafe import Markup
 
+from jobs.web.byte_cache import ByteBoundedCache
 from jobs.web.database import store
 from lineage_graph.report import write_report
 from lineage_graph.stored import pair_lineage
@@ -18,7 +20,11 @@ from scanner.text_safety import html_text
 
 REPORT_FOLDER = "report-folder"
 """What the report's own command line writes into, in place of the private folder the page was drawn in."""
-CACHED_REPORTS = 128
+REPORT_CACHE_BYTES = 16 << 20
+"""Bytes the kept reports may take in memory, all databases and visitors together (a usual report takes 30 to 60 KB:
+about 300 of them); the least recently visited go first."""
+
+_reports: ByteBoundedCache[str | None] = ByteBoundedCache(REPORT_CACHE_BYTES)
 
 _drawing = threading.Lock()
 """One report drawn at a time: matplotlib's font and figure machinery is not made for threads."""
@@ -28,11 +34,10 @@ def report_body(db: Path, model_a: str, model_b: str) -> Markup | None:
     """The report's HTML body (every text in it escaped by lineage_graph.document), or None when the last lineage
     rebuild did not judge this pair."""
     first, second = sorted((model_a, model_b))
-    body = _body(db, first, second)
+    body = _reports.get((str(db), first, second), lambda: _body(db, first, second))
     return None if body is None else Markup(body)  # lineage_graph.document escaped every text
 
 
-@lru_cache(maxsize=CACHED_REPORTS)
 def _body(db: Path, first: str, second: str) -> str | None:
     with _drawing, tempfile.TemporaryDirectory(prefix="hubtrace-pair-") as tmp:
         reader = store()
