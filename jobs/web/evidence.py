@@ -6,13 +6,14 @@ ids), which a hub's uploader chooses, so 128 reports of a hostile hub once meant
 
 from __future__ import annotations
 
+import sys
 import tempfile
 import threading
 from pathlib import Path
 
+from cachetools import LRUCache, cached
 from markupsafe import Markup
 
-from jobs.web.byte_cache import ByteBoundedCache
 from jobs.web.database import store
 from lineage_graph.report import write_report
 from lineage_graph.stored import pair_lineage
@@ -24,7 +25,9 @@ REPORT_CACHE_BYTES = 16 << 20
 """Bytes the kept reports may take in memory, all databases and visitors together (a usual report takes 30 to 60 KB:
 about 300 of them); the least recently visited go first."""
 
-_reports: ByteBoundedCache[str | None] = ByteBoundedCache(REPORT_CACHE_BYTES)
+_reports: LRUCache = LRUCache(REPORT_CACHE_BYTES, getsizeof=sys.getsizeof)
+"""Reports by (database, first id, second id), each weighing what ``sys.getsizeof`` counts of it (a str's characters
+at the width CPython stores them in); a report bigger than the whole bound is drawn for each visit and never kept."""
 
 _drawing = threading.Lock()
 """One report drawn at a time: matplotlib's font and figure machinery is not made for threads."""
@@ -34,11 +37,12 @@ def report_body(db: Path, model_a: str, model_b: str) -> Markup | None:
     """The report's HTML body (every text in it escaped by lineage_graph.document), or None when the last lineage
     rebuild did not judge this pair."""
     first, second = sorted((model_a, model_b))
-    body = _reports.get((str(db), first, second), lambda: _body(db, first, second))
+    body = _body(str(db), first, second)
     return None if body is None else Markup(body)  # lineage_graph.document escaped every text
 
 
-def _body(db: Path, first: str, second: str) -> str | None:
+@cached(_reports, lock=threading.Lock())
+def _body(db: str, first: str, second: str) -> str | None:
     with _drawing, tempfile.TemporaryDirectory(prefix="hubtrace-pair-") as tmp:
         reader = store()
         lineage = pair_lineage(reader, first, second)
@@ -46,7 +50,7 @@ def _body(db: Path, first: str, second: str) -> str | None:
             return None
         out = Path(tmp) / "report"
         try:
-            page = write_report(reader, lineage, first, second, out, db).html.read_text(encoding="utf-8")
+            page = write_report(reader, lineage, first, second, out, Path(db)).html.read_text(encoding="utf-8")
         except KeyError:  # a model of the pair is no longer current
             return None
     body = page.split("<body>", 1)[1].rsplit("</body>", 1)[0]
