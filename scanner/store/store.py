@@ -175,8 +175,8 @@ class AnswerStream:
                  batch_rows: int, batch_bytes: int) -> None:
         self._cursor, self._sql, self._every_column, self._limit = cursor, sql, every_column, limit
         self._batch_rows, self._batch_bytes = batch_rows, batch_bytes
-        self._schema: pa.Schema | None = None
-        """The answer's columns, once DuckDB has begun it (None for a statement that returns nothing)."""
+        self._begun = False
+        """Whether DuckDB has begun an answer (a statement that returns nothing never does)."""
 
     def __iter__(self) -> Iterator[pl.DataFrame]:
         pending: list[pa.RecordBatch] = []
@@ -189,7 +189,7 @@ class AnswerStream:
                 pending, rows, size = [], 0, 0
         if pending:
             yield pl.from_arrow(pa.Table.from_batches(pending))
-        elif self._schema is None:
+        elif not self._begun:
             yield pl.DataFrame()
 
     def arrow_batches(self) -> Iterator[pa.RecordBatch]:
@@ -200,7 +200,7 @@ class AnswerStream:
             if relation is None:
                 return
             reader = relation.to_arrow_reader(min(ARROW_ROWS, self._batch_rows))
-            self._schema = reader.schema
+            self._begun = True
             empty = True
             for batch in reader:
                 empty = False
