@@ -12,10 +12,10 @@ process with its default bounds (jobs.web.limits; --serve passes other options) 
 phase (--phases, the first four by default), so each later phase's difference is its clients' doing whatever else
 the machine runs:
 
-1. pages alone: --page-clients threads (default 50), each a visitor of its own address (127.0.1.x; Linux answers
-   every address of 127.0.0.0/8), fetching the front page, model pages, family views, searches and discrepancies in
-   a loop, every response read whole, waiting --think seconds (default 5) before the next, as a reader does (each
-   starts at a random moment of its first pause);
+1. pages alone: --page-clients threads (default 50) in a process of their own, each a visitor of its own address
+   (127.0.1.x; Linux answers every address of 127.0.0.0/8), fetching the front page, model pages, family views,
+   searches and discrepancies in a loop, every response read whole, waiting --think seconds (default 5) before the
+   next, as a reader does (each starts at a random moment of its first pause);
 2. the same, while --sql-clients threads (default 4) run a statement that would work for hours (a 10^12-row cross
    join) again and again, which the server stops at its time limit or turns away (503) when its SQL lanes are
    taken, and one more client sends the statement and hangs up at once, every two seconds (the server must stop it,
@@ -51,6 +51,7 @@ import argparse
 import functools
 import http.client
 import itertools
+import multiprocessing
 import os
 import random
 import socket
@@ -132,6 +133,41 @@ class Phase:
     """The machine's load average (1 minute) at the phase's end."""
 
 
+def read_pages(url: str, pages: list[tuple[str, dict]], clients: int, think: float, seconds: float,
+               answers: multiprocessing.Queue) -> None:
+    """The page readers, in a process of their own: beside 2,000 attacking connections a second in the bench's own
+    process they would wait for its interpreter lock, and their latencies would be the bench's, not the server's.
+    Puts each page's latencies and the failures on ``answers``."""
+    latencies: list[list[float]] = [[] for _ in pages]
+    failures: Counter = Counter()
+    stop = threading.Event()
+
+    def pages_client(offset: int) -> None:
+        i = offset
+        opener = urllib.request.build_opener(FromAddress(f"127.0.1.{offset + 1}"))
+        stop.wait(random.Random(offset).uniform(0, think))  # readers arrive over a pause, not all at once
+        while not stop.is_set():
+            k = i % len(pages)
+            i += 1
+            started = time.perf_counter()
+            try:
+                with opener.open(page_url(url, pages[k][0], **pages[k][1]), timeout=120) as answer:
+                    answer.read()
+                latencies[k].append(time.perf_counter() - started)
+            except (urllib.error.URLError, OSError) as error:
+                failures[type(error).__name__] += 1
+            stop.wait(think)
+
+    readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(clients)]
+    for thread in readers:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in readers:
+        thread.join()
+    answers.put((latencies, failures))
+
+
 def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace, sql_clients: int = 0,
          downloads: bool = False, hog: bool = False, botnet: bool = False, crawl: bool = False,
          hostile: bool = False) -> Phase:
@@ -142,22 +178,6 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
     phase = Phase([[] for _ in pages])
     stop = threading.Event()
     table, answer = page_url(server.url, f"/tables/{BIG_TABLE}.csv"), page_url(server.url, "/sql.csv", q=BIG_SQL)
-
-    def pages_client(offset: int) -> None:
-        i = offset
-        opener = urllib.request.build_opener(FromAddress(f"127.0.1.{offset + 1}"))
-        stop.wait(random.Random(offset).uniform(0, args.think))  # readers arrive over a pause, not all at once
-        while not stop.is_set():
-            k = i % len(pages)
-            i += 1
-            started = time.perf_counter()
-            try:
-                with opener.open(page_url(server.url, pages[k][0], **pages[k][1]), timeout=120) as answer:
-                    answer.read()
-                phase.latencies[k].append(time.perf_counter() - started)
-            except (urllib.error.URLError, OSError) as error:
-                phase.failures[type(error).__name__] += 1
-            stop.wait(args.think)
 
     def sql_client() -> None:
         while not stop.is_set():
@@ -283,13 +303,16 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
                                        reconnect=True)) for k in range(args.bots if botnet else 0)]
         if sql_clients or downloads or hog or botnet or crawl or hostile:
             time.sleep(2.0)  # the slow statements, downloads and held connections are there before the pages start
-        readers = [threading.Thread(target=pages_client, args=(k,)) for k in range(args.page_clients)]
-        for thread in readers:
-            thread.start()
-        time.sleep(args.seconds)
+        spawn = multiprocessing.get_context("spawn")
+        answers = spawn.Queue()
+        readers = spawn.Process(target=read_pages, args=(server.url, pages, args.page_clients, args.think,
+                                                         args.seconds, answers))
+        readers.start()
+        phase.latencies, phase.failures = answers.get()  # the readers' own --seconds, and their last pages
+        readers.join()
         stop.set()
         phase.load = os.getloadavg()[0]
-        for thread in readers + background:
+        for thread in background:
             thread.join()
         if hog:
             phase.connections.update({"hog: opened": holder.opened, "hog: closed or refused by the server":
