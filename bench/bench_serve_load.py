@@ -53,6 +53,7 @@ import http.client
 import itertools
 import multiprocessing
 import os
+import queue
 import random
 import socket
 import statistics
@@ -308,7 +309,10 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
         readers = spawn.Process(target=read_pages, args=(server.url, pages, args.page_clients, args.think,
                                                          args.seconds, answers))
         readers.start()
-        phase.latencies, phase.failures = answers.get()  # the readers' own --seconds, and their last pages
+        try:  # the readers' own --seconds, and their last pages (each waits up to 120 s)
+            phase.latencies, phase.failures = answers.get(timeout=args.seconds + 180)
+        except queue.Empty:
+            raise SystemExit(f"the page readers' process gave no answer (exit code {readers.exitcode})") from None
         readers.join()
         stop.set()
         phase.load = os.getloadavg()[0]
