@@ -137,6 +137,8 @@ class RayConfig(_Strict):
 
     ``address`` None: join the cluster in ``RAY_ADDRESS`` (set by ``ray job submit``), else start a local one
     with ``num_cpus``. ``actors`` "auto": one per GPU on a GPU cluster, else one per ``cpus_per_actor`` CPUs.
+    ``actor_start_timeout_s``: how long the scan waits for its first fingerprint actor to start (the cluster
+    finding room for it) before it stops with an error; actors that start later join when they do.
     """
 
     address: str | None = None
@@ -147,6 +149,7 @@ class RayConfig(_Strict):
     max_in_flight: int | None = Field(default=None, ge=1)  # default: two per actor
     max_restarts: int = Field(default=2, ge=0)
     max_task_retries: int = Field(default=2, ge=0)
+    actor_start_timeout_s: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _positive_actors(self) -> RayConfig:

@@ -30,7 +30,7 @@ from jobs.cluster import StoreProbe, alive_nodes, check_fingerprint_store, check
 from jobs.config import ConfigError, HfCacheSourceConfig, HubSourceConfig, ScanConfig
 from jobs.ownership import claim_fingerprint_store
 from jobs.pairs import Candidate, PairPlan, batches, plan_pairs
-from jobs.pool import FingerprintPool, PoolShape, pool_shape, windowed
+from jobs.pool import FingerprintPool, PoolShape, WorkersNotStartedError, pool_shape, windowed
 from jobs.summary import ScanSummary
 from scanner.errors import one_line, without_sql_excerpt
 from scanner.fingerprints.store import FingerprintStore
@@ -504,6 +504,12 @@ def _run_stages(scan: _Scan, config: ScanConfig, fingerprints: FingerprintStore)
         pool = FingerprintPool(shape, config, fingerprints.location, token, scan.probe)
         try:
             scan.fingerprint_stage(pool)
+            if pool.not_started:
+                scan.warn(f"{pool.not_started} of {shape.actors} fingerprint actors never started (the cluster had "
+                          "no room for them); the models were fingerprinted on the others")
+        except WorkersNotStartedError as exc:  # kept in the failed run's summary too, not only on the console
+            scan.warn(str(exc))
+            raise
         finally:
             pool.shutdown()  # frees the actors' CPUs/GPUs for the pair tasks
     with scan.timed("pairs"):

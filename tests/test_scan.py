@@ -19,7 +19,7 @@ import pytest
 import ray
 import yaml
 
-from jobs.pool import FingerprintPool
+from jobs.pool import FingerprintPool, WorkersNotStartedError
 from jobs.scan_job import ScanObserver, run_scan
 from scanner.sources import ModelRecord
 from scanner.store import Store, queries
@@ -214,6 +214,54 @@ def test_a_worker_killed_mid_fingerprint_is_retried_and_the_scan_completes(zoo, 
     db = tmp_path / "out" / "hubtrace.duckdb"
     assert sorted(query(db, "SELECT model_id FROM fingerprints")["model_id"]) == sorted(models)
     assert query(db, "SELECT count(*) AS n FROM current_pair_tests")["n"][0] == len(models) * (len(models) - 1) // 2
+
+
+@ray.remote(num_cpus=1)
+class _Squatter:
+    """Holds a CPU of the cluster, as a leaked lease or another job's actor does."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def _squat(cpus: int) -> list:
+    squatters = [_Squatter.remote() for _ in range(cpus)]
+    ray.get([s.ready.remote() for s in squatters])
+    return squatters
+
+
+def test_an_actor_the_cluster_has_no_room_for_gets_no_model_and_the_scan_says_so(zoo, local_ray, tmp_path):
+    """One of the cluster's two CPUs held elsewhere: the second actor never starts. Models queued on it once waited
+    for it for ever (a scan of the suite hung so); they must go to the actor that did start."""
+    models = SUBSET[:3]
+    root = copy_models(zoo, models, tmp_path / "hub")
+    squatters = _squat(1)
+    try:
+        summary = run_scan(scan_config(root, tmp_path / "out"))
+    finally:
+        for squatter in squatters:
+            ray.kill(squatter)
+    assert summary.actors == 2 and summary.fingerprinted == len(models) and summary.failed == 0
+    assert summary.warnings == ["1 of 2 fingerprint actors never started (the cluster had no room for them); the "
+                                "models were fingerprinted on the others"]
+    db = tmp_path / "out" / "hubtrace.duckdb"
+    assert query(db, "SELECT count(*) AS n FROM current_pair_tests")["n"][0] == len(models) * (len(models) - 1) // 2
+
+
+def test_a_scan_none_of_whose_actors_can_start_stops_with_the_reason(zoo, local_ray, tmp_path):
+    root = copy_models(zoo, SUBSET[:1], tmp_path / "hub")
+    config = scan_config(root, tmp_path / "out", ray={"actor_start_timeout_s": 10})
+    squatters = _squat(2)
+    try:
+        with pytest.raises(WorkersNotStartedError) as refused:
+            run_scan(config)
+    finally:
+        for squatter in squatters:
+            ray.kill(squatter)
+    assert str(refused.value) == ("none of the 2 fingerprint actors started within 10 s (ray.actor_start_timeout_s), "
+                                  "each asking for 1 CPU(s); the cluster has 0 CPU, 2 GPU free of 2 CPU, 2 GPU")
+    run = query(config.db_path, "SELECT status, summary FROM scan_runs")
+    assert run["status"].to_list() == ["failed"] and str(refused.value) in run["summary"][0]
 
 
 def test_a_driver_killed_mid_scan_reruns_to_the_same_tables_without_duplicates(zoo, local_ray, tmp_path):
