@@ -36,6 +36,9 @@ alone closes a connection only after 120 s without a byte, and one that sends a 
 ROW_BYTES = 1000
 HOG = "127.0.0.2"
 """The address of a visitor who holds connections (the pages are asked for from 127.0.0.1)."""
+TAKEN_AT_ONCE = ("--first-byte-seconds", "0")
+"""For the tests of what the server does with the connections it holds: connections that send nothing are then its
+own at once, not kept by the system until they send a byte (test_connections_that_send_nothing_...)."""
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +190,7 @@ def test_a_visitor_holds_its_share_of_connections_and_no_more(db: Path, tmp_path
     """The share is of connections open at once, per address: the visitor's first four are kept (they have ten
     minutes to send a request here), the rest refused as they come; another address has a share of its own, and
     the visitor's next connection is refused while its four stay open."""
-    options = ("--connections-per-address", "4", "--request-seconds", "600")
+    options = ("--connections-per-address", "4", "--request-seconds", "600", *TAKEN_AT_ONCE)
     with serving(db, tmp_path / "stderr.txt", *options) as server:
         alone = sockets(server.process.pid)
         with Hog(server.url, HOG, idle=30, trickling=0) as hog:
@@ -200,6 +203,27 @@ def test_a_visitor_holds_its_share_of_connections_and_no_more(db: Path, tmp_path
             with Hog(server.url, HOG, idle=1, trickling=0) as one_more:  # the share still taken: refused
                 assert eventually(lambda: one_more.closed_by_server == 1)
             assert hog.held == 4 and hog.closed_by_server == 26  # the four kept all along
+
+
+def test_connections_that_send_nothing_are_kept_from_the_server_until_their_first_byte_then_bounded(
+        db: Path, tmp_path: Path) -> None:
+    """Visitors that open connections and send nothing, each opened again once closed, made a full server accept and
+    close about 1,250 connections a second, and pages waited (BENCHMARKS.md, "Everything at once"). The system now
+    keeps such a connection from the server until it sends a byte: forty of them against a server of eight
+    connections take none of its sockets and are not closed to make room, while a page is answered. Once
+    --first-byte-seconds have passed the server takes them, and its bounds apply (here --request-seconds)."""
+    options = ("--connections", "8", "--connections-per-address", "64")
+    with serving(db, tmp_path / "stderr.txt", *options, "--first-byte-seconds", "600",
+                 "--request-seconds", "600") as server:
+        alone = sockets(server.process.pid)
+        with Hog(server.url, HOG, idle=40, trickling=0) as hog:
+            assert eventually(lambda: hog.held == 40)
+            assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
+            assert server_holds(server, alone) == alone and hog.closed_by_server == 0 and hog.held == 40
+    with serving(db, tmp_path / "stderr.txt", *options, "--first-byte-seconds", "1",
+                 "--request-seconds", "1") as server:
+        with Hog(server.url, HOG, idle=40, trickling=0) as hog:
+            assert eventually(lambda: hog.closed_by_server == 40)  # taken after a few seconds, closed after one more
 
 
 def test_a_connection_is_closed_when_it_sends_no_request_or_takes_no_answer_not_while_it_reads(
@@ -236,7 +260,7 @@ def test_a_full_server_makes_room_by_closing_the_connection_that_waited_longest_
     a visitor's connection waited in the kernel's queue until one closed (5 s, --request-seconds; never, with ten
     minutes). Now each new connection into a full server closes the one that has waited longest for a request: the
     first visitor's, which trickles half a request, goes first, the last one's stays, and a page is answered."""
-    options = ("--connections", "12", "--connections-per-address", "4", "--request-seconds", "600")
+    options = ("--connections", "12", "--connections-per-address", "4", "--request-seconds", "600", *TAKEN_AT_ONCE)
     with serving(db, tmp_path / "stderr.txt", *options) as server, ExitStack() as held:
         first = held.enter_context(Hog(server.url, "127.0.0.2", idle=0, trickling=4))
         eventually(lambda: first.sent_after_open > 0)  # the first visitor's four are older than the others'
@@ -259,7 +283,7 @@ def test_a_full_server_never_closes_a_connection_whose_answer_is_being_written_o
     the server and a page asks for room: the visitors' connections are closed to make it, the downloads arrive
     whole once read."""
     options = ("--connections", "8", "--connections-per-address", "3", "--request-seconds", "600",
-               "--write-seconds", "600")
+               "--write-seconds", "600", *TAKEN_AT_ONCE)
     rows = {"writing": 30000, "written": 8000}
     with serving(db, tmp_path / "stderr.txt", *options) as server, ExitStack() as held:
         downloads = {}

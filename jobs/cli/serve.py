@@ -55,6 +55,11 @@ def serve_command(
         "--request-seconds", min=0.5, help="Seconds a client may take to send a whole request, from when its "
                                            "connection opens or its last answer was sent; then the connection is "
                                            "closed.")] = ServeLimits.request_seconds,
+    first_byte_seconds: Annotated[float, typer.Option(
+        "--first-byte-seconds", min=0, help="Seconds the system keeps a new connection that has sent nothing from "
+                                            "the server (Linux); then the server takes it, and --request-seconds "
+                                            "counts. 0: connections are taken at once.")
+    ] = ServeLimits.first_byte_seconds,
     connections: Annotated[int, typer.Option(
         "--connections", min=2, help="Connections open at once; a new one then closes the one that has waited "
                                      "longest for a request, or waits to be accepted while every one is being "
@@ -86,14 +91,15 @@ def serve_command(
 
     from jobs.web.app import LOCAL_NAMES, create_app
     from jobs.web.bounds import DOWNLOADS, SQL
-    from jobs.web.channel import Admission, bounded_channel
+    from jobs.web.channel import Admission, accept_on_first_byte, bounded_channel
     from jobs.web.database import EXTENSION
 
     local = _loopback(host)
     limits = ServeLimits(query_seconds=query_seconds, download_rows=download_rows, download_bytes=download_mb << 20,
                          sql_slots=sql_slots, download_slots=download_slots, write_seconds=write_seconds,
-                         request_seconds=request_seconds, connections=connections,
-                         connections_per_address=connections_per_address, statement_mb=statement_mb,
+                         request_seconds=request_seconds, first_byte_seconds=first_byte_seconds,
+                         connections=connections, connections_per_address=connections_per_address,
+                         statement_mb=statement_mb,
                          spool_bytes=spool_mb << 20, min_rate=min_rate_kb << 10,
                          engine=EngineLimits(memory_limit, threads, spill))
     # a missing, locked, outdated or newer database, or a limit DuckDB cannot read: a StoreError, one line
@@ -110,6 +116,7 @@ def serve_command(
     for listener in server.map.values() if isinstance(server, MultiSocketServer) else [server]:  # one per address
         if isinstance(listener, BaseWSGIServer):
             listener.channel_class = admission
+            accept_on_first_byte(listener.socket, first_byte_seconds)
     if not local:
         typer.echo(f"hubtrace: warning: listening on {host}: anyone who can reach this address can read the whole "
                    "database", err=True)

@@ -19,6 +19,12 @@ byte every few seconds (never idle in that sense), held every other visitor out.
   ``min_rate`` bytes a second on average since the answer was finished (a client reading a 1 GB answer at 1 KB/s
   would otherwise hold its spool file for twelve days). Such a connection is reset, not closed: the system would
   otherwise go on sending the client what it holds for it (a few megabytes), however slowly it reads;
+* a connection that has sent nothing is not the server's to hold until it has sent something, or until
+  ``first_byte_seconds`` have passed (`accept_on_first_byte`): the system keeps it meanwhile and the server never
+  sees it. Visitors that open connections and send nothing (a botnet's idle connections, each opened again as
+  soon as it is closed) once made the server accept and close about 1,250 connections a second, each accept and
+  each close waiting for the interpreter's lock behind the page threads, and pages took 1.4 s at the 95th
+  percentile (BENCHMARKS.md, "Everything at once");
 * a connection from an address that already holds ``per_address`` connections is refused as it is accepted
   (`Admission`), so one visitor holds at most its share of ``connection_limit``;
 * a connection accepted into a full server takes the place of the one that has waited longest for a request (kept
@@ -40,6 +46,7 @@ holds ``connection_limit`` entries; tests/test_serve_bounds.py holds it to the b
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
 import sys
@@ -148,6 +155,21 @@ def bounded_channel(request_seconds: float, write_seconds: float, min_rate: floa
     take bytes of an answer, and must then take a finished answer at ``min_rate`` bytes a second on average."""
     return type("BoundedChannel", (BoundedChannel,), {"request_seconds": request_seconds,
                                                       "write_seconds": write_seconds, "min_rate": min_rate})
+
+
+def accept_on_first_byte(listener: socket.socket, seconds: float) -> bool:
+    """Have the system hand the server a connection only once its client has sent a byte, or after ``seconds``
+    (Linux's TCP_DEFER_ACCEPT; it rounds up to its retransmission steps of 1, 3, 7, 15 ... s); whether it could.
+
+    A connection the system keeps costs the server nothing: no accept, no channel, no close, no slot. A client that
+    sends nothing is handed over when the time is up and is then bounded like any other (`request_seconds`, its
+    share, making room). Elsewhere than Linux (no such option) and with ``seconds`` 0, every connection is accepted
+    at once, as waitress does."""
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None or seconds <= 0:
+        return False
+    listener.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
+    return True
 
 
 @dataclass

@@ -19,6 +19,8 @@ class ServeLimits:
     download_slots: int = 2
     write_seconds: float = 30.0
     request_seconds: float = 5.0
+    first_byte_seconds: float = 5.0
+    """How long the system keeps a new connection that has sent nothing from the server (jobs.web.channel)."""
     connections: int = 256
     connections_per_address: int = 16
     statement_mb: int = 1024
