@@ -93,7 +93,7 @@ def main() -> None:
                 unseen = compare_fingerprints(unseen_original, unseen_copy)
                 forward = compare_fingerprints(fp_original, fp_copy)
                 backward = compare_fingerprints(fp_copy, fp_original)
-                moved = ", ".join(f"{v} {a:.3f}" for v, a in copy.agreement.items())
+                moved = ", ".join(f"{v} {copy.agreement[v]:.3f}" for v in copy.pushed)
                 print(f"| {kind} | {carried:.3f} | {weight:g} | {copy.kl:.4f} | {_p(forward.log10_p)} | "
                       f"{_p(backward.log10_p)} | {_p(unseen.log10_p)} | {moved} | "
                       f"{time.perf_counter() - started:.0f} |", flush=True)

@@ -52,7 +52,7 @@ def test_a_copy_fine_tuned_against_the_statistic_pays_or_stays_dependent(null_zo
         copy = attack(original, lambda g: language.sample(8, 64, g), torch.from_numpy(canonical_inputs(256).ids),
                       weight=weight, views=read_views(fp_original.meta.mlp_kind), steps=300)
     if weight > 0:  # the attack did push: the views moved far from the original's
-        assert max(copy.agreement.values()) < 0.5, copy.agreement
+        assert max(copy.agreement[view] for view in copy.pushed) < 0.5, copy.agreement
     with no_progress_bars():
         copy.model.save_pretrained(tmp_path)
     fp_copy = fingerprint_model(tmp_path)

@@ -61,7 +61,7 @@ from scanner.reading.architectures.sites import find_sites, site_weights  # noqa
 from scanner.stats.logp import log10_fisher, log10_matching_p  # noqa: E402
 from scanner.stats.matching import spearman, unit_rows_tensor  # noqa: E402
 from scanner.zoo.languages import MarkovLanguage  # noqa: E402
-from tests.fixtures import adversary as adv  # noqa: E402
+from tests.fixtures.adaptive import attack  # noqa: E402
 from tests.null_support import null_zoo  # noqa: E402
 
 CACHE = Path(os.environ.get("HUBTRACE_TEST_CACHE") or ROOT / ".hubtrace-cache")
@@ -316,41 +316,12 @@ def run_null(args: argparse.Namespace) -> None:
                       f"{int((p <= 0.01).sum()):>5} {ks:>10.3g} {min(logs[c]):>8.2f}", flush=True)
 
 
-def _kl(original, model, batch) -> torch.Tensor:
-    with torch.no_grad():
-        ref = torch.log_softmax(original(input_ids=batch, use_cache=False).logits.float(), dim=-1)
-    out = torch.log_softmax(model(input_ids=batch, use_cache=False).logits.float(), dim=-1)
-    return (ref.exp() * (ref - out)).sum(dim=-1).mean()
+def research_reader(names: list[str]) -> Callable[[torch.nn.Module, torch.Tensor], dict]:
+    """The research views ``names`` of every block, as tests.fixtures.adaptive.attack reads views to push."""
+    def read(model: torch.nn.Module, ids: torch.Tensor) -> dict[tuple[str, int, int], torch.Tensor]:
+        return {(n, index, 0): VIEWS[n](bk) for index, bk in enumerate(blocks_of(model, ids)) for n in names}
 
-
-def attack(original, language: MarkovLanguage, ids: torch.Tensor, push: list[str], weight: float, steps: int,
-           lr: float, seed: int = 0):
-    """tests.fixtures.adaptive.attack with the research views: returns (copy, KL on held-out text)."""
-    import copy as copying
-    with torch.no_grad():
-        targets = [{n: _u(VIEWS[n](bk)).detach() for n in push} for bk in blocks_of(original, ids)]
-    model = copying.deepcopy(original).eval()
-    for p in model.parameters():
-        p.requires_grad_(True)
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = _kl(original, model, language.sample(8, 64, gen))
-        if weight > 0 and push:
-            agreement = 0.0
-            for bk, tg in zip(blocks_of(model, ids), targets, strict=True):
-                for n in push:
-                    agreement = agreement + ((_u(VIEWS[n](bk)) * tg[n]).sum(dim=1) ** 2).mean()
-            loss = loss + weight * agreement / len(targets)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    with torch.no_grad():
-        held = torch.Generator().manual_seed(seed + 1_000_003)
-        kl = float(torch.stack([_kl(original, model, language.sample(8, 64, held)) for _ in range(4)]).mean())
-    return model, kl
+    return read
 
 
 def run_attack(args: argparse.Namespace) -> None:
@@ -366,15 +337,11 @@ def run_attack(args: argparse.Namespace) -> None:
     print(f"# {args.kind} seed {args.seed}: push {args.push}, {args.steps} steps at lr {args.lr:g}")
     for weight in args.weights:
         started = time.perf_counter()
-        model, kl = attack(original, language, ids, args.push, weight, args.steps, args.lr)
-        moved = model_views(model, ids, names)
-        cos2 = {n: float(np.mean([((a[n] * b[n]).sum(axis=1) ** 2).mean() for a, b in zip(base, moved,
-                                                                                         strict=True)]))
-                for n in names}
-        permuted = adv.apply(adv.permute_units, model, 0)
-        lp, _ = pair_stats(base, model_views(permuted, ids, names), candidates)
-        print(f"weight {weight:g}  KL {kl:.4f}  ({time.perf_counter() - started:.0f} s)")
-        print("  cos2 " + " ".join(f"{n} {cos2[n]:.3f}" for n in names))
+        copy = attack(original, lambda g: language.sample(8, 64, g), ids, weight=weight, views=args.push,
+                      steps=args.steps, lr=args.lr, read=research_reader(names))
+        lp, _ = pair_stats(base, model_views(copy.model, ids, names), candidates)
+        print(f"weight {weight:g}  KL {copy.kl:.4f}  ({time.perf_counter() - started:.0f} s)")
+        print("  cos2 " + " ".join(f"{n} {copy.agreement[n]:.3f}" for n in names))
         print("  log10 p " + "; ".join(f"{c} {v:.1f}" for c, v in lp.items()), flush=True)
 
 
