@@ -62,8 +62,16 @@ def until(status: int, url: str, seconds: float = GUARD_S) -> int:
 
 
 def sockets(pid: int) -> int:
-    """How many sockets the process holds open (its listening socket and its connections)."""
-    return sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("socket:"))
+    """How many sockets the process holds open (its listening socket and its connections); a descriptor closed
+    between the listing and its reading is not counted."""
+    return sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if _link(fd).startswith("socket:"))
+
+
+def _link(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except FileNotFoundError:
+        return ""
 
 
 def eventually(holds: Callable[[], bool], seconds: float = CLOSE_GUARD_S) -> bool:

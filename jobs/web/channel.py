@@ -27,6 +27,7 @@ byte every few seconds (never idle in that sense), held every other visitor out.
   percentile (BENCHMARKS.md, "Everything at once");
 * a connection from an address that already holds ``per_address`` connections is refused as it is accepted
   (`Admission`), so one visitor holds at most its share of ``connection_limit``;
+* the listener takes up to `ACCEPT_BURST` connections from the kernel's queue at a turn of the main loop, not one;
 * a connection accepted into a full server takes the place of the one that has waited longest for a request (kept
   alive after its answer, or sending one), so many visitors each within their share (a botnet) cannot fill the
   server for the others: waitress stops accepting once ``connection_limit`` are open, and a visitor's connection
@@ -51,6 +52,7 @@ import socket
 import struct
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from waitress.channel import HTTPChannel
@@ -61,6 +63,11 @@ TOLD_EVERY_S = 60.0
 """How often the server's stderr names an address it refuses connections from, or says it makes room (a refused
 client may retry at once, many times a second)."""
 FULL = ""
+ACCEPT_BURST = 64
+"""Connections taken from the kernel's queue at one turn of the main loop. waitress takes one a turn, and each turn asks
+every open connection whether it is readable: a flood of connections from many addresses (each within its share, each
+opened again as soon as it is closed) kept the queue full at its 1,024, and the system dropped new visitors'
+connections, which their systems sent again only 1, 3 or 7 s later (bench/redteam/serve44)."""
 """The key in `Admission.told` of the server making room (an address is never empty)."""
 
 
@@ -190,30 +197,52 @@ class Admission:
     """Connections closed to make room since the server last said so."""
 
     def __call__(self, server, sock: socket.socket, addr, adj, map) -> BoundedChannel | None:
-        address = addr[0]
+        """The connection waitress accepted, then more of the kernel's queue (`ACCEPT_BURST`); the connections
+        closed to make room for them go last, so that no connection accepted in this turn of the main loop takes
+        the descriptor of one closed in it (the loop would hand it that one's events)."""
         channels = [channel for channel in map.values() if isinstance(channel, BoundedChannel)]
-        if sum(1 for channel in channels if channel.addr[0] == address) >= self.per_address:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            sock.close()
+        waiting = [channel for channel in channels if channel.waiting_for_request]
+        held = Counter(channel.addr[0] for channel in channels)
+        first = self._admit(sock, addr, server, adj, map, held)
+        rooms = int(first is not None and len(map) > adj.connection_limit - 1)
+        for _ in range(ACCEPT_BURST - 1):
+            if rooms >= len(waiting) and len(map) >= adj.connection_limit:
+                break  # no room can be made for another
+            taken = _next_connection(server)
+            if taken is None:
+                break
+            if self._admit(*taken, server, adj, map, held) is not None and len(map) > adj.connection_limit - 1:
+                rooms += 1
+        for _ in range(rooms):  # waitress would accept no more until one closes
+            if not self.make_room(waiting):
+                break
+        return first
+
+    def _admit(self, sock: socket.socket, addr, server, adj, map, held: Counter[str]) -> BoundedChannel | None:
+        """One accepted connection: refused with a reset, or a channel. ``held``: connections of each address."""
+        address = addr[0]
+        if held[address] >= self.per_address:
+            _reset(sock)
             self._tell(address, f"refusing connections from {address}: it holds {self.per_address} "
                                 "(--connections-per-address)")
             return None
-        accepted = self.channel(server, sock, addr, adj, map=map)
-        if len(map) >= adj.connection_limit:  # waitress would accept no more until one closes
-            self.make_room(channels)
-        return accepted
+        held[address] += 1
+        return self.channel(server, sock, addr, adj, map=map)
 
-    def make_room(self, channels: list[BoundedChannel]) -> None:
-        """Close the connection of ``channels`` that has waited longest for a request, if any waits for one (the
-        newest waits least: it is usually a visitor who has just sent one, not yet read)."""
-        waiting = [channel for channel in channels if channel.waiting_for_request]
+    def make_room(self, waiting: list[BoundedChannel]) -> bool:
+        """Close, of the ``waiting`` connections (each waiting for a request, opened before this turn), the one that
+        has waited longest; whether there was one. (The newest waits least: it is usually a visitor who has just sent
+        one, not yet read.)"""
         if not waiting:
-            return
-        min(waiting, key=lambda channel: channel.waiting_since).handle_close()
+            return False
+        victim = min(waiting, key=lambda channel: channel.waiting_since)
+        victim.handle_close()
+        waiting.remove(victim)
         self.made_room += 1
         if self._tell(FULL, "every connection taken (--connections): closing those that waited longest for a "
                             f"request to make room for new ones ({self.made_room} since this was last said)"):
             self.made_room = 0
+        return True
 
     def _tell(self, key: str, message: str) -> bool:
         """Say ``message`` on stderr unless the server said it of ``key`` within `TOLD_EVERY_S`; whether it did."""
@@ -224,3 +253,27 @@ class Admission:
         self.told[key] = now
         sys.stderr.write(f"hubtrace serve: {message}\n")
         return True
+
+
+
+def _next_connection(server) -> tuple[socket.socket, object] | None:
+    """The next connection waiting in the listener's queue, as waitress's own accept prepares it; None when none."""
+    try:
+        taken = server.accept()
+    except OSError:
+        return None
+    if taken is None:
+        return None
+    sock, addr = taken
+    try:
+        server.set_socket_options(sock)
+    except OSError:  # the client has already gone (as waitress: nothing to keep)
+        sock.close()
+        return None
+    return sock, server.fix_addr(addr)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a reset: the client sees its connection refused, and the system keeps nothing of it."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
