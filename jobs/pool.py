@@ -160,7 +160,8 @@ class FingerprintPool:
 
     @property
     def not_started(self) -> int:
-        """Actors made but not (yet) started: the cluster had no room for them."""
+        """Actors made but not started by now: the cluster had no room for them."""
+        self._wait_for_started(len(self._starting), 0)
         return len(self._starting)
 
     def submit(self, record) -> ray.ObjectRef:

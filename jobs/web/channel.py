@@ -164,19 +164,17 @@ def bounded_channel(request_seconds: float, write_seconds: float, min_rate: floa
                                                       "write_seconds": write_seconds, "min_rate": min_rate})
 
 
-def accept_on_first_byte(listener: socket.socket, seconds: float) -> bool:
+def accept_on_first_byte(listener: socket.socket, seconds: float) -> None:
     """Have the system hand the server a connection only once its client has sent a byte, or after ``seconds``
-    (Linux's TCP_DEFER_ACCEPT; it rounds up to its retransmission steps of 1, 3, 7, 15 ... s); whether it could.
+    (Linux's TCP_DEFER_ACCEPT; it rounds up to its retransmission steps of 1, 3, 7, 15 ... s).
 
     A connection the system keeps costs the server nothing: no accept, no channel, no close, no slot. A client that
     sends nothing is handed over when the time is up and is then bounded like any other (`request_seconds`, its
     share, making room). Elsewhere than Linux (no such option) and with ``seconds`` 0, every connection is accepted
     at once, as waitress does."""
     option = getattr(socket, "TCP_DEFER_ACCEPT", None)
-    if option is None or seconds <= 0:
-        return False
-    listener.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
-    return True
+    if option is not None and seconds > 0:
+        listener.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
 
 
 @dataclass
