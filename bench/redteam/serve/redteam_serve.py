@@ -440,15 +440,7 @@ def main() -> None:
             raw(server, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         before = rss_mb(server.process.pid)
 
-        def sampler() -> None:
-            while not stop.is_set():
-                m = rss_mb(server.process.pid)
-                memory.append(m)
-                if m > GUARD_MB and not server.killed_by_guard:
-                    server.killed_by_guard = True
-                    os.kill(server.process.pid, signal.SIGKILL)
-                stop.wait(0.2)
-        sampling = threading.Thread(target=sampler)
+        sampling = threading.Thread(target=sample_memory, args=(server, stop, memory))
         sampling.start()
         attack = threading.Thread(target=CASES[args.case], args=(server, stop, stats)) if CASES[args.case] else None
         if attack:
@@ -485,7 +477,23 @@ def main() -> None:
         "tracebacks in stderr": tracebacks, "attack": stats,
     }
     print(json.dumps(row, default=str))
-    if tracebacks:
+    print_server_log(err)
+
+
+def sample_memory(server, stop: threading.Event, memory: list[float]) -> None:
+    """The server's RSS every 0.2 s into ``memory`` until ``stop``; the server killed past GUARD_MB."""
+    while not stop.is_set():
+        m = rss_mb(server.process.pid)
+        memory.append(m)
+        if m > GUARD_MB and not server.killed_by_guard:
+            server.killed_by_guard = True
+            os.kill(server.process.pid, signal.SIGKILL)
+        stop.wait(0.2)
+
+
+def print_server_log(err: str) -> None:
+    """The server's first traceback, if any, and its first 8 distinct `hubtrace serve:` lines (digits as #), to stderr."""
+    if "Traceback" in err:
         i = err.find("Traceback")
         print("FIRST TRACEBACK:\n" + err[i:i + 3000], file=sys.stderr)
     lines = [ln for ln in err.splitlines() if ln.startswith("hubtrace serve:")]

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import statistics
 import struct
@@ -184,15 +183,7 @@ def main() -> None:
             rt.raw(server, f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         before = rt.rss_mb(server.process.pid)
 
-        def sampler() -> None:
-            while not stop.is_set():
-                m = rt.rss_mb(server.process.pid)
-                memory.append(m)
-                if m > rt.GUARD_MB and not server.killed_by_guard:
-                    server.killed_by_guard = True
-                    os.kill(server.process.pid, signal.SIGKILL)
-                stop.wait(0.2)
-        sampling = threading.Thread(target=sampler)
+        sampling = threading.Thread(target=rt.sample_memory, args=(server, stop, memory))
         sampling.start()
         attack = threading.Thread(target=CASES[args.case], args=(server, stop, stats)) if CASES[args.case] else None
         if attack:
@@ -233,14 +224,7 @@ def main() -> None:
            "tracebacks": err.count("Traceback"), "attacker cpu s": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 1),
            "server nice": mine, "attack": stats}
     print(json.dumps(row, default=str))
-    if "Traceback" in err:
-        i = err.find("Traceback")
-        print("FIRST TRACEBACK:\n" + err[i:i + 3000], file=sys.stderr)
-    lines = [ln for ln in err.splitlines() if ln.startswith("hubtrace serve:")]
-    import re
-    print("STDERR hubtrace lines (distinct):", file=sys.stderr)
-    for ln in list(dict.fromkeys(re.sub(r"\d", "#", ln) for ln in lines))[:8]:
-        print("  " + ln, file=sys.stderr)
+    rt.print_server_log(err)
 
 
 if __name__ == "__main__":
