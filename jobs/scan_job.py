@@ -504,9 +504,9 @@ def _run_stages(scan: _Scan, config: ScanConfig, fingerprints: FingerprintStore)
         pool = FingerprintPool(shape, config, fingerprints.location, token, scan.probe)
         try:
             scan.fingerprint_stage(pool)
-            if pool.not_started:
-                scan.warn(f"{pool.not_started} of {shape.actors} fingerprint actors never started (the cluster had "
-                          "no room for them); the models were fingerprinted on the others")
+            if missing := pool.not_started:
+                scan.warn(f"{missing} of {shape.actors} fingerprint actors never started (the cluster had no room "
+                          "for them); the models were fingerprinted on the others")
         except WorkersNotStartedError as exc:  # kept in the failed run's summary too, not only on the console
             scan.warn(str(exc))
             raise

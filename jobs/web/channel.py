@@ -63,12 +63,12 @@ TOLD_EVERY_S = 60.0
 """How often the server's stderr names an address it refuses connections from, or says it makes room (a refused
 client may retry at once, many times a second)."""
 FULL = ""
+"""The key in `Admission.told` of the server making room (an address is never empty)."""
 ACCEPT_BURST = 64
 """Connections taken from the kernel's queue at one turn of the main loop. waitress takes one a turn, and each turn asks
 every open connection whether it is readable: a flood of connections from many addresses (each within its share, each
 opened again as soon as it is closed) kept the queue full at its 1,024, and the system dropped new visitors'
 connections, which their systems sent again only 1, 3 or 7 s later (bench/redteam/serve44)."""
-"""The key in `Admission.told` of the server making room (an address is never empty)."""
 
 
 class BoundedChannel(HTTPChannel):
@@ -202,14 +202,14 @@ class Admission:
         waiting = [channel for channel in channels if channel.waiting_for_request]
         held = Counter(channel.addr[0] for channel in channels)
         first = self._admit(sock, addr, server, adj, map, held)
-        rooms = int(first is not None and len(map) > adj.connection_limit - 1)
+        rooms = int(first is not None and len(map) >= adj.connection_limit)
         for _ in range(ACCEPT_BURST - 1):
             if rooms >= len(waiting) and len(map) >= adj.connection_limit:
                 break  # no room can be made for another
             taken = _next_connection(server)
             if taken is None:
                 break
-            if self._admit(*taken, server, adj, map, held) is not None and len(map) > adj.connection_limit - 1:
+            if self._admit(*taken, server, adj, map, held) is not None and len(map) >= adj.connection_limit:
                 rooms += 1
         for _ in range(rooms):  # waitress would accept no more until one closes
             if not self.make_room(waiting):
@@ -251,7 +251,6 @@ class Admission:
         self.told[key] = now
         sys.stderr.write(f"hubtrace serve: {message}\n")
         return True
-
 
 
 def _next_connection(server) -> tuple[socket.socket, object] | None:
