@@ -21,8 +21,9 @@ the machine runs:
    taken, and one more client sends the statement and hangs up at once, every two seconds (the server must stop it,
    not run it for nobody);
 3. the same pages, while --idle-clients visitors (default 40, each of its own address) hold a connection that sends
-   half a request line and nothing more (opened again when the server closes it), --stalled-clients (default 8)
-   ask for the biggest table and the biggest SQL answer as CSV and read nothing (the server cuts each off after
+   half a request line and nothing more (opened again when the server closes it), --stalled-clients (default 8,
+   each of its own address, 127.0.6.x: one turned away holds its idle connection until it hangs up) ask for the
+   biggest table and the biggest SQL answer as CSV and read nothing (the server cuts each off after
    --write-seconds of nothing taken, and they ask again), and --slow-clients (default 4) download the biggest table
    at 64 KB/s;
 4. the same pages, while one visitor (127.0.0.2) holds --hog-idle connections (default 150) that send nothing and
@@ -192,6 +193,9 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
                           "turned away, lanes taken (503)" if error.code == 503 else f"HTTP {error.code}"] += 1
                 if error.code == 503:
                     stop.wait(1.0)
+            except (urllib.error.URLError, OSError) as error:
+                phase.sql[type(getattr(error, "reason", error)).__name__] += 1
+                stop.wait(1.0)
 
     def leaving_client() -> None:
         parts = urlsplit(page_url(server.url, "/sql", q=SLOW))
@@ -223,9 +227,9 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
             phase.connections["idle: closed by the server"] += 1
             stop.wait(0.5)
 
-    def stalled_client(url: str) -> None:
+    def stalled_client(url: str, address: str) -> None:
         while not stop.is_set():  # asks, reads nothing for --stall seconds, hangs up, asks again
-            with unread(url):
+            with unread(url, source=address):
                 phase.downloads["stalled: asked and read nothing"] += 1
                 stop.wait(args.stall)
 
@@ -288,7 +292,7 @@ def load(server: Server, pages: list[tuple[str, dict]], args: argparse.Namespace
     if downloads:
         background += [threading.Thread(target=idle_client, args=(f"127.0.2.{k + 1}",))
                        for k in range(args.idle_clients)]
-        background += [threading.Thread(target=stalled_client, args=(table if k % 2 else answer,))
+        background += [threading.Thread(target=stalled_client, args=(table if k % 2 else answer, f"127.0.6.{k + 1}"))
                        for k in range(args.stalled_clients)]
         background += [threading.Thread(target=slow_client) for _ in range(args.slow_clients)]
     if crawl:

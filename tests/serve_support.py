@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import resource
 import selectors
 import socket
 import subprocess
@@ -40,13 +41,19 @@ class Server:
 
 
 @contextmanager
-def serving(db: Path, log: Path, *options: str) -> Iterator[Server]:
+def serving(db: Path, log: Path, *options: str, open_files: int | None = None) -> Iterator[Server]:
     """`hubtrace serve --db db --port 0` in a process of its own until the block ends: its base URL is read from the
-    line it prints once it listens (stderr goes to ``log``)."""
+    line it prints once it listens (stderr goes to ``log``). ``open_files``: the process's limit of open files, soft
+    and hard (the system's otherwise)."""
     command = [str(HUBTRACE)] if HUBTRACE.exists() else [sys.executable, "-m", "jobs.cli.app"]
+
+    def limit_open_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     with log.open("w") as errors:
         process = subprocess.Popen([*command, "serve", "--db", str(db), "--port", "0", *options],
-                                   stdout=subprocess.PIPE, stderr=errors, text=True)
+                                   stdout=subprocess.PIPE, stderr=errors, text=True,
+                                   preexec_fn=limit_open_files if open_files else None)
         try:
             line = process.stdout.readline()
             found = re.search(r"http://\S+/", line)
@@ -175,6 +182,11 @@ class Hog:
     def held(self) -> int:
         """Connections open now, as far as the hog has seen."""
         return len(self.selector.get_map())
+
+    @property
+    def trickling(self) -> int:
+        """Trickling connections open now, as far as the hog has seen."""
+        return sum(key.data == "trickling" for key in list(self.selector.get_map().values()))
 
     def _open(self, kind: str) -> bool:
         """Open one connection of ``kind``; False if the server reset it at once (a loopback connection can be

@@ -63,7 +63,8 @@ def serve_command(
     connections: Annotated[int, typer.Option(
         "--connections", min=2, help="Connections open at once; a new one then closes the one that has waited "
                                      "longest for a request, or waits to be accepted while every one is being "
-                                     "answered. Keep it below the open files a process may have (ulimit -n).")
+                                     "answered. The server raises its limit of open files to hold them; where the "
+                                     "system allows fewer (ulimit -Hn), it holds fewer and says so.")
     ] = ServeLimits.connections,
     connections_per_address: Annotated[int, typer.Option(
         "--connections-per-address", min=1, help="Connections one client address may hold at once; more are "
@@ -91,10 +92,15 @@ def serve_command(
 
     from jobs.web.app import LOCAL_NAMES, create_app
     from jobs.web.bounds import DOWNLOADS, SQL
-    from jobs.web.channel import Admission, accept_on_first_byte, bounded_channel
+    from jobs.web.channel import Admission, accept_on_first_byte, bounded_channel, room_for_connections
     from jobs.web.database import EXTENSION
+    from jobs.web.fair_queue import FairDispatcher
 
     local = _loopback(host)
+    if (held := room_for_connections(connections)) < connections:
+        typer.echo(f"hubtrace serve: warning: --connections {connections} lowered to {held}: the system lets this "
+                   "process open too few files (ulimit -n)", err=True)
+        connections = held
     limits = ServeLimits(query_seconds=query_seconds, download_rows=download_rows, download_bytes=download_mb << 20,
                          sql_slots=sql_slots, download_slots=download_slots, write_seconds=write_seconds,
                          request_seconds=request_seconds, first_byte_seconds=first_byte_seconds,
@@ -107,15 +113,18 @@ def serve_command(
     try:
         # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen;
         # poll() rather than select(), which fails past file descriptor 1023 (--connections may reach it)
+        # requests answered by visitor, the least served first (jobs.web.fair_queue), not in the order they came
+        dispatcher = FairDispatcher()
+        dispatcher.set_thread_count(PAGE_THREADS + sql_slots + download_slots)
         server = create_server(app, host=host, port=port, threads=PAGE_THREADS + sql_slots + download_slots,
                                ident="hubtrace", channel_request_lookahead=1, connection_limit=connections,
-                               asyncore_use_poll=True)
+                               asyncore_use_poll=True, _dispatcher=dispatcher)
     except OSError as exc:
         raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     admission = Admission(bounded_channel(request_seconds, write_seconds, limits.min_rate), connections_per_address)
     for listener in server.map.values() if isinstance(server, MultiSocketServer) else [server]:  # one per address
         if isinstance(listener, BaseWSGIServer):
-            listener.channel_class = admission
+            admission.take(listener)
             accept_on_first_byte(listener.socket, first_byte_seconds)
     if not local:
         typer.echo(f"hubtrace: warning: listening on {host}: anyone who can reach this address can read the whole "

@@ -57,6 +57,12 @@ from dataclasses import dataclass, field
 
 from waitress.channel import HTTPChannel
 
+try:  # POSIX only: elsewhere what the system holds for a client is not asked (`_unsent`)
+    import fcntl
+    import termios
+except ImportError:  # pragma: no cover
+    fcntl = termios = None  # type: ignore[assignment]
+
 POLL_S = 0.25
 """How often a waiting writer looks at the clock (the main loop also wakes it whenever the client takes bytes)."""
 TOLD_EVERY_S = 60.0
@@ -89,12 +95,19 @@ class BoundedChannel(HTTPChannel):
     """When the connection last had a request being answered (or opened): the clock of `write_seconds` for the rest
     of a finished answer."""
     waiting_since: float = 0.0
-    """When the connection last had a request being answered or an answer waiting (or opened): the clock of
+    """When the connection last had a request being answered or an answer waiting (or opened): which connection has
+    waited longest for a request (`Admission.make_room`)."""
+    unsent: int = 0
+    """Bytes the system held for the client at the main loop's last look at an idle connection (`_kept_unread`)."""
+    unsent_since: float = 0.0
+    """When the client last took some of them (or they began to wait)."""
+    begun: float = 0.0
+    """When the request the client is sending began (while it sends none: the main loop's last look): the clock of
     `request_seconds`."""
 
     def __init__(self, server, sock, addr, adj, map=None) -> None:
         super().__init__(server, sock, addr, adj, map=map)
-        self.waiting_since = self.answered = self.creation_time
+        self.waiting_since = self.answered = self.begun = self.creation_time
 
     def _flush_some(self, do_close: bool = True) -> bool:
         waiting = self.total_outbufs_len
@@ -146,7 +159,7 @@ class BoundedChannel(HTTPChannel):
             return True
         if self.requests:  # being answered: its writer keeps the time of what the client takes
             self.waiting_since = self.answered = now
-            self.taken = 0
+            self.taken = self.unsent = 0
             return False
         if self.total_outbufs_len:  # the rest of a finished answer (a spooled download) waits for the client
             self.waiting_since = now
@@ -154,7 +167,21 @@ class BoundedChannel(HTTPChannel):
             self.stalled = (now - max(self.answered, self.last_taken) >= self.write_seconds
                             or (had >= self.write_seconds and self.taken < self.min_rate * had))
             return self.stalled
-        return now - self.waiting_since >= self.request_seconds
+        if self.request is None:  # no request begun: idle, held until its room is needed (`Admission.make_room`)
+            self.begun = now
+            return self._kept_unread(now)
+        return now - self.begun >= self.request_seconds
+
+    def _kept_unread(self, now: float) -> bool:
+        """Whether the system has held bytes of an answer for the client for `write_seconds` in which it took none. An
+        answer that fits in the system's buffers (a few megabytes) leaves waitress at once, and the connection looks
+        idle; a client that never reads it would hold that memory for as long as its connection is kept."""
+        queued = _unsent(self.socket)
+        if queued == 0 or queued < self.unsent or not self.unsent:  # taken, some taken, or a new wait
+            self.unsent, self.unsent_since = queued, now
+            return False
+        self.stalled = now - self.unsent_since >= self.write_seconds
+        return self.stalled
 
 
 def bounded_channel(request_seconds: float, write_seconds: float, min_rate: float = 0.0) -> type[BoundedChannel]:
@@ -177,6 +204,28 @@ def accept_on_first_byte(listener: socket.socket, seconds: float) -> None:
         listener.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
 
 
+OPEN_FILES_KEPT = 256
+"""File descriptors of the server that are not connections: the database, the lanes' pipes, spooled downloads."""
+
+
+def room_for_connections(wanted: int) -> int:
+    """How many connections the server can hold, up to ``wanted``: the process's limit of open files is raised as far
+    as the system lets it (many systems start a process at 1,024), less `OPEN_FILES_KEPT`. Where the system has no
+    such limit (not POSIX), ``wanted``."""
+    try:
+        import resource
+    except ImportError:
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = wanted + OPEN_FILES_KEPT
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return wanted if soft == resource.RLIM_INFINITY else max(1, min(wanted, soft - OPEN_FILES_KEPT))
+
+
 @dataclass
 class Admission:
     """A listener's ``channel_class``: accepts a connection as a `channel` unless its client's address already holds
@@ -193,6 +242,21 @@ class Admission:
     """When the server last said it refuses an address's connections (or, under `FULL`, that it is full)."""
     made_room: int = 0
     """Connections closed to make room since the server last said so."""
+
+    def take(self, listener) -> None:
+        """Have waitress's ``listener`` accept through this admission, and go on accepting while it is full but a
+        connection waits for a request: waitress stops accepting once ``connection_limit`` are open, and would then
+        make no room until one closed by itself (a burst of new connections can fill the server in one turn of the
+        main loop, before any of them can be closed to make room)."""
+        listener.channel_class = self
+        waitress_readable = listener.readable
+
+        def readable() -> bool:
+            return waitress_readable() or (listener.accepting and any(
+                isinstance(channel, BoundedChannel) and channel.waiting_for_request
+                for channel in listener._map.values()))
+
+        listener.readable = readable
 
     def __call__(self, server, sock: socket.socket, addr, adj, map) -> BoundedChannel | None:
         """The connection waitress accepted, then more of the kernel's queue (`ACCEPT_BURST`); the connections
@@ -268,6 +332,16 @@ def _next_connection(server) -> tuple[socket.socket, object] | None:
         sock.close()
         return None
     return sock, server.fix_addr(addr)
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes the system holds for the client, not yet taken (Linux's TIOCOUTQ); 0 where it cannot say."""
+    if fcntl is None or not hasattr(termios, "TIOCOUTQ"):
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
 
 
 def _reset(sock: socket.socket) -> None:

@@ -21,7 +21,7 @@ class ServeLimits:
     request_seconds: float = 5.0
     first_byte_seconds: float = 5.0
     """How long the system keeps a new connection that has sent nothing from the server (jobs.web.channel)."""
-    connections: int = 256
+    connections: int = 4096
     connections_per_address: int = 16
     statement_mb: int = 1024
     """The memory (the system's data limit) of each SQL lane's process, jobs.web.statement_process."""

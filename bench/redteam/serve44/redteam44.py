@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
 import redteam_serve as rt  # noqa: E402
 
-HONEST = Path(__file__).resolve().parents[1] / "serve" / "honest.py"
+HONEST = Path(os.environ.get("HT_HONEST") or Path(__file__).resolve().parents[1] / "serve" / "honest.py")
 
 
 def _bump(stats: dict, key: str, n: int = 1) -> None:
@@ -32,9 +32,9 @@ def _bump(stats: dict, key: str, n: int = 1) -> None:
 
 
 def conn_loop(server, stop, stats, addresses: int, per: int, prefix: str, payload: bytes, read_answer: bool,
-              pause: float = 0.0) -> None:
-    """addresses x per asyncio connections; each sends ``payload`` then waits (reading) until the server closes it,
-    and reopens after ``pause``."""
+              pause: float = 0.0, hold: float = 0.0) -> None:
+    """addresses x per asyncio connections; each sends ``payload`` then waits (reading) until the server closes it
+    (or, with ``hold``, until it has been open that long: then it closes it), and reopens after ``pause``."""
     payload = payload.replace(b"Host: x", f"Host: {server.host}:{server.port}".encode())
 
     async def one(address: str) -> None:
@@ -53,8 +53,12 @@ def conn_loop(server, stop, stats, addresses: int, per: int, prefix: str, payloa
                 await writer.drain()
                 got = b""
                 while not stop.is_set():
+                    if hold and time.monotonic() - t0 >= hold:
+                        _bump(stats, "closed by client")
+                        got = None
+                        break
                     try:
-                        chunk = await asyncio.wait_for(reader.read(65536), 1.0)
+                        chunk = await asyncio.wait_for(reader.read(65536), min(1.0, hold or 1.0))
                     except TimeoutError:
                         continue
                     if not chunk:
@@ -62,7 +66,8 @@ def conn_loop(server, stop, stats, addresses: int, per: int, prefix: str, payloa
                     if not got:
                         _bump(stats, f"answer {rt.status_of(chunk)}")
                     got += chunk[:100]
-                _bump(stats, "closed by server")
+                if got is not None:
+                    _bump(stats, "closed by server")
                 stats.setdefault("held s", []).append(time.monotonic() - t0)
             except OSError as e:
                 _bump(stats, f"io {type(e).__name__}")
@@ -101,6 +106,13 @@ def keepalive_paced(server, stop, stats) -> None:
     """keepalive_idle, but each connection is reopened 3 s after the server closes it (fewer requests a second)."""
     conn_loop(server, stop, stats, 200, 16, "127.25", b"GET /no-such-page HTTP/1.1\r\nHost: x\r\n\r\n", read_answer=True,
               pause=3.0)
+
+
+def keepalive_recycled(server, stop, stats) -> None:
+    """keepalive_idle whose connections close themselves 5 s after they opened and reopen at once: 3,200 connections,
+    each asking for a page, opened together every 5 s (the server no longer closes idle ones; the bots do)."""
+    conn_loop(server, stop, stats, 200, 16, "127.27", b"GET /no-such-page HTTP/1.1\r\nHost: x\r\n\r\n", read_answer=True,
+              hold=5.0)
 
 
 def notfound_flood(server, stop, stats) -> None:
@@ -161,6 +173,7 @@ def head_flood(server, stop, stats) -> None:
 
 CASES = {"baseline": None, "onebyte": onebyte, "partial_max": partial_max, "keepalive_idle": keepalive_idle,
          "hit_and_run": hit_and_run, "keepalive_paced": keepalive_paced,
+         "keepalive_recycled": keepalive_recycled,
          "notfound_flood": notfound_flood, "head_flood": head_flood}
 
 
@@ -169,8 +182,9 @@ def main() -> None:
     p.add_argument("--db", required=True)
     p.add_argument("--case", required=True, choices=list(CASES))
     p.add_argument("--seconds", type=float, default=40)
+    p.add_argument("--serve", nargs=argparse.REMAINDER, default=[], help="options for hubtrace serve")
     args = p.parse_args()
-    server = rt.Server(args.db, [])
+    server = rt.Server(args.db, args.serve)
     # rt.Server starts the server under a further `nice -n 10` (19 when this script runs at 10), which would give the
     # attack threads of this process priority over it: the server and the honest visitor run at this script's level
     mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -223,6 +237,7 @@ def main() -> None:
            "alive at end": alive, "front page after": after_probe, "load1": round(load1, 2),
            "tracebacks": err.count("Traceback"), "attacker cpu s": round(cpu1.user + cpu1.system - cpu0.user - cpu0.system, 1),
            "server nice": mine, "attack": stats}
+    row.update({k: h[k] for k in ("conn", "first") if k in h})
     print(json.dumps(row, default=str))
     rt.print_server_log(err)
 
