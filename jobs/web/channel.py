@@ -5,9 +5,14 @@ them it accepts none until some close), each closed after ``channel_timeout`` (1
 byte and asked for nothing. One visitor opening a hundred connections that send nothing, or that send a request a
 byte every few seconds (never idle in that sense), held every other visitor out. Here:
 
-* a connection waiting for a request (just opened, or kept alive after an answer) must deliver the whole of one
-  within ``request_seconds``; then the main loop closes it, however many bytes it trickles (the app takes GET only,
-  so a whole request is its header);
+* a request, once its first byte has come, must arrive whole within ``request_seconds``; then the main loop closes
+  the connection, however many bytes it trickles (the app takes GET only, so a whole request is its header). A
+  connection that asks for nothing (kept alive after an answer, or silent) is idle and held: closing idle connections
+  after ``request_seconds`` made a botnet's keep-alive connections come back all at once every few seconds, and the
+  server accepted and closed two thousand a second (bench/redteam/serve44); an idle connection costs a descriptor,
+  and makes room when the server is full (below). An answer small enough to leave waitress whole, held by the
+  system for a client that takes none of it, is cut after ``write_seconds`` as if it waited in waitress's buffer
+  (`_kept_unread`);
 * a writer waits at most ``write_seconds`` in which the client took no byte. waitress hands a response to the client
   from a buffer; when more than ``outbuf_high_watermark`` (16 MB) waits unsent, the thread writing it waits until
   the client takes some, for as long as the connection stays open. Eight clients that asked for a big table and read
@@ -33,15 +38,16 @@ byte every few seconds (never idle in that sense), held every other visitor out.
   server for the others: waitress stops accepting once ``connection_limit`` are open, and a visitor's connection
   then waited in the kernel's queue behind every other one until some closed. A connection with a request being
   answered, or with an answer still to send, is never closed to make room; when every one has, the server is full
-  and new connections wait in the kernel's queue as before.
+  and new connections wait in the kernel's queue as before. The listener goes on accepting while it is full and a
+  connection waits for a request (`Admission.take`).
 
 An answer the app is still writing, whose client keeps taking it, however slowly, is never cut by these bounds (the
 app's downloads are finished before they are sent; the minimum rate bounds those).
 
 This reaches into waitress 3's `HTTPChannel` (its wait for the buffer to drain, the readiness checks its main loop
 makes of every connection on every turn, at least once a second, its queue of requests and of unsent bytes) and its
-servers' ``channel_class`` (called with each accepted socket) and their rule of accepting nothing while their map
-holds ``connection_limit`` entries; tests/test_serve_bounds.py holds it to the behaviour.
+servers' ``channel_class`` (called with each accepted socket), their ``readable`` and their rule of accepting nothing
+while their map holds ``connection_limit`` entries; tests/test_serve_bounds.py holds it to the behaviour.
 """
 
 from __future__ import annotations
