@@ -1,13 +1,13 @@
-"""The page threads' queue of `hubtrace serve` (jobs.web.fair_queue): requests answered by visitor, the least served
-first, on a clock the tests move; and waitress's dispatcher running it on real threads. Deterministic: no false
-failures."""
+"""The page threads' queue of `hubtrace serve` (jobs.web.fair_queue): requests answered by visitor, weighted by how
+much each address asked lately, on a clock the tests move; and waitress's dispatcher running it on real threads.
+Deterministic: no false failures."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
-from jobs.web.fair_queue import FORGET_EVERY, HALF_LIFE_S, REMEMBERED, FairDispatcher, LeastServedFirst
+from jobs.web.fair_queue import FORGET_EVERY, HALF_LIFE_S, REMEMBERED, FairDispatcher, FairQueue
 
 
 @dataclass
@@ -34,12 +34,12 @@ class Clock:
         return self.now
 
 
-def drained(queue: LeastServedFirst) -> list[str]:
+def drained(queue: FairQueue) -> list[str]:
     return [queue.popleft().name for _ in range(len(queue))]
 
 
 def test_a_visitor_asking_once_is_answered_before_the_rest_of_a_flood_that_came_first() -> None:
-    queue = LeastServedFirst(clock=Clock())
+    queue = FairQueue(clock=Clock())
     for k in range(100):
         queue.append(Request("203.0.113.9", f"flood {k}"))
     queue.append(Request("198.51.100.1", "visitor"))
@@ -49,7 +49,7 @@ def test_a_visitor_asking_once_is_answered_before_the_rest_of_a_flood_that_came_
 
 
 def test_visitors_asking_alike_take_turns_whatever_the_order_they_asked_in() -> None:
-    queue = LeastServedFirst(clock=Clock())
+    queue = FairQueue(clock=Clock())
     for address in ("a", "b", "c"):
         for k in range(3):
             queue.append(Request(address, f"{address}{k}"))
@@ -58,7 +58,7 @@ def test_visitors_asking_alike_take_turns_whatever_the_order_they_asked_in() -> 
 
 def test_an_address_served_more_lately_waits_behind_one_served_less_and_is_forgiven_with_time() -> None:
     clock = Clock()
-    queue = LeastServedFirst(clock=clock)
+    queue = FairQueue(clock=clock)
     for name, answers in (("busy", 10), ("quiet", 2)):
         for _ in range(answers):
             queue.append(Request(name, name))
@@ -76,9 +76,29 @@ def test_an_address_served_more_lately_waits_behind_one_served_less_and_is_forgi
     assert drained(queue) == ["busy before", "quiet now"]
 
 
+def test_a_flood_from_ever_new_addresses_takes_turns_with_a_known_visitor_and_never_passes_it_for_ever() -> None:
+    """24 clients each asking again as soon as answered, every request from an address never seen (each as light as an
+    address can be), against a visitor who has asked 15 pages lately: the visitor's request waits for about one turn
+    of each client, not for ever (a queue that put the least served address first never answered it)."""
+    queue = FairQueue(clock=Clock())
+    fresh = (f"10.0.{k >> 8}.{k & 255}" for k in range(1_000_000))
+    for _ in range(15):
+        queue.append(Request("198.51.100.1", "visitor before"))
+        queue.popleft()
+    for _ in range(24):
+        queue.append(Request(next(fresh), "flood"))
+    queue.append(Request("198.51.100.1", "visitor"))
+    taken_before = 0
+    while queue.popleft().name != "visitor":
+        taken_before += 1
+        queue.append(Request(next(fresh), "flood"))  # the client answered asks again, from a new address
+        assert taken_before < 10_000
+    assert 24 <= taken_before <= 2 * 24
+
+
 def test_a_flood_from_ever_new_addresses_leaves_no_memory_behind() -> None:
     clock = Clock()
-    queue = LeastServedFirst(clock=clock)
+    queue = FairQueue(clock=clock)
     for k in range(3 * FORGET_EVERY):
         queue.append(Request(f"10.{k >> 16}.{(k >> 8) & 255}.{k & 255}", "one"))
         queue.popleft()
@@ -106,7 +126,7 @@ def test_waitress_threads_answer_from_the_fair_queue() -> None:
 
 def test_a_flood_of_new_addresses_faster_than_they_are_forgotten_is_remembered_up_to_a_bound() -> None:
     clock = Clock()
-    queue = LeastServedFirst(clock=clock)
+    queue = FairQueue(clock=clock)
     for k in range(REMEMBERED + 2 * FORGET_EVERY):
         queue.append(Request(f"10.{k >> 16}.{(k >> 8) & 255}.{k & 255}", "one"))
         queue.popleft()

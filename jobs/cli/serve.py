@@ -113,7 +113,7 @@ def serve_command(
     try:
         # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen;
         # poll() rather than select(), which fails past file descriptor 1023 (--connections may reach it)
-        # requests answered by visitor, the least served first (jobs.web.fair_queue), not in the order they came
+        # requests answered in turns by client address (jobs.web.fair_queue), not in the order they came
         dispatcher = FairDispatcher()
         dispatcher.set_thread_count(PAGE_THREADS + sql_slots + download_slots)
         server = create_server(app, host=host, port=port, threads=PAGE_THREADS + sql_slots + download_slots,

@@ -1,16 +1,28 @@
-"""The requests waiting for a page thread, answered by visitor, the least served first.
+"""The requests waiting for a page thread, answered by visitor: each address's turns come the more slowly the more it
+has asked lately, and no address, new or known, can be passed for ever.
 
 waitress answers waiting requests in the order they came: one visitor asking a thousand times a second (each request
 cheap, a 404, from many connections) put a thousand requests ahead of everyone else's. 200 addresses each holding 16
 keep-alive connections that asked for a missing page, idled and asked again when reopened, queued thousands of
 requests in waves, and an honest visitor's page waited 1.4-2.9 s at the median behind them (bench/redteam/serve44).
-Here the next request answered is that of the address served least lately (a count of its answers that halves every
-`HALF_LIFE_S`), so a visitor who asks less than every other one waits for no one's queue but the requests being
-answered, however many others there are and however fast they ask; a visitor asking as fast as the others waits one
-request of each. Among requests of one address the order is the order they came.
 
-Behind a reverse proxy every request comes from the proxy's address, and the queue is waitress's again (first come,
-first served); the proxy then has to share its clients' turns (docs/serve.md).
+Here the queue is start-time fair queueing (Goyal, Vin and Cheng, 1996) over client addresses, with a weight: each
+request gets a tag, its address's previous tag or the queue's virtual time (the tag of the request last taken),
+whichever is later, plus ``1 + asked / SHARE_SCALE``, where ``asked`` is the address's count of requests (halving every
+`HALF_LIFE_S`); the smallest tag is answered first, ties in the order they came. So
+
+* a visitor who has asked less lately than the others is answered before them (a 404 flood from a few addresses
+  weighs its own turns down, not the visitor's);
+* requests of one address keep their order, and an address asking many at once waits a turn for each;
+* a new address starts at the virtual time, not ahead of it: a flood from ever new addresses (each one never seen,
+  so each as light as can be) takes turns with a known visitor instead of passing it for ever (a first version
+  answered the least served address first, and 24 clients each asking from a new address every time kept a visitor
+  waiting 3.5 s at the median and 24 s at worst: bench/redteam/serve45).
+
+A visitor with a request waiting waits at most for the requests tagged below its own: from each other address with
+requests waiting, about ``its own weight`` of them. Behind a reverse proxy every request comes from the proxy's address,
+and the queue is waitress's again (first come, first served); the proxy then has to share its clients' turns
+(docs/serve.md).
 """
 
 from __future__ import annotations
@@ -19,21 +31,23 @@ import heapq
 import itertools
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 
 from waitress.task import ThreadedTaskDispatcher
 
 HALF_LIFE_S = 10.0
-"""How fast an address's past answers stop counting against it: a visitor that asked much a minute ago and little
+"""How fast an address's past requests stop counting against it: a visitor that asked much a minute ago and little
 since is served as one that asks little."""
+SHARE_SCALE = 10.0
+"""Requests counted (with `HALF_LIFE_S`) that double an address's weight: a visitor reading a page a second weighs
+about 2.5, an address asking ten a second about 16, one never seen 1."""
 FORGOTTEN = 10 * math.log(2)
-"""An address whose count has halved ten times since its last answer (below a thousandth) is forgotten (as new)."""
+"""An address whose count has halved ten times since its last request (below a thousandth) is forgotten (as new)."""
 FORGET_EVERY = 4096
-"""Answers between two sweeps of the forgotten addresses (each sweep looks at every address remembered)."""
+"""Requests taken between two sweeps of the forgotten addresses (each sweep looks at every address remembered)."""
 REMEMBERED = 1 << 16
-"""The most addresses a sweep keeps, those served most: a flood from ever new addresses is forgotten sooner (each of
-its addresses was served little, and is then served as a new one, which it nearly is)."""
+"""The most addresses a sweep keeps, those that asked most: a flood from ever new addresses is forgotten sooner (each
+of its addresses asked little, and is then treated as a new one, which it nearly is)."""
 
 
 def _address(task: object) -> str:
@@ -42,76 +56,73 @@ def _address(task: object) -> str:
     return str(addr[0]) if isinstance(addr, tuple) and addr else ""
 
 
-class LeastServedFirst:
-    """The queue of waitress's dispatcher (``append``, ``popleft``, its length): the next task is the oldest of the
-    address with the lowest decayed count of answers, ties in the order the addresses' first waiting requests came.
+class FairQueue:
+    """The queue of waitress's dispatcher (``append``, ``popleft``, its length), in the order of weighted start-time
+    fair queueing over client addresses (the module's docstring).
 
-    A count is kept as the logarithm of the sum of ``exp(rate * t)`` over its answers' times ``t``: every count decays
-    by the same factor, so their order only changes when one is served, and each address waits in a heap under the
-    count it had when it was last served, which stays exact."""
+    An address's count is kept as the logarithm of the sum of ``exp(rate * t)`` over the times ``t`` it asked, so that
+    counts decay without being touched."""
 
     def __init__(self, half_life_s: float = HALF_LIFE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._rate = math.log(2) / half_life_s
         self._clock = clock
-        self._waiting: dict[str, deque[object]] = {}
-        """Each address with requests waiting, oldest first."""
-        self._turns: list[tuple[float, int, str]] = []
-        """A heap of (count, order of arrival, address), one entry for each address in `_waiting`."""
-        self._served: dict[str, float] = {}
-        """The logarithm of each remembered address's count of answers (absent: none)."""
+        self._waiting: list[tuple[float, int, object]] = []
+        """A heap of (tag, order of arrival, task)."""
+        self._virtual = 0.0
+        """The tag of the request taken last."""
+        self._last_tag: dict[str, float] = {}
+        """Each address's latest tag, while it is ahead of the virtual time (else it counts as the virtual time)."""
+        self._asked: dict[str, float] = {}
+        """The logarithm of each remembered address's count of requests (absent: none)."""
         self._arrivals = itertools.count()
-        self._length = 0
         self._until_forgetting = FORGET_EVERY
 
     def __len__(self) -> int:
-        return self._length
+        return len(self._waiting)
 
     @property
     def remembered(self) -> int:
-        """Addresses whose count is kept (those served within the last few minutes, and those waiting)."""
-        return len(self._served)
+        """Addresses whose count is kept (those that asked within the last few minutes)."""
+        return len(self._asked)
+
+    def weight(self, address: str) -> float:
+        """The turn one more request of ``address`` takes: 1 for an address never seen, more the more it asked."""
+        logged = self._asked.get(address)
+        return 1.0 if logged is None else 1.0 + math.exp(logged - self._rate * self._clock()) / SHARE_SCALE
 
     def append(self, task: object) -> None:
         """A request waiting for a thread (waitress queues the channel that holds it)."""
         address = _address(task)
-        waiting = self._waiting.get(address)
-        if waiting is None:
-            waiting = self._waiting[address] = deque()
-            heapq.heappush(self._turns, (self._served.get(address, -math.inf), next(self._arrivals), address))
-        waiting.append(task)
-        self._length += 1
+        tag = max(self._virtual, self._last_tag.get(address, self._virtual)) + self.weight(address)
+        self._last_tag[address] = tag
+        now = self._rate * self._clock()
+        self._asked[address] = float(math.log(math.exp(self._asked.get(address, -math.inf) - now) + 1) + now)
+        heapq.heappush(self._waiting, (tag, next(self._arrivals), task))
 
     def popleft(self) -> object:
-        """The next request to answer, counted as an answer to its address."""
-        _, _, address = heapq.heappop(self._turns)
-        waiting = self._waiting[address]
-        task = waiting.popleft()
-        self._length -= 1
-        now = self._rate * self._clock()
-        count = self._served[address] = float(math.log(math.exp(self._served.get(address, -math.inf) - now) + 1)
-                                              + now)
-        if waiting:
-            heapq.heappush(self._turns, (count, next(self._arrivals), address))
-        else:
-            del self._waiting[address]
+        """The request with the smallest tag (the earliest of equal ones)."""
+        tag, _, task = heapq.heappop(self._waiting)
+        self._virtual = tag
         self._until_forgetting -= 1
         if self._until_forgetting <= 0:
-            self._forget(now)
+            self._forget()
         return task
 
-    def _forget(self, now: float) -> None:
-        """Drop the counts too small to matter, so that a flood from ever new addresses leaves no memory behind."""
+    def _forget(self) -> None:
+        """Drop the tags the virtual time has passed and the counts too small to matter, so that a flood from ever new
+        addresses leaves no memory behind."""
         self._until_forgetting = FORGET_EVERY
-        kept = [(address, count) for address, count in self._served.items()
-                if count > now - FORGOTTEN or address in self._waiting]
+        self._last_tag = {address: tag for address, tag in self._last_tag.items() if tag > self._virtual}
+        now = self._rate * self._clock()
+        kept = [(address, count) for address, count in self._asked.items() if count > now - FORGOTTEN]
         if len(kept) > REMEMBERED:
             kept = heapq.nlargest(REMEMBERED, kept, key=lambda remembered: remembered[1])
-        self._served = dict(kept)
+        self._asked = dict(kept)
 
 
 class FairDispatcher(ThreadedTaskDispatcher):
-    """waitress's dispatcher (its threads, their lock and condition) with `LeastServedFirst` for its queue."""
+    """waitress's dispatcher (its threads, their lock and condition) with `FairQueue` for its queue."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.queue = LeastServedFirst()  # type: ignore[assignment]  # the deque methods waitress calls
+        self.queue = FairQueue()  # type: ignore[assignment]  # the deque methods waitress calls
