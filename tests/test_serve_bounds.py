@@ -350,3 +350,22 @@ def test_the_server_raises_its_limit_of_open_files_to_hold_its_connections_or_sa
         assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
     assert f"--connections 4096 lowered to {300 - OPEN_FILES_KEPT}: the system lets this process open too few" in (
         log.read_text())
+
+
+def test_a_client_that_hung_up_is_seen_gone_before_its_pipelined_requests_are_answered() -> None:
+    """waitress reads no more of a connection with two requests waiting, so a client that sent four and left was
+    answered four times for nobody (bench/redteam/serve45, burst_close). A page thread now asks the system first
+    whether the client has closed its side (a real TCP connection on loopback)."""
+    from jobs.web.channel import _hung_up
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        for leave in (lambda client: client.shutdown(socket.SHUT_WR), lambda client: client.close()):
+            client = socket.create_connection(listener.getsockname())
+            server_side, _ = listener.accept()
+            with server_side:
+                client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
+                time.sleep(0.05)
+                assert not _hung_up(server_side)  # requests waiting, client still there
+                leave(client)
+                assert eventually(lambda gone=server_side: _hung_up(gone), seconds=GUARD_S)
+            client.close()
