@@ -368,4 +368,5 @@ def test_a_client_that_hung_up_is_seen_gone_before_its_pipelined_requests_are_an
                 assert not _hung_up(server_side)  # requests waiting, client still there
                 leave(client)
                 assert eventually(lambda gone=server_side: _hung_up(gone), seconds=GUARD_S)
+            assert _hung_up(server_side)  # closed by the server meanwhile: gone too, not an error
             client.close()

@@ -146,7 +146,7 @@ class BoundedChannel(HTTPChannel):
         ahead), so a pipelining client's leaving went unseen, and 4,000 connections that each sent four requests and
         left had every page made for nobody while the visitor's waited behind them (bench/redteam/serve45,
         burst_close). A client that only stops sending (a half-close) is taken as gone too, as nginx does."""
-        if _hung_up(self.socket):
+        if self.connected and _hung_up(self.socket):
             with self.requests_lock:
                 for request in self.requests:
                     request.close()
@@ -377,7 +377,7 @@ def _hung_up(sock: socket.socket) -> bool:
     try:
         poller.register(sock, hang_up | select.POLLHUP | select.POLLERR)
         return bool(poller.poll(0))
-    except (OSError, ValueError):  # closed meanwhile
+    except (OSError, ValueError, TypeError):  # closed meanwhile (the main loop sets a closed channel's socket to None)
         return True
 
 
