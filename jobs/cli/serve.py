@@ -114,9 +114,10 @@ def serve_command(
         # a lookahead of one request keeps reading the socket while a request runs: how a gone client is seen;
         # poll() rather than select(), which fails past file descriptor 1023 (--connections may reach it)
         # requests answered in turns by client address (jobs.web.fair_queue), not in the order they came
+        threads = PAGE_THREADS + sql_slots + download_slots
         dispatcher = FairDispatcher()
-        dispatcher.set_thread_count(PAGE_THREADS + sql_slots + download_slots)
-        server = create_server(app, host=host, port=port, threads=PAGE_THREADS + sql_slots + download_slots,
+        dispatcher.set_thread_count(threads)
+        server = create_server(app, host=host, port=port, threads=threads,
                                ident="hubtrace", channel_request_lookahead=1, connection_limit=connections,
                                asyncore_use_poll=True, _dispatcher=dispatcher)
     except OSError as exc:

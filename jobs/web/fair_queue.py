@@ -85,18 +85,15 @@ class FairQueue:
         """Addresses whose count is kept (those that asked within the last few minutes)."""
         return len(self._asked)
 
-    def weight(self, address: str) -> float:
-        """The turn one more request of ``address`` takes: 1 for an address never seen, more the more it asked."""
-        logged = self._asked.get(address)
-        return 1.0 if logged is None else 1.0 + math.exp(logged - self._rate * self._clock()) / SHARE_SCALE
-
     def append(self, task: object) -> None:
-        """A request waiting for a thread (waitress queues the channel that holds it)."""
+        """A request waiting for a thread (waitress queues the channel that holds it). Its turn takes 1 for an address
+        never seen, more the more the address asked lately."""
         address = _address(task)
-        tag = max(self._virtual, self._last_tag.get(address, self._virtual)) + self.weight(address)
-        self._last_tag[address] = tag
         now = self._rate * self._clock()
-        self._asked[address] = float(math.log(math.exp(self._asked.get(address, -math.inf) - now) + 1) + now)
+        asked = math.exp(self._asked.get(address, -math.inf) - now)  # the address's decayed count of requests
+        tag = max(self._virtual, self._last_tag.get(address, self._virtual)) + 1.0 + asked / SHARE_SCALE
+        self._last_tag[address] = tag
+        self._asked[address] = float(math.log(asked + 1) + now)
         heapq.heappush(self._waiting, (tag, next(self._arrivals), task))
 
     def popleft(self) -> object:
