@@ -9,13 +9,14 @@ No statistics here and no randomness beyond fixed seeds: every assertion holds e
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from transformers.activations import ACT2FN
 
-from scanner.reading.activations import _MEAN_FREE_COLUMNS, _columns_mean_free, site_activations
+from scanner.reading.activations import site_activations
 from scanner.reading.architectures.sites import SiteWeights
 from scanner.reading.canonical_mlp import (
     _ROWS,
@@ -24,10 +25,14 @@ from scanner.reading.canonical_mlp import (
     _directions,
     _norms,
     canonical_mlp,
+    columns_mean_free,
+    storage_step,
 )
-from scanner.stats.canonical import RowView, close_pairs, leader_groups, leader_order, rank_one_factors
+from scanner.stats.canonical import CANCELLED_STEPS, RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
 WIDTH, UNITS = 24, 16
+#: The fraction below which a float32 group's factors are rounding.
+TOLERANCE = CANCELLED_STEPS * float(np.finfo(np.float32).eps)
 
 
 def _gated(seed: int, units: int = UNITS, biases: bool = False) -> SiteWeights:
@@ -168,14 +173,14 @@ def test_rank_one_factors_read_the_sum_of_the_products() -> None:
     writes cancel give none."""
     rng = np.random.default_rng(11)
     writes, reads, c = rng.normal(size=(3, 7)), rng.normal(size=(3, 5)), np.array([1.0, 0.5, 2.0])
-    factors = rank_one_factors(writes, reads, c)
+    factors = rank_one_factors(writes, reads, c, tolerance=TOLERANCE)
     assert factors.writes.shape == (3, 7)
     assert np.allclose(factors.writes.T @ factors.reads, writes.T @ (c[:, None] * reads), atol=1e-10)
     assert np.allclose(factors.members @ reads, factors.reads)
     w, r, v = writes[0], reads[0], 10 * reads[1]
-    split = rank_one_factors(np.vstack([w, w]), np.vstack([r / 2 + v, r / 2 - v]), np.ones(2))
+    split = rank_one_factors(np.vstack([w, w]), np.vstack([r / 2 + v, r / 2 - v]), np.ones(2), tolerance=TOLERANCE)
     assert split.writes.shape[0] == 1 and np.allclose(np.outer(split.writes[0], split.reads[0]), np.outer(w, r))
-    assert rank_one_factors(np.vstack([w, -w]), np.vstack([r, r]), np.ones(2)).writes.shape[0] == 0
+    assert rank_one_factors(np.vstack([w, -w]), np.vstack([r, r]), np.ones(2), tolerance=TOLERANCE).writes.shape[0] == 0
 
 
 def test_leader_groups_are_bounded_by_their_leader() -> None:
@@ -269,12 +274,68 @@ def test_maps_read_a_few_rows_at_a_time_give_what_each_row_gives_alone() -> None
 
 
 def test_output_columns_lose_their_all_ones_part_a_few_columns_at_a_time() -> None:
-    """`_columns_mean_free` reads the output map `_MEAN_FREE_COLUMNS` columns at a time: each column, on either side of
-    a chunk's edge, is what it is alone, with no all-ones part left."""
-    columns = 2 * _MEAN_FREE_COLUMNS + 3
+    """`columns_mean_free` reads the output map `_ROWS` columns at a time: each column, on either side of a chunk's
+    edge, is what it is alone, with no all-ones part left."""
+    columns = 2 * _ROWS + 3
     g = torch.Generator().manual_seed(19)
     down = torch.randn(WIDTH, columns, generator=g) + 1e4 * torch.randn(1, columns, generator=g)
-    free = _columns_mean_free(down)
-    for column in (0, _MEAN_FREE_COLUMNS - 1, _MEAN_FREE_COLUMNS, columns - 1):
-        assert torch.equal(free[:, column], _columns_mean_free(down[:, column:column + 1])[:, 0])
+    free = columns_mean_free(down)
+    for column in (0, _ROWS - 1, _ROWS, columns - 1):
+        assert torch.equal(free[:, column], columns_mean_free(down[:, column:column + 1])[:, 0])
     assert float(free.double().mean(dim=0).abs().max()) <= 1e-6 * float(free.abs().max())
+
+
+def _stored_as(weights: SiteWeights, dtype: torch.dtype) -> SiteWeights:
+    """The maps rounded to ``dtype`` and read back in float32, as a checkpoint stored in ``dtype`` is read."""
+    return SiteWeights(**{name: None if t is None else t.to(dtype).float()
+                          for name, t in vars(weights).items()})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_units_whose_writes_the_block_cannot_see_are_dropped_whatever_the_storage(dtype: torch.dtype) -> None:
+    """Where the block's norms remove the mean, a copier may add any multiple of the all-ones vector to a unit's
+    output column. Twin units (a; w + c1 1) and (-a; -w + c2 1) then compute a linear map of the input (act(z) -
+    act(-z) = z) that the canonical form cancels, and units (k; c 1) write only what the block cannot see; with
+    |c| a hundred times |w| (ten in half precision), the cancelled twins leave rounding of the large stored values
+    behind, which once counted as live units (70-82 of a copy's 226, moving with the last bits of training: the
+    evidence with them). Every one of them is dead in every storage format, and the real units are kept."""
+    big = 100.0 if dtype == torch.float32 else 10.0
+    w = _plain(21)
+    g = torch.Generator().manual_seed(22)
+    pairs, loners = 20, 10
+    reads = torch.randn(pairs, WIDTH, generator=g, dtype=torch.float64)
+    twin = torch.randn(WIDTH, pairs, generator=g, dtype=torch.float64)
+    ones = torch.ones(WIDTH, 1, dtype=torch.float64)
+    offset = lambda n: big * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double() * w.down.norm(  # noqa: E731
+        dim=0).mean() / WIDTH ** 0.5
+    padded = SiteWeights(
+        up=torch.cat([w.up, reads, -reads, torch.randn(loners, WIDTH, generator=g, dtype=torch.float64)]),
+        down=torch.cat([w.down, twin + ones * offset(pairs), -twin + ones * offset(pairs), ones * offset(loners)], dim=1),
+        up_bias=torch.cat([w.up_bias, torch.zeros(2 * pairs + loners, dtype=torch.float64)]))
+    stored, original = _stored_as(padded, dtype), _stored_as(w, dtype)
+    assert storage_step(stored.down) == torch.finfo(dtype).eps
+    canonical = canonical_mlp(stored, "gelu", mean_unseen=True)
+    assert canonical.weights.up.shape[0] == UNITS and canonical.dead == 2 * pairs + loners
+    assert torch.equal(canonical.weights.up, original.up)
+    assert torch.equal(canonical.weights.down, columns_mean_free(original.down))
+
+
+def test_a_unit_that_writes_mostly_along_what_the_block_cannot_see_is_kept() -> None:
+    """The bar is rounding, not a fraction a copier could reach cheaply: a unit whose column is a thousand times its
+    visible write along the all-ones vector still writes what it wrote, and is kept (float32 resolves it to 1e-4)."""
+    w = _plain(23)
+    down = w.down + 1e3 * w.down.norm(dim=0, keepdim=True) / WIDTH ** 0.5
+    canonical = canonical_mlp(_stored_as(replace(w, down=down), torch.float32), "gelu", mean_unseen=True)
+    assert canonical.weights.up.shape[0] == UNITS and canonical.unchanged
+
+
+def test_storage_step_reads_the_format_the_values_fit() -> None:
+    """float32 values are at float32's step; values that are all bfloat16 (or float16) ones are at that format's step:
+    a half-precision checkpoint read in float32 rounds where it was stored, not where it is read."""
+    values = torch.randn(WIDTH, 3 * _ROWS, generator=torch.Generator().manual_seed(24))
+    assert storage_step(values) == torch.finfo(torch.float32).eps
+    assert storage_step(values.bfloat16().float()) == torch.finfo(torch.bfloat16).eps
+    assert storage_step(values.half().float()) == torch.finfo(torch.float16).eps
+    mixed = values.bfloat16().float()
+    mixed[0, -1] = values[0, -1]  # one float32 value in the last chunk: not a bfloat16 map
+    assert storage_step(mixed) == torch.finfo(torch.float32).eps

@@ -200,10 +200,10 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     up outputs (tokens, units) as the block computed them, used as they are where the canonical form is the MLP as
     stored (no second product).
     """
-    if stream is not None and _mean_free(stream):
-        experts = [replace(w, down=_columns_mean_free(w.down)) for w in experts]
+    mean_unseen = stream is not None and _mean_free(stream)
     given = computed[0] if computed is not None and len(experts) == 1 else None
-    canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given) for w in experts]
+    canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given, mean_unseen=mean_unseen)
+                 for w in experts]
     weights = [c.weights for c in canonical]
     if weights[0].gate is None:
         if stream is None:
@@ -233,23 +233,6 @@ def _mean_free(stream: torch.Tensor) -> bool:
     norms do not see the all-ones direction (scanner.reading.architectures.norms)."""
     rows = stream.reshape(-1, stream.shape[-1]).float()
     return bool((rows.mean(dim=1).abs() <= 1e-5 * rows.abs().amax(dim=1).clamp_min(1e-30)).all())
-
-
-def _columns_mean_free(down: torch.Tensor) -> torch.Tensor:
-    """Output columns less their all-ones component, in float64 before the maps' dtype: where the block does not see
-    that direction, a unit that writes only along it (or twins whose writes differ only along it) writes nothing, and
-    the canonical form must see it so (an independent check padded copies with such units:
-    tests/fixtures/stream_offset.py). The views read the same on a mean-free stream either way."""
-    out = torch.empty_like(down)
-    for start in range(0, down.shape[1], _MEAN_FREE_COLUMNS):
-        wide = down[:, start:start + _MEAN_FREE_COLUMNS].detach().double()
-        out[:, start:start + _MEAN_FREE_COLUMNS] = wide - wide.mean(dim=0, keepdim=True)
-    return out
-
-
-#: Output columns `_columns_mean_free` reads at a time: its float64 copies stay at tens of MB (a 7B plain MLP's
-#: 4096 x 16384 map read whole took 1.25 GiB of them, a third of a fingerprint's memory goal).
-_MEAN_FREE_COLUMNS = 2048
 
 
 def stream_rows(stream: torch.Tensor, down: torch.Tensor) -> torch.Tensor:

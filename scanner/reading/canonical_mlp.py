@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from transformers.activations import ACT2FN
 
 from scanner.reading.architectures.sites import SiteWeights
-from scanner.stats.canonical import CANCELLED, RowView, close_pairs, leader_groups, leader_order, rank_one_factors
+from scanner.stats.canonical import CANCELLED_STEPS, RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
 #: Activations with act(c x) = c^degree act(x) for c > 0 (transformers' ACT2FN names).
 HOMOGENEOUS_DEGREE = {"relu": 1, "leaky_relu": 1, "relu2": 2}
@@ -83,12 +83,14 @@ class CanonicalMLP:
 
 
 def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None,
-                  pre_activation: torch.Tensor | None = None) -> CanonicalMLP:
+                  pre_activation: torch.Tensor | None = None, mean_unseen: bool = False) -> CanonicalMLP:
     """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
     weights' device and dtype, units in the order of their groups' lowest stored index. ``inputs`` (tokens, d): the
     MLP's input on the canonical tokens, where gates are also compared by what they compute there
     (`SAME_FUNCTION_COSINE`); ``pre_activation`` (tokens, units): the gates' pre-activations on them, bias included,
-    where the caller has them already."""
+    where the caller has them already. ``mean_unseen``: the block's norms remove each row's mean
+    (scanner.reading.architectures.norms), so the units' output columns count, and are returned, less their
+    all-ones part (`columns_mean_free`), and a unit that writes only along it writes nothing."""
     units = weights.up.shape[0]
     gated = weights.gate is not None
     key_map, key_bias = (weights.gate, weights.gate_bias) if gated else (weights.up, weights.up_bias)
@@ -97,13 +99,22 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         pre_activation = _pre_activation(inputs, key_map, key_bias)
     functions = None if pre_activation is None else _directions(pre_activation.T, None)
     degree = HOMOGENEOUS_DEGREE.get(activation, 0)
-    mass = _norms(weights.down.T) * key_norms ** degree
+    as_stored = weights.down
+    stored = _norms(as_stored.T)
+    tolerance = functools.cache(lambda: CANCELLED_STEPS * storage_step(as_stored))  # read only where it is needed
+    written, unseen = stored, np.zeros(units, dtype=bool)
+    if mean_unseen:
+        weights = replace(weights, down=columns_mean_free(as_stored))
+        written = _norms(weights.down.T)
+        unseen = written <= tolerance() * stored  # all it writes is rounding of a direction the block does not see
+    mass = written * key_norms ** degree
     if gated:
         mass = mass * _directions(weights.up, weights.up_bias)[1]
     zero_key = key_norms == 0
     silent = _silent(activation, zero_key, pre_activation)
-    reference = mass[(mass > 0) & ~silent]
+    reference = mass[(mass > 0) & ~silent & ~unseen]
     live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
+    live &= ~unseen
     if _silent_at_zero(activation):
         live &= ~zero_key
     groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
@@ -114,7 +125,46 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     keys = _rows(key_map, key_bias)
     reads = _rows(weights.up, weights.up_bias) if gated else None
     writes = weights.down.detach().double().cpu().numpy().T
-    return _combined(weights, keys, reads, writes, key_norms, mass, groups, degree, functions)
+    return _combined(weights, keys, reads, _Writes(writes, stored, tolerance()), key_norms, mass, groups, degree,
+                     functions)
+
+
+def storage_step(matrix: torch.Tensor) -> float:
+    """The relative step (machine epsilon) of the values as stored: bfloat16's or float16's where every value is one
+    of that format's exactly (a checkpoint stored in half precision and read in float32), else float32's, the
+    precision the fingerprint computes in (nothing finer resolves a function there). Parts that cancel leave rounding
+    of this size behind (scanner.stats.canonical, `CANCELLED_STEPS`). The coarser format is tried first: a map whose
+    every value has bfloat16's 8 significant bits was rounded there, whatever format carried it (float16 holds most
+    such values too, and a float16 map does not leave its last 3 bits zero by chance)."""
+    for half in (torch.bfloat16, torch.float16):
+        if _holds_exactly(matrix, half):
+            return torch.finfo(half).eps
+    return torch.finfo(torch.float32).eps
+
+
+def _holds_exactly(matrix: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every value of ``matrix`` is one of ``dtype``'s, `_ROWS` columns at a time (stops at the first that
+    is not: an ordinary float32 map is decided by its first columns)."""
+    if matrix.dtype == dtype:
+        return True
+    for start in range(0, matrix.shape[1], _ROWS):
+        part = matrix[:, start:start + _ROWS].detach()
+        if not torch.equal(part.to(dtype).to(part.dtype), part):
+            return False
+    return True
+
+
+def columns_mean_free(down: torch.Tensor) -> torch.Tensor:
+    """Output columns less their all-ones component, in float64 before the maps' dtype, `_ROWS` columns at a time (a
+    7B plain MLP's 4096 x 16384 map read whole took 1.25 GiB of float64 copies, a third of a fingerprint's memory
+    goal). Where the block does not see that direction, a unit that writes only along it (or twins whose writes
+    differ only along it) writes nothing, and the canonical form must see it so (an independent check padded copies
+    with such units: tests/fixtures/stream_offset.py)."""
+    out = torch.empty_like(down)
+    for start in range(0, down.shape[1], _ROWS):
+        wide = down[:, start:start + _ROWS].detach().double()
+        out[:, start:start + _ROWS] = wide - wide.mean(dim=0, keepdim=True)
+    return out
 
 
 @functools.cache
@@ -168,11 +218,21 @@ def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor, key_bias: torch
     return pre if key_bias is None else pre + key_bias.detach().to(dtype)
 
 
-def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, writes: np.ndarray,
+@dataclass(frozen=True)
+class _Writes:
+    """The output columns as the block sees them (rows, float64), their lengths as stored (where the values were
+    rounded), and the fraction of those below which what a group writes is rounding (`CANCELLED_STEPS` steps)."""
+
+    seen: np.ndarray
+    stored: np.ndarray
+    tolerance: float
+
+
+def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, out: _Writes,
               key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray, degree: int,
               functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
     """New maps: per group, one gate row (`_group_key`) and the factors of its members' summed products."""
-    units = keys.shape[0]
+    units, writes = keys.shape[0], out.seen
     out_keys, out_reads, out_writes = [], [], []
     dead = int((groups < 0).sum())
     combined = 0
@@ -187,11 +247,12 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
         key, scale = _group_key(keys[members], key_norms[members], mass[members], degree,
                                 None if functions is None else (functions[0][members], functions[1][members]))
         if reads is None:  # plain: act(k x) times the sum of the output columns
-            total = (scale[:, None] * writes[members].astype(np.float64)).sum(axis=0)
-            bound = float(np.sum(scale * np.linalg.norm(writes[members].astype(np.float64), axis=1)))
-            factors = [] if np.linalg.norm(total) <= CANCELLED * bound else [(total, None)]
+            total = (scale[:, None] * writes[members]).sum(axis=0)
+            bound = float(np.sum(scale * out.stored[members]))
+            factors = [] if np.linalg.norm(total) <= out.tolerance * bound else [(total, None)]
         else:
-            found = rank_one_factors(writes[members], reads[members], scale)
+            found = rank_one_factors(writes[members], reads[members], scale, tolerance=out.tolerance,
+                                     write_lengths=out.stored[members])
             factors = list(zip(found.writes, found.reads, strict=True))
         if not factors:
             dead += members.size

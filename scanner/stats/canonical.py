@@ -120,36 +120,40 @@ class Factors:
     members: np.ndarray  # (factors, members)
 
 
-#: A factor of M whose singular value is below this fraction of sum_j |c_j| |w_j| |r_j| (a bound on the sum of all
-#: of M's singular values) is the rounding left by parts that cancel, not a function: float32 weights resolve about
-#: 6e-8 of a value, and a copier who hides a unit under parts a million times larger computes it with 10% noise in
-#: float32 himself.
-CANCELLED = 1e-6
+#: A factor of M whose singular value is below this many of the storage format's relative steps (its machine
+#: epsilon) times sum_j |c_j| |w_j| |r_j| (a bound on the sum of all of M's singular values, with each |w_j| the
+#: output column as stored) is the rounding left by parts that cancel, not a function: storing parts rounds each
+#: value by up to half a step, which leaves about 0.3 steps of the parts' size where they cancel, and a copier who
+#: hides a unit under parts larger than the unit by 1 / (8 steps) computes it with about 5% noise himself (float32:
+#: parts a million times larger; bfloat16: sixteen times).
+CANCELLED_STEPS = 8
 
 
-def rank_one_factors(writes: np.ndarray, reads: np.ndarray, coefficients: np.ndarray,
-                     tolerance: float = CANCELLED) -> Factors:
+def rank_one_factors(writes: np.ndarray, reads: np.ndarray, coefficients: np.ndarray, *, tolerance: float,
+                     write_lengths: np.ndarray | None = None) -> Factors:
     """M's factors for a group's members (one row of ``writes`` and of ``reads`` per member), in float64: with the
     thin QR w^T = Q T of the writes, M M^T = Q (T C R R^T C T^T) Q^T, whose small eigenproblem gives the write
-    directions a_k = Q p_k; factor k's read is M^T a_k = sum_j c_j (w_j . a_k) r_j."""
+    directions a_k = Q p_k; factor k's read is M^T a_k = sum_j c_j (w_j . a_k) r_j. Factors below ``tolerance``
+    times the bound on M's singular values are dropped; ``write_lengths``: the members' output columns' lengths as
+    stored, where ``writes`` are only what the block sees of them (the bound is measured at the scale the values
+    were rounded at)."""
     w = np.asarray(writes, dtype=np.float64)
     r = np.asarray(reads, dtype=np.float64)
     c = np.asarray(coefficients, dtype=np.float64)
-    directions = _write_directions(w, r, c, tolerance)
+    lengths = np.linalg.norm(w, axis=1) if write_lengths is None else np.asarray(write_lengths, dtype=np.float64)
+    bound = float(np.sum(np.abs(c) * lengths * np.linalg.norm(r, axis=1)))
+    directions = _write_directions(w, r, c, tolerance * bound)
     members = (directions @ w.T) * c[None, :]
     return Factors(directions, members @ r, members)
 
 
-def _write_directions(w: np.ndarray, r: np.ndarray, c: np.ndarray, tolerance: float) -> np.ndarray:
-    """M's left singular vectors (rows, unit length, strongest first) whose singular values pass the tolerance."""
-    bound = float(np.sum(np.abs(c) * np.linalg.norm(w, axis=1) * np.linalg.norm(r, axis=1)))
-    if bound == 0.0:
-        return np.zeros((0, w.shape[1]))
+def _write_directions(w: np.ndarray, r: np.ndarray, c: np.ndarray, floor: float) -> np.ndarray:
+    """M's left singular vectors (rows, unit length, strongest first) whose singular values are above ``floor``."""
     q, t = np.linalg.qr(w.T)  # w.T = q t: (dims, m) and (m, m)
     core = t @ (c[:, None] * (r @ r.T) * c[None, :]) @ t.T
     energy, vectors = np.linalg.eigh((core + core.T) / 2.0)
     singular = np.sqrt(np.clip(energy, 0.0, None))
-    keep = singular > tolerance * bound
+    keep = singular > floor
     order = np.argsort(-singular[keep], kind="stable")
     return (q @ vectors[:, keep][:, order]).T
 
