@@ -58,6 +58,7 @@ EXACT: dict[str, adv.Disguise] = {
     "units split into 3 parts unlike in both": adv.split_unlike(3, 3.0, "both"),
     "3 dead units chained between every two units": adv.dead_chain(3),
     "twin units whose writes cancel chained between every two units": adv.dead_chain(2, twins=True),
+    "exact twins 40 times each unit's size beside it": adv.loud_twins(40.0),
 }
 #: The outputs move by about the jitter (antithetic jitter: to second order).
 JITTERED: dict[str, adv.Disguise] = {

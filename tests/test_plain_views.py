@@ -188,3 +188,17 @@ def test_a_site_reads_its_pre_activations_once_and_its_views_are_the_weights_own
     (combined,) = site_activations(x, [split], activation="gelu", stream=h)
     assert len(products) == 2 and combined.combined == UNITS
     assert torch.allclose(torch.from_numpy(combined.gate), torch.from_numpy(site.gate), rtol=1e-4, atol=1e-4)
+
+
+def test_the_sign_free_residual_turns_with_negated_units_where_the_signs_never_settle() -> None:
+    """`unpredicted_up_to_sign` on predictors and targets with no shared map (random, as an untrained block's): the
+    leading eigenvector its signs start from is far from settled after its fixed iterations, so an iteration that
+    started from all ones gave another residual once a copier negated half the units' predictors (a start that
+    does not turn with them). The start turns with the units, and the residual is bit for bit what it was."""
+    generator = torch.Generator().manual_seed(31)
+    predictors = torch.randn(4096, 64, generator=generator, dtype=torch.float64)
+    targets = torch.randn(4096, 64, generator=generator, dtype=torch.float64)
+    sign = torch.where(torch.rand(4096, generator=generator) < 0.5, -1.0, 1.0).double()
+    before = activations.unpredicted_up_to_sign(targets, predictors)
+    after = activations.unpredicted_up_to_sign(targets, predictors * sign[:, None])
+    assert torch.equal(before, after)

@@ -301,8 +301,31 @@ def test_a_full_server_makes_room_by_closing_the_connection_that_waited_longest_
         assert get(page_url(server.url, "/"), timeout=GUARD_S).status == 200
         assert eventually(lambda: sum(hog.closed_by_server for hog in hogs) > closed)  # room made for the page
         assert last.closed_by_server == 0 and last.held == 4
-    assert "every connection taken (--connections): closing those that waited longest" in (
-        tmp_path / "stderr.txt").read_text()
+    log = (tmp_path / "stderr.txt").read_text()
+    assert "every connection taken (--connections): closing those that waited longest" in log
+    assert "no longer accepting" not in log  # waitress's note, which its full server's accepting made untrue
+
+
+def test_a_server_full_of_answers_being_sent_says_it_has_no_connection_to_close(db: Path, tmp_path: Path) -> None:
+    """Where every connection is busy with an answer, a full server can make no room: it says so (waitress said it
+    was no longer accepting new connections, which is said wrongly while it makes room). Downloads nobody reads are
+    opened one at a time until the server says it is full (its map also holds its listener and waitress's trigger,
+    so it fills before the third)."""
+    said = "each busy with a request or its answer"
+    log = tmp_path / "stderr.txt"
+    with serving(db, log, "--connections", "3", "--write-seconds", "600", *TAKEN_AT_ONCE) as server, \
+            ExitStack() as held:
+        url = page_url(server.url, "/sql.csv", q="SELECT i, pad FROM wide ORDER BY i LIMIT 30000")
+        for _ in range(3):
+            if eventually(lambda: said in log.read_text(), seconds=2.0):
+                break
+            client = held.enter_context(unread(url))
+            client.settimeout(GUARD_S)
+            download = http.client.HTTPResponse(client)
+            download.begin()
+            assert download.status == 200
+        assert eventually(lambda: said in log.read_text())
+    assert "no longer accepting" not in log.read_text()
 
 
 def test_a_full_server_never_closes_a_connection_whose_answer_is_being_written_or_waits_to_be_sent(

@@ -53,6 +53,7 @@ while their map holds ``connection_limit`` entries; tests/test_serve_bounds.py h
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import select
 import socket
@@ -77,6 +78,8 @@ TOLD_EVERY_S = 60.0
 client may retry at once, many times a second)."""
 FULL = ""
 """The key in `Admission.told` of the server making room (an address is never empty)."""
+FULL_AND_BUSY = " "
+"""The key in `Admission.told` of the server being full with no connection to close (every one busy)."""
 ACCEPT_BURST = 64
 """Connections taken from the kernel's queue at one turn of the main loop. waitress takes one a turn, and each turn asks
 every open connection whether it is readable: a flood of connections from many addresses (each within its share, each
@@ -276,12 +279,20 @@ class Admission:
         make no room until one closed by itself (a burst of new connections can fill the server in one turn of the
         main loop, before any of them can be closed to make room)."""
         listener.channel_class = self
+        listener.logger.addFilter(_not_waitress_overflow)
         waitress_readable = listener.readable
 
         def readable() -> bool:
-            return waitress_readable() or (listener.accepting and any(
-                isinstance(channel, BoundedChannel) and channel.waiting_for_request
-                for channel in listener._map.values()))
+            if waitress_readable():  # (it also runs waitress's maintenance: call it every turn)
+                return True
+            if not listener.accepting:
+                return False
+            if any(isinstance(channel, BoundedChannel) and channel.waiting_for_request
+                   for channel in listener._map.values()):
+                return True
+            self._tell(FULL_AND_BUSY, "every connection taken (--connections) and each busy with a request or its "
+                                      "answer: new connections wait in the system's queue until one is answered")
+            return False
 
         listener.readable = readable
 
@@ -342,6 +353,12 @@ class Admission:
         self.told[key] = now
         sys.stderr.write(f"hubtrace serve: {message}\n")
         return True
+
+
+def _not_waitress_overflow(record: logging.LogRecord) -> bool:
+    """Leave out waitress's "no longer accepting new connections" (and "listening again"): a full server goes on
+    accepting while it can make room (`Admission.take`), and says itself when it makes room or cannot."""
+    return not record.getMessage().startswith("total open connections")
 
 
 def _next_connection(server) -> tuple[socket.socket, object] | None:

@@ -371,8 +371,17 @@ POWER_ITERATIONS = 60
 def _spectral_signs(basis: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Signs s maximising, relaxed, what the shared fit explains: |basis^T (s * targets)|^2 = s^T K s with
     K_ij = (basis_i . basis_j)(targets_i . targets_j) (``basis``: orthonormal columns spanning the predictors): the
-    signs of K's leading eigenvector, by power iteration from all ones without forming K (units x units)."""
-    vector = torch.ones(basis.shape[0], dtype=basis.dtype, device=basis.device)
+    signs of K's leading eigenvector, by power iteration without forming K (units x units).
+
+    Negating unit i's predictor turns K into D K D (D = diag(+-1)), so the eigenvector turns to D v and the residual
+    is unchanged, but only where the iteration has converged or its start turns with the units too: on a 16384-unit
+    block of random weights 60 iterations from all ones left 27% of the signs where 200 would not, and negating half
+    the units changed 45% of them. The start is K's column of the unit with the largest diagonal entry (a function of
+    each unit's own values), K e_j, which turns to d_j D K e_j: every iterate is then D v up to one global sign, which
+    the residual does not read, converged or not, and in floating point exactly (negations are exact)."""
+    diagonal = (basis * basis).sum(dim=1) * (targets * targets).sum(dim=1)
+    lead = int(torch.argmax(diagonal))
+    vector = (basis @ basis[lead]) * (targets @ targets[lead])
     for _ in range(POWER_ITERATIONS):
         vector = ((basis @ (basis.T @ (vector[:, None] * targets))) * targets).sum(dim=1)
         vector = vector / torch.linalg.vector_norm(vector).clamp_min(torch.finfo(vector.dtype).tiny)

@@ -37,7 +37,7 @@ import torch
 from transformers.activations import ACT2FN
 
 from scanner.reading.architectures.sites import SiteWeights
-from scanner.stats.canonical import CANCELLED_STEPS, RowView, close_pairs, leader_groups, leader_order, rank_one_factors
+from scanner.stats.canonical import CANCELLED, RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
 #: Activations with act(c x) = c^degree act(x) for c > 0 (transformers' ACT2FN names).
 HOMOGENEOUS_DEGREE = {"relu": 1, "leaky_relu": 1, "relu2": 2}
@@ -99,14 +99,12 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         pre_activation = _pre_activation(inputs, key_map, key_bias)
     functions = None if pre_activation is None else _directions(pre_activation.T, None)
     degree = HOMOGENEOUS_DEGREE.get(activation, 0)
-    as_stored = weights.down
-    stored = _norms(as_stored.T)
-    tolerance = functools.cache(lambda: CANCELLED_STEPS * storage_step(as_stored))  # read only where it is needed
+    stored = _norms(weights.down.T)
     written, unseen = stored, np.zeros(units, dtype=bool)
     if mean_unseen:
-        weights = replace(weights, down=columns_mean_free(as_stored))
+        weights = replace(weights, down=columns_mean_free(weights.down))
         written = _norms(weights.down.T)
-        unseen = written <= tolerance() * stored  # all it writes is rounding of a direction the block does not see
+        unseen = written <= CANCELLED * stored  # all it writes is rounding of a direction the block does not see
     mass = written * key_norms ** degree
     if gated:
         mass = mass * _directions(weights.up, weights.up_bias)[1]
@@ -125,33 +123,8 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     keys = _rows(key_map, key_bias)
     reads = _rows(weights.up, weights.up_bias) if gated else None
     writes = weights.down.detach().double().cpu().numpy().T
-    return _combined(weights, keys, reads, _Writes(writes, stored, tolerance()), key_norms, mass, groups, degree,
+    return _combined(weights, keys, reads, _Writes(writes, stored), key_norms, mass, groups, degree,
                      functions)
-
-
-def storage_step(matrix: torch.Tensor) -> float:
-    """The relative step (machine epsilon) of the values as stored: bfloat16's or float16's where every value is one
-    of that format's exactly (a checkpoint stored in half precision and read in float32), else float32's, the
-    precision the fingerprint computes in (nothing finer resolves a function there). Parts that cancel leave rounding
-    of this size behind (scanner.stats.canonical, `CANCELLED_STEPS`). The coarser format is tried first: a map whose
-    every value has bfloat16's 8 significant bits was rounded there, whatever format carried it (float16 holds most
-    such values too, and a float16 map does not leave its last 3 bits zero by chance)."""
-    for half in (torch.bfloat16, torch.float16):
-        if _holds_exactly(matrix, half):
-            return torch.finfo(half).eps
-    return torch.finfo(torch.float32).eps
-
-
-def _holds_exactly(matrix: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether every value of ``matrix`` is one of ``dtype``'s, `_ROWS` columns at a time (stops at the first that
-    is not: an ordinary float32 map is decided by its first columns)."""
-    if matrix.dtype == dtype:
-        return True
-    for start in range(0, matrix.shape[1], _ROWS):
-        part = matrix[:, start:start + _ROWS].detach()
-        if not torch.equal(part.to(dtype).to(part.dtype), part):
-            return False
-    return True
 
 
 def columns_mean_free(down: torch.Tensor) -> torch.Tensor:
@@ -220,12 +193,11 @@ def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor, key_bias: torch
 
 @dataclass(frozen=True)
 class _Writes:
-    """The output columns as the block sees them (rows, float64), their lengths as stored (where the values were
-    rounded), and the fraction of those below which what a group writes is rounding (`CANCELLED_STEPS` steps)."""
+    """The output columns as the block sees them (rows, float64) and their lengths as stored, at which the values
+    were rounded: what a group writes is rounding below `CANCELLED` of its members' stored products."""
 
     seen: np.ndarray
     stored: np.ndarray
-    tolerance: float
 
 
 def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, out: _Writes,
@@ -249,10 +221,9 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
         if reads is None:  # plain: act(k x) times the sum of the output columns
             total = (scale[:, None] * writes[members]).sum(axis=0)
             bound = float(np.sum(scale * out.stored[members]))
-            factors = [] if np.linalg.norm(total) <= out.tolerance * bound else [(total, None)]
+            factors = [] if np.linalg.norm(total) <= CANCELLED * bound else [(total, None)]
         else:
-            found = rank_one_factors(writes[members], reads[members], scale, tolerance=out.tolerance,
-                                     write_lengths=out.stored[members])
+            found = rank_one_factors(writes[members], reads[members], scale, write_lengths=out.stored[members])
             factors = list(zip(found.writes, found.reads, strict=True))
         if not factors:
             dead += members.size

@@ -120,17 +120,20 @@ class Factors:
     members: np.ndarray  # (factors, members)
 
 
-#: A factor of M whose singular value is below this many of the storage format's relative steps (its machine
-#: epsilon) times sum_j |c_j| |w_j| |r_j| (a bound on the sum of all of M's singular values, with each |w_j| the
-#: output column as stored) is the rounding left by parts that cancel, not a function: storing parts rounds each
-#: value by up to half a step, which leaves about 0.3 steps of the parts' size where they cancel, and a copier who
-#: hides a unit under parts larger than the unit by 1 / (8 steps) computes it with about 5% noise himself (float32:
-#: parts a million times larger; bfloat16: sixteen times).
-CANCELLED_STEPS = 8
+#: A factor of M whose singular value is below this fraction of sum_j |c_j| |w_j| |r_j| (a bound on the sum of all of
+#: M's singular values, with each |w_j| the output column as stored) is the rounding left by parts that cancel, not a
+#: function: about 8 steps of float32, which the fingerprint computes in. Parts stored in float32 leave about 0.3
+#: steps of their size where they cancel; a copier who hides a unit under parts a million times larger computes it
+#: with several percent of noise in float32 himself (3.4% per unit, logits moved by 8e-3: bench/redteam/canonical47),
+#: and parts that cancel exactly (twins (k, v, w) and (k, -v, w), exact in any format) must be that large too. The
+#: bar is not the storage format's step: a half-precision checkpoint's exact twins cost nothing at 8 of bfloat16's
+#: steps (twelve times the unit), and every real unit of a copy was dropped that way (CANNOT TEST). What parts
+#: stored in half precision leave where they cancel is then kept as units that write almost nothing.
+CANCELLED = 1e-6
 
 
-def rank_one_factors(writes: np.ndarray, reads: np.ndarray, coefficients: np.ndarray, *, tolerance: float,
-                     write_lengths: np.ndarray | None = None) -> Factors:
+def rank_one_factors(writes: np.ndarray, reads: np.ndarray, coefficients: np.ndarray, *,
+                     tolerance: float = CANCELLED, write_lengths: np.ndarray | None = None) -> Factors:
     """M's factors for a group's members (one row of ``writes`` and of ``reads`` per member), in float64: with the
     thin QR w^T = Q T of the writes, M M^T = Q (T C R R^T C T^T) Q^T, whose small eigenproblem gives the write
     directions a_k = Q p_k; factor k's read is M^T a_k = sum_j c_j (w_j . a_k) r_j. Factors below ``tolerance``
