@@ -200,11 +200,11 @@ class _Writes:
     stored: np.ndarray
 
 
-def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, out: _Writes,
+def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, columns: _Writes,
               key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray, degree: int,
               functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
     """New maps: per group, one gate row (`_group_key`) and the factors of its members' summed products."""
-    units, writes = keys.shape[0], out.seen
+    units, writes = keys.shape[0], columns.seen
     out_keys, out_reads, out_writes = [], [], []
     dead = int((groups < 0).sum())
     combined = 0
@@ -220,10 +220,10 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
                                 None if functions is None else (functions[0][members], functions[1][members]))
         if reads is None:  # plain: act(k x) times the sum of the output columns
             total = (scale[:, None] * writes[members]).sum(axis=0)
-            bound = float(np.sum(scale * out.stored[members]))
+            bound = float(np.sum(scale * columns.stored[members]))
             factors = [] if np.linalg.norm(total) <= CANCELLED * bound else [(total, None)]
         else:
-            found = rank_one_factors(writes[members], reads[members], scale, write_lengths=out.stored[members])
+            found = rank_one_factors(writes[members], reads[members], scale, write_lengths=columns.stored[members])
             factors = list(zip(found.writes, found.reads, strict=True))
         if not factors:
             dead += members.size

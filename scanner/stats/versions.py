@@ -4,8 +4,11 @@ statistic's p-values with the ones it replaced."""
 
 from __future__ import annotations
 
-STATISTIC_VERSIONS: dict[str, int] = {"match": 5}
-"""match 5: a plain MLP whose activation has act(z) - act(-z) = z (fingerprint format 4) is matched in four views, and
+STATISTIC_VERSIONS: dict[str, int] = {"match": 6}
+"""match 6 (2026-11-29): read from fingerprints of format 5, whose canonical units and plain sign-free views differ
+from format 4's on some models (scanner.fingerprints.fingerprint.FINGERPRINT_FORMAT); the statistic is unchanged, but
+a test made on format-4 fingerprints is made again on the new ones.
+match 5: a plain MLP whose activation has act(z) - act(-z) = z (fingerprint format 4) is matched in four views, and
 a block's p-value is the smaller of two pairs' times two: its first and second views as stored, and its first view
 turned to a positive mean with its write view free of the units' signs (scanner.stats.independence, VIEW_PAIRS).
 match 4 (2026-11-28): a gated MLP whose fingerprint holds what each unit writes (format 3) is matched by a third
