@@ -341,3 +341,41 @@ def test_a_unit_that_writes_mostly_along_what_the_block_cannot_see_is_kept() -> 
     down = w.down + 1e3 * w.down.norm(dim=0, keepdim=True) / WIDTH ** 0.5
     canonical = canonical_mlp(_stored_as(replace(w, down=down), torch.float32), "gelu", mean_unseen=True)
     assert canonical.weights.up.shape[0] == UNITS and canonical.unchanged
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
+def test_loud_units_that_write_almost_nothing_do_not_move_the_dead_unit_bar(activation: str) -> None:
+    """Found by an independent check (bench/redteam/canonical48): units whose gate rows are 1e-20 of a real unit's and
+    whose up rows and output columns are 1e4 times one are 1e8 times a real unit as weights (where the activation is
+    not homogeneous a gate row's length is no part of that size) but write 1e-12 of what one writes; appended one and a
+    half times over, they made the median the dead-unit bar is a fraction of, and every real unit was dropped. Read on
+    the inputs, their size is what they write: they are dead, and the real units are kept."""
+    gated = activation == "silu"
+    w = _gated(27) if gated else _plain(27)
+    g = torch.Generator().manual_seed(28)
+    loud = UNITS * 3 // 2
+    rows = lambda scale: scale * torch.randn(loud, WIDTH, generator=g, dtype=torch.float64)  # noqa: E731
+    key = rows(1e-20 / WIDTH ** 0.5)
+    padded = SiteWeights(up=torch.cat([w.up, rows(1e4) if gated else key]),
+                         down=torch.cat([w.down, rows(1e4).T], dim=1),
+                         gate=torch.cat([w.gate, key]) if gated else None,
+                         up_bias=None if gated else torch.cat([w.up_bias, torch.zeros(loud, dtype=torch.float64)]))
+    x = torch.randn(64, WIDTH, generator=g, dtype=torch.float64)
+    canonical = canonical_mlp(padded, activation, x)
+    assert canonical.weights.up.shape[0] == UNITS and canonical.dead == loud
+    assert torch.equal(canonical.weights.up, w.up)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_parts_that_differ_in_reads_and_writes_come_back_as_one_unit_in_half_precision(dtype: torch.dtype) -> None:
+    """Found by the same check: a unit split into parts whose up rows and output columns both differ (the sum of their
+    products is the unit's rank-one product) cancels only to rounding once stored in half precision, and the sum's
+    other factors, each a fraction of a percent of the unit's, were kept as units with the unit's gate view (up to 26
+    per unit after three such splits: log10 p -0.35). One gate computes one function: the group is its leading
+    factor."""
+    w = _gated(29)
+    split = _split_unlike(_split_unlike(w, 3, "reads", seed=30), 3, "writes", seed=31)  # 9 parts a unit
+    _same_function(w, split, "silu")
+    canonical = canonical_mlp(_stored_as(split, dtype), "silu")
+    assert canonical.weights.up.shape[0] == UNITS and canonical.combined == 8 * UNITS and not canonical.dead
+

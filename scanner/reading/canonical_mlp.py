@@ -7,9 +7,14 @@ units whose output columns are zero or with twins whose writes cancel. All of th
 were, and all of them are undone here, in each MLP's own weights and in float64 (scanner.stats.canonical has the
 algebra and why a copier cannot steer it): units whose gate rows (input rows for a plain MLP, biases included) agree
 to `SAME_GATE_COSINE` as stored, or to `SAME_FUNCTION_COSINE` in what they compute on the MLP's inputs (rows may be
-stored far apart along directions the input never takes), form bounded groups, and each group becomes the rank-one
-factors of the sum of its members' (output column x up row) products (a plain MLP's: the sum of their output columns).
-A unit that writes nothing, alone or after its group is summed, is dropped.
+stored far apart along directions the input never takes), form bounded groups, and each group becomes the leading
+rank-one factor of the sum of its members' (output column x up row) products (a plain MLP's: the sum of their output
+columns). One gate computes one function: in any output-preserving rewrite of an MLP whose units have gates of their
+own the sum has rank one, and whatever else it holds is rounding (parts stored in half precision whose reads and
+writes both differ cancel inexactly, and an independent check's copies left up to 26 such factors per unit; kept as
+units, each with its gate's view, their ties took every bit of evidence: bench/redteam/canonical48). A unit that
+writes nothing, alone or after its group is summed, is dropped. Units are returned in the order of their groups'
+leaders' stored indices.
 
 Where act(z) - act(-z) = z (SiLU, GELU, ReLU: act(z) = z s(z) with s(z) + s(-z) = 1), a unit's gate row can be
 negated and the linear remainder written with other units: (k, r, w) is exactly (-k, r, w), (r, k, w), (-r, k, -w).
@@ -60,8 +65,9 @@ SAME_SCALE = 0.05
 #: Rows of a map `_directions` and `_norms` read at a time: their float32 and float64 temporaries stay at tens of MB
 #: (a 7B plain MLP's 16384 x 4097 fc map read whole took 1 GiB of them, a quarter of a fingerprint's memory goal).
 _ROWS = 2048
-#: A unit whose size (|output column| |up row| |gate row|^degree, unchanged by every output-preserving rescale)
-#: is below this fraction of the median unit's writes nothing a float32 model can resolve.
+#: A unit that writes, on the canonical inputs, less than this fraction of what its whole MLP writes there writes
+#: nothing a float32 model can resolve (`_written_on_inputs`; without the inputs: a unit whose size as weights,
+#: |output column| |up row| |gate row|^degree, is below this fraction of the median unit's).
 DEAD = 1e-6
 
 
@@ -85,7 +91,7 @@ class CanonicalMLP:
 def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None,
                   pre_activation: torch.Tensor | None = None, mean_unseen: bool = False) -> CanonicalMLP:
     """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
-    weights' device and dtype, units in the order of their groups' lowest stored index. ``inputs`` (tokens, d): the
+    weights' device and dtype, units in the order of their groups' leaders' stored indices. ``inputs`` (tokens, d): the
     MLP's input on the canonical tokens, where gates are also compared by what they compute there
     (`SAME_FUNCTION_COSINE`); ``pre_activation`` (tokens, units): the gates' pre-activations on them, bias included,
     where the caller has them already. ``mean_unseen``: the block's norms remove each row's mean
@@ -109,9 +115,13 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     if gated:
         mass = mass * _directions(weights.up, weights.up_bias)[1]
     zero_key = key_norms == 0
-    silent = _silent(activation, zero_key, pre_activation)
-    reference = mass[(mass > 0) & ~silent & ~unseen]
-    live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
+    sizes = _written_on_inputs(weights, activation, inputs, pre_activation)
+    silent = _silent(activation, zero_key, None if sizes is None else sizes[0])
+    if sizes is None:  # no inputs: the weights' sizes, against the median unit's
+        reference = mass[(mass > 0) & ~silent & ~unseen]
+        live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
+    else:  # what each unit writes on the inputs, against what the whole MLP writes there
+        live = written * sizes[0] > DEAD * sizes[1]
     live &= ~unseen
     if _silent_at_zero(activation):
         live &= ~zero_key
@@ -224,7 +234,7 @@ def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, 
             factors = [] if np.linalg.norm(total) <= CANCELLED * bound else [(total, None)]
         else:
             found = rank_one_factors(writes[members], reads[members], scale, write_lengths=columns.stored[members])
-            factors = list(zip(found.writes, found.reads, strict=True))
+            factors = list(zip(found.writes, found.reads, strict=True))[:1]  # one gate, one function (module)
         if not factors:
             dead += members.size
             continue
@@ -343,16 +353,41 @@ def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tens
     return torch.from_numpy(stacked).to(device=like.device, dtype=like.dtype)
 
 
-def _silent(activation: str, zero_key: np.ndarray, pre_activation: torch.Tensor | None) -> np.ndarray:
-    """Units that compute exactly nothing: an all-zero gate row where act(0) = 0, or (with the pre-activations on the
-    inputs) an activation that is exactly zero on every token. They are left out of the median `DEAD` is measured
-    against: a copier who appends many such units of any size (act(0 x) = 0, or ReLU(k x - 1e4) = 0) would otherwise
-    move the median and have every real unit called dead (an independent check did: tests/fixtures/silent_units.py)."""
+def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tensor | None,
+                       pre_activation: torch.Tensor | None) -> tuple[np.ndarray, float] | None:
+    """Each unit's hidden value (act(gate), times the up output where gated) as its root mean square over the inputs'
+    tokens (float64), and the root mean square over the tokens of the length of what the whole MLP writes; None
+    without the inputs, or for an activation transformers does not name.
+
+    A unit writes nothing when its hidden size times its output column is below `DEAD` of what the MLP writes: a
+    reference no output-preserving change can move (the MLP writes what it wrote). The median unit's weights, the
+    reference before, moved both ways: an independent check (bench/redteam/canonical48) appended units with gate rows
+    1e-20 and up rows and columns 1e4 times a real unit's (1e8 times its size as weights, where the activation is not
+    homogeneous a gate row's length is no part of that size, and 1e-12 of what it writes), which made the median, and
+    every real unit was dropped (log10 p -0.1, "no evidence"); read on the inputs such units instead pull the median
+    down, below units that write nothing a float32 model resolves."""
+    if pre_activation is None or inputs is None or activation not in ACT2FN:
+        return None
+    with torch.no_grad():
+        hidden = ACT2FN[activation](pre_activation.double())
+        if weights.gate is not None:
+            hidden = hidden * _pre_activation(inputs, weights.up, weights.up_bias).double()
+        down = weights.down.detach()
+        dtype = torch.promote_types(down.dtype, torch.float32)
+        output = hidden.to(device=down.device, dtype=dtype) @ down.to(dtype).T
+        total = float(torch.linalg.vector_norm(output.double(), dim=1).pow(2).mean().sqrt())
+        return hidden.pow(2).mean(dim=0).sqrt().cpu().numpy(), total
+
+
+def _silent(activation: str, zero_key: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
+    """Units that compute exactly nothing: an all-zero gate row where act(0) = 0, or (with their hidden values on the
+    inputs, `_written_on_inputs`) a hidden value that is exactly zero on every token. Without the inputs they are
+    left out of the median `DEAD` is then measured against: a copier who appends many such units of any size
+    (act(0 x) = 0, or ReLU(k x - 1e4) = 0) would otherwise move the median and have every real unit called dead (an
+    independent check did: tests/fixtures/silent_units.py)."""
     silent = zero_key.copy() if _silent_at_zero(activation) else np.zeros_like(zero_key)
-    if pre_activation is not None and activation in ACT2FN:
-        with torch.no_grad():
-            zero = (ACT2FN[activation](pre_activation.float()) == 0).all(dim=0)
-        silent |= zero.cpu().numpy()
+    if hidden is not None:
+        silent |= hidden == 0
     return silent
 
 

@@ -127,8 +127,9 @@ class Factors:
 #: with several percent of noise in float32 himself (3.4% per unit, logits moved by 8e-3: bench/redteam/canonical47),
 #: and parts that cancel exactly (twins (k, v, w) and (k, -v, w), exact in any format) must be that large too. The
 #: bar is not the storage format's step: a half-precision checkpoint's exact twins cost nothing at 8 of bfloat16's
-#: steps (twelve times the unit), and every real unit of a copy was dropped that way (CANNOT TEST). What parts
-#: stored in half precision leave where they cancel is then kept as units that write almost nothing.
+#: steps (twelve times the unit), and every real unit of a copy was dropped that way (CANNOT TEST). Where parts stored
+#: in half precision cancel, the factors their rounding leaves beside the unit's are not kept (canonical_mlp: one gate,
+#: one function).
 CANCELLED = 1e-6
 
 
