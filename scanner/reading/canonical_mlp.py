@@ -116,9 +116,8 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         mass = mass * _directions(weights.up, weights.up_bias)[1]
     zero_key = key_norms == 0
     sizes = _written_on_inputs(weights, activation, inputs, pre_activation)
-    silent = _silent(activation, zero_key, None if sizes is None else sizes[0])
     if sizes is None:  # no inputs: the weights' sizes, against the median unit's
-        reference = mass[(mass > 0) & ~silent & ~unseen]
+        reference = mass[(mass > 0) & ~_silent(activation, zero_key) & ~unseen]
         live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
     else:  # what each unit writes on the inputs, against what the whole MLP writes there
         live = written * sizes[0] > DEAD * sizes[1]
@@ -357,16 +356,18 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
                        pre_activation: torch.Tensor | None) -> tuple[np.ndarray, float] | None:
     """Each unit's hidden value (act(gate), times the up output where gated) as its root mean square over the inputs'
     tokens (float64), and the root mean square over the tokens of the length of what the whole MLP writes; None
-    without the inputs, or for an activation transformers does not name.
+    without the pre-activations (and, where gated, the inputs), or for an activation transformers does not name. A
+    unit whose hidden value is exactly zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing here
+    whatever its size (an independent check appended such units: tests/fixtures/silent_units.py).
 
     A unit writes nothing when its hidden size times its output column is below `DEAD` of what the MLP writes: a
     reference no output-preserving change can move (the MLP writes what it wrote). The median unit's weights, the
     reference before, moved both ways: an independent check (bench/redteam/canonical48) appended units with gate rows
     1e-20 and up rows and columns 1e4 times a real unit's (1e8 times its size as weights, where the activation is not
     homogeneous a gate row's length is no part of that size, and 1e-12 of what it writes), which made the median, and
-    every real unit was dropped (log10 p -0.1, "no evidence"); read on the inputs such units instead pull the median
-    down, below units that write nothing a float32 model resolves."""
-    if pre_activation is None or inputs is None or activation not in ACT2FN:
+    every real unit was dropped (log10 p -0.1, "no evidence"); measured on the inputs against the median unit instead,
+    such units pull the median down, and units that write nothing a float32 model resolves stay live."""
+    if pre_activation is None or activation not in ACT2FN or (weights.gate is not None and inputs is None):
         return None
     with torch.no_grad():
         hidden = ACT2FN[activation](pre_activation.double())
@@ -379,16 +380,11 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
         return hidden.pow(2).mean(dim=0).sqrt().cpu().numpy(), total
 
 
-def _silent(activation: str, zero_key: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
-    """Units that compute exactly nothing: an all-zero gate row where act(0) = 0, or (with their hidden values on the
-    inputs, `_written_on_inputs`) a hidden value that is exactly zero on every token. Without the inputs they are
-    left out of the median `DEAD` is then measured against: a copier who appends many such units of any size
-    (act(0 x) = 0, or ReLU(k x - 1e4) = 0) would otherwise move the median and have every real unit called dead (an
-    independent check did: tests/fixtures/silent_units.py)."""
-    silent = zero_key.copy() if _silent_at_zero(activation) else np.zeros_like(zero_key)
-    if hidden is not None:
-        silent |= hidden == 0
-    return silent
+def _silent(activation: str, zero_key: np.ndarray) -> np.ndarray:
+    """Units with an all-zero gate row where act(0) = 0: they compute nothing whatever their size, and where the
+    inputs are not given they are left out of the median `DEAD` is then measured against (a copier who appends many
+    such units of any size would otherwise move the median and have every real unit called dead)."""
+    return zero_key.copy() if _silent_at_zero(activation) else np.zeros_like(zero_key)
 
 
 def _silent_at_zero(activation: str) -> bool:
