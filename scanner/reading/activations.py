@@ -201,9 +201,9 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     stored (no second product).
     """
     mean_unseen = stream is not None and _mean_free(stream)
-    given = computed[0] if computed is not None and len(experts) == 1 else None
-    canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given, mean_unseen=mean_unseen)
-                 for w in experts]
+    given, given_up = computed if computed is not None and len(experts) == 1 else (None, None)
+    canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given, mean_unseen=mean_unseen,
+                               up_output=given_up) for w in experts]
     weights = [c.weights for c in canonical]
     if weights[0].gate is None:
         if stream is None:

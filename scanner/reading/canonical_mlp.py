@@ -89,14 +89,17 @@ class CanonicalMLP:
 
 
 def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None,
-                  pre_activation: torch.Tensor | None = None, mean_unseen: bool = False) -> CanonicalMLP:
+                  pre_activation: torch.Tensor | None = None, mean_unseen: bool = False,
+                  up_output: torch.Tensor | None = None) -> CanonicalMLP:
     """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
     weights' device and dtype, units in the order of their groups' leaders' stored indices. ``inputs`` (tokens, d): the
     MLP's input on the canonical tokens, where gates are also compared by what they compute there
     (`SAME_FUNCTION_COSINE`); ``pre_activation`` (tokens, units): the gates' pre-activations on them, bias included,
     where the caller has them already. ``mean_unseen``: the block's norms remove each row's mean
     (scanner.reading.architectures.norms), so the units' output columns count, and are returned, less their
-    all-ones part (`columns_mean_free`), and a unit that writes only along it writes nothing."""
+    all-ones part (`columns_mean_free`), and a unit that writes only along it writes nothing. ``up_output``
+    (tokens, units): a gated MLP's up outputs on the inputs, bias included, where the caller has them already (the
+    dead-unit bar reads them: `_written_on_inputs`)."""
     units = weights.up.shape[0]
     gated = weights.gate is not None
     key_map, key_bias = (weights.gate, weights.gate_bias) if gated else (weights.up, weights.up_bias)
@@ -115,7 +118,7 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     if gated:
         mass = mass * _directions(weights.up, weights.up_bias)[1]
     zero_key = key_norms == 0
-    sizes = _written_on_inputs(weights, activation, inputs, pre_activation)
+    sizes = _written_on_inputs(weights, activation, inputs, pre_activation, up_output)
     if sizes is None:  # no inputs: the weights' sizes, against the median unit's
         reference = mass[(mass > 0) & ~_silent(activation, zero_key) & ~unseen]
         live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
@@ -353,11 +356,13 @@ def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tens
 
 
 def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tensor | None,
-                       pre_activation: torch.Tensor | None) -> tuple[np.ndarray, float] | None:
+                       pre_activation: torch.Tensor | None,
+                       up_output: torch.Tensor | None = None) -> tuple[np.ndarray, float] | None:
     """Each unit's hidden value (act(gate), times the up output where gated) as its root mean square over the inputs'
-    tokens (float64), and the root mean square over the tokens of the length of what the whole MLP writes; None
-    without the pre-activations (and, where gated, the inputs), or for an activation transformers does not name. A
-    unit whose hidden value is exactly zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing here
+    tokens (float64), and the root mean square over the tokens of the length of what the whole MLP writes
+    (``up_output``: the up outputs where the caller has them, else computed here); None without the pre-activations
+    (and, where gated, the up outputs or the inputs), or for an activation transformers does not name. A unit whose
+    hidden value is exactly zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing here
     whatever its size (an independent check appended such units: tests/fixtures/silent_units.py).
 
     A unit writes nothing when its hidden size times its output column is below `DEAD` of what the MLP writes: a
@@ -367,12 +372,14 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
     homogeneous a gate row's length is no part of that size, and 1e-12 of what it writes), which made the median, and
     every real unit was dropped (log10 p -0.1, "no evidence"); measured on the inputs against the median unit instead,
     such units pull the median down, and units that write nothing a float32 model resolves stay live."""
-    if pre_activation is None or activation not in ACT2FN or (weights.gate is not None and inputs is None):
+    gated = weights.gate is not None
+    if pre_activation is None or activation not in ACT2FN or (gated and inputs is None and up_output is None):
         return None
     with torch.no_grad():
         hidden = ACT2FN[activation](pre_activation.double())
-        if weights.gate is not None:
-            hidden = hidden * _pre_activation(inputs, weights.up, weights.up_bias).double()
+        if gated:
+            up = _pre_activation(inputs, weights.up, weights.up_bias) if up_output is None else up_output
+            hidden = hidden * up.double()
         down = weights.down.detach()
         dtype = torch.promote_types(down.dtype, torch.float32)
         output = hidden.to(device=down.device, dtype=dtype) @ down.to(dtype).T
