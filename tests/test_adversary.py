@@ -35,7 +35,13 @@ from scanner.retrieval.signatures import retrieval_entry
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 from tests.fixtures import adversary as adv
-from tests.fixtures.null_shift import split_writes_null_shift, widened_unlike_split
+from tests.fixtures.null_shift import (
+    null_shift_all,
+    split_beside_decoys,
+    split_writes_null_shift,
+    widened_shift_all,
+    widened_unlike_split,
+)
 from tests.fixtures.silent_units import loud_silent_units
 from tests.fixtures.stream_offset import stream_offset
 
@@ -240,6 +246,40 @@ def test_parts_moved_along_never_written_stream_coordinates_keep_a_copy_dependen
     """The RMSNorm form of the same: the stream widened by coordinates nothing writes, each part's gate row moved
     along them (-0.6 and -0.8 at spread 3 before)."""
     _check(gated, widened_unlike_split(parts, spread=3.0), EXACT_TOLERANCE, seed=17, folder=tmp_path / "copy")
+
+
+@pytest.mark.parametrize("times", [3.0, 10.0])
+@pytest.mark.parametrize("kind", [None, *(k for k in KINDS if k.name.startswith("plain"))],
+                         ids=lambda k: "gated" if k is None else k.name)
+def test_every_row_moved_by_one_vector_the_input_never_takes_keeps_a_copy_dependent(
+        request, kind: Kind | None, times: float, tmp_path: Path) -> None:
+    """Found by a third independent check (bench/redteam/canonical49): every gate (input) row of a block moved by one
+    vector ``times`` the longest row along a direction the MLP's input never takes (LayerNorm's 1 / gain; for the
+    RMSNorm Llama, never-written stream coordinates) makes every two rows agree as stored while each computes what
+    it did. Grouped by their stored rows, each block became one unit (CANNOT TEST on every kind) or a few ("no
+    evidence", log10 p -0.01 on the plain kinds at 3 times). Rows are grouped by what they compute on the inputs
+    only, and the copy keeps the original's units, none combined."""
+    if kind is None:
+        case, disguise = request.getfixturevalue("gated"), widened_shift_all(times)
+    else:
+        case, disguise = request.getfixturevalue("trained_kinds")[kind.name], null_shift_all(times)
+    fp_copy = _check(case, disguise, EXACT_TOLERANCE, seed=32, folder=tmp_path / "copy")
+    assert fp_copy.meta.summaries["canonical_units"] == case[1].meta.summaries["canonical_units"]
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.name.startswith("plain")], ids=lambda k: k.name)
+def test_parts_of_a_split_led_apart_by_loud_decoys_keep_a_copy_dependent(trained_kinds, kind: Kind,
+                                                                          tmp_path: Path) -> None:
+    """Found by the same check: every unit split into 5 parts moved apart along LayerNorm's 1 / gain, and beside each
+    part a loud pair of decoys that cancel, stored at cosine 0.96 to it. Grouped by stored rows, each decoy led its
+    part into a group of its own, and the parts' ties took the evidence (log10 p -2.4 on plain-gelu). Grouped by what
+    they compute, the parts are one unit again and the decoys cancel: the original's units, every decoy dead."""
+    fp_copy = _check(trained_kinds[kind.name], split_beside_decoys(5), EXACT_TOLERANCE, seed=33,
+                     folder=tmp_path / "copy")
+    original_units = trained_kinds[kind.name][1].meta.summaries["canonical_units"]
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"], original_units,
+                                                       strict=True):
+        assert (stored - dead - combined, dead) == (units, 2 * 5 * units)
 
 
 def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:

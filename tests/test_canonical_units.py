@@ -227,6 +227,57 @@ def test_parts_stored_apart_along_a_direction_the_input_never_takes_come_back_as
     assert torch.allclose(_output(back, activation, x), _output(w, activation, x), atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_rows_moved_together_along_a_direction_the_input_never_takes_stay_apart(activation: str) -> None:
+    """Every input row moved by one vector ten times the longest along the hyperplane's normal (bias compensated):
+    the rows agree as stored to 0.99 and each computes what it did. Grouped by the rows as stored, the block became
+    one unit (bench/redteam/canonical49); given the inputs, the canonical form is the MLP as stored."""
+    w = _plain(5)
+    g = torch.Generator().manual_seed(6)
+    normal = torch.randn(WIDTH, generator=g, dtype=torch.float64)
+    offset = torch.randn(WIDTH, generator=g, dtype=torch.float64)
+    x = torch.randn(256, WIDTH, generator=g, dtype=torch.float64)
+    x = x - (x @ normal)[:, None] * normal / (normal @ normal) + offset
+    shift = 10.0 * float(w.up.norm(dim=1).max()) / float(normal.norm())
+    moved = replace(w, up=w.up + shift * normal, up_bias=w.up_bias - shift * float(normal @ offset))
+    assert torch.allclose(_output(moved, activation, x), _output(w, activation, x), atol=1e-9)
+    rows = _directions(moved.up, moved.up_bias)[0]
+    assert float((rows @ rows.T).min()) > SAME_GATE_COSINE
+    assert canonical_mlp(moved, activation).weights.up.shape[0] < UNITS  # by the rows as stored: folded
+    assert canonical_mlp(moved, activation, x).unchanged
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_parts_that_write_one_column_with_jittered_gates_come_back_as_one_unit(activation: str) -> None:
+    """A near copy: each unit split in 4 with shares of its output column and antithetic jitter 0.05 on its gate
+    (input) rows, so the parts compute nearly, not exactly, one function (cosine about 0.998 on the inputs, short of
+    the function bar; the suite's trained copies take 0.15). They write one column: the canonical form groups them by
+    that and gives back one unit per unit, close to it in function; units that write one column but compute unlike
+    functions stay apart."""
+    w = _plain(21) if activation == "gelu" else _gated(21)
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(256, WIDTH, generator=g, dtype=torch.float64)
+    key = w.up if w.gate is None else w.gate
+    jitter = torch.randn(UNITS, 4, WIDTH, generator=g, dtype=torch.float64)
+    jitter = (jitter - jitter.mean(dim=1, keepdim=True)) * 0.05 * key.norm(dim=1)[:, None, None] / math.sqrt(WIDTH)
+    keys = (key[:, None, :] + jitter).reshape(4 * UNITS, WIDTH)
+    source = torch.arange(UNITS).repeat_interleave(4)
+    down = w.down[:, source] / 4
+    if w.gate is None:
+        split = SiteWeights(up=keys, down=down, up_bias=w.up_bias[source])
+    else:
+        split = SiteWeights(up=w.up[source], down=down, gate=keys)
+    pre = (x @ keys.T).T.reshape(UNITS, 4, -1)
+    pre = pre / pre.norm(dim=2, keepdim=True)
+    assert float(torch.einsum("upt,uqt->upq", pre, pre).min()) < SAME_FUNCTION_COSINE
+    canonical = canonical_mlp(split, activation, x)
+    assert canonical.weights.down.shape[1] == UNITS and canonical.combined == 3 * UNITS
+    relative = _output(canonical.weights, activation, x) - _output(split, activation, x)
+    assert float(relative.norm() / _output(split, activation, x).norm()) < 0.05
+    unlike = replace(w, down=w.down[:, :1].expand(-1, UNITS).clone())  # one column, the units' own gates
+    assert canonical_mlp(unlike, activation, x).weights.down.shape[1] == UNITS
+
+
 def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
     """Gates of random rows on inputs of more dimensions than the bar can confuse: none grouped."""
     w = _gated(13, units=200)

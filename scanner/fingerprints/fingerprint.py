@@ -55,10 +55,10 @@ from scanner.stats.verbatim import sample_layout
 #: combined, gates grouped by what they compute on the block's inputs, units that write nothing dropped), a plain MLP's
 #: views free of each unit's gate sign where act(z) - act(-z) = z (scanner.reading.activations.plain_views), and every
 #: unit's write view beside its read views, as int8 steps of its peak. Fingerprints of another format are re-made.
-#: Format 5: what a group of units writes, and what a unit writes where the block's norms remove the mean, is weighed
-#: against its output columns as stored and the storage format's step (scanner.stats.canonical, CANCELLED_STEPS), so
-#: parts that cancel to the rounding of large stored values are dead on every build.
-FINGERPRINT_FORMAT = 5
+#: Format 6: gates are grouped by what they compute on the block's inputs alone (what rows hold along directions the
+#: input never takes is the copier's to set), and units that write one column join where their gates nearly agree
+#: there (scanner.reading.canonical_mlp, `_gate_groups`).
+FINGERPRINT_FORMAT = 6
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).
 STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale")

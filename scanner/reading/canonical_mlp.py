@@ -5,9 +5,10 @@ A copier can write one MLP's function with many sets of units: a unit split into
 parts' up rows or output columns need not be copies: u/2 + v and u/2 - v), into any number of parts, padded with
 units whose output columns are zero or with twins whose writes cancel. All of these leave the outputs exactly as they
 were, and all of them are undone here, in each MLP's own weights and in float64 (scanner.stats.canonical has the
-algebra and why a copier cannot steer it): units whose gate rows (input rows for a plain MLP, biases included) agree
-to `SAME_GATE_COSINE` as stored, or to `SAME_FUNCTION_COSINE` in what they compute on the MLP's inputs (rows may be
-stored far apart along directions the input never takes), form bounded groups, and each group becomes the leading
+algebra and why a copier cannot steer it): units whose gates (input rows for a plain MLP, biases included) agree
+to `SAME_FUNCTION_COSINE` in what they compute on the MLP's inputs (what rows hold along directions the input never
+takes is the copier's to set, so rows may be stored far apart or close together whatever they compute; without the
+inputs, rows that agree to `SAME_GATE_COSINE` as stored), form bounded groups, and each group becomes the leading
 rank-one factor of the sum of its members' (output column x up row) products (a plain MLP's: the sum of their output
 columns). One gate computes one function: in any output-preserving rewrite of an MLP whose units have gates of their
 own the sum has rank one, and whatever else it holds is rounding (parts stored in half precision whose reads and
@@ -46,10 +47,11 @@ from scanner.stats.canonical import CANCELLED, RowView, close_pairs, leader_grou
 
 #: Activations with act(c x) = c^degree act(x) for c > 0 (transformers' ACT2FN names).
 HOMOGENEOUS_DEGREE = {"relu": 1, "leaky_relu": 1, "relu2": 2}
-#: Two units share a gate when their gate rows (with biases) agree to this cosine in the weights: the parts of a
-#: split unit (cosine 1, or about 1 - jitter^2 / 2 with jitter on them). A copier who moves the parts further apart
-#: changes what each part computes by about the angle times the size of the parts' up rows, which he chose large to
-#: hide the unit: a change of the outputs as large as training makes.
+#: Without the MLP's inputs, two units share a gate when their gate rows (with biases) agree to this cosine in the
+#: weights: the parts of a split unit (cosine 1, or about 1 - jitter^2 / 2 with jitter on them). A copier who moves
+#: the parts further apart along directions the input takes changes what each part computes by about the angle
+#: times the size of the parts' up rows, which he chose large to hide the unit: a change of the outputs as large as
+#: training makes. (With the inputs, rows are compared only by what they compute: `_gate_groups`.)
 SAME_GATE_COSINE = 0.95
 #: Two units share a gate, too, when their gates' pre-activations on the MLP's own inputs (the canonical tokens'),
 #: biases included, agree to this cosine: rows that differ only along directions the input never takes (LayerNorm's
@@ -60,6 +62,12 @@ SAME_GATE_COSINE = 0.95
 #: zoo's to 0.96. A copier who moves the parts of a split unit apart by the angle this leaves (0.014 rad) changes
 #: each part's pre-activation by that fraction, times parts he made large to hide the unit.
 SAME_FUNCTION_COSINE = 0.9999
+#: Units whose output columns agree to this cosine (either sign) in the span of the MLP's inputs write one column:
+#: the parts of a unit split with jitter on its gate row (antithetic jitter of 0.15 in 4 parts leaves their
+#: pre-activations at cosine 0.99, short of `SAME_FUNCTION_COSINE`, and their ties took the evidence on a plain GELU
+#: copy: log10 p -9.8). Such parts are one gate where their pre-activations agree to `SAME_GATE_COSINE`. Honest units
+#: do not write one column, and a copier who makes two write one changes what the block writes.
+SAME_WRITE_COSINE = 0.9999
 #: Gate rows of a non-homogeneous activation are one gate only where their lengths agree to this fraction too.
 SAME_SCALE = 0.05
 #: Rows of a map `_directions` and `_norms` read at a time: their float32 and float64 temporaries stay at tens of MB
@@ -127,7 +135,9 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     live &= ~unseen
     if _silent_at_zero(activation):
         live &= ~zero_key
-    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions)
+    writes_seen = None if inputs is None else _write_directions(inputs, weights.down)
+    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions,
+                          writes_seen)
     if live.all() and (groups == np.arange(units)).all():
         return CanonicalMLP(weights, units, 0, 0, pre_activation)
     if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
@@ -165,15 +175,30 @@ def odd_linear(activation: str) -> bool:
 
 def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray, live: np.ndarray,
                  zero_key: np.ndarray, degree: int, sign_free: bool,
-                 functions: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
-    """The leader of each live unit's gate group (-1 for dead units): gate rows that agree as stored
-    (`SAME_GATE_COSINE`) or in what they compute on the inputs (``functions``: the pre-activations' directions and
-    lengths, `SAME_FUNCTION_COSINE`), up to sign where ``sign_free`` (`odd_linear`); live units with an all-zero gate
-    row (a linear unit, act(0) times its up row) share one group."""
-    first, second = _close_gates(directions, key_norms, degree, sign_free, SAME_GATE_COSINE)
-    if functions is not None:
-        more = _close_gates(*functions, degree, sign_free, SAME_FUNCTION_COSINE)
-        first, second = np.concatenate([first, more[0]]), np.concatenate([second, more[1]])
+                 functions: tuple[np.ndarray, np.ndarray] | None,
+                 writes: np.ndarray | None = None) -> np.ndarray:
+    """The leader of each live unit's gate group (-1 for dead units): gates that agree in what they compute on the
+    inputs (``functions``: the pre-activations' directions and lengths, `SAME_FUNCTION_COSINE`), or, without the
+    inputs, gate rows that agree as stored (`SAME_GATE_COSINE`), up to sign where ``sign_free`` (`odd_linear`); live
+    units with an all-zero gate row (a linear unit, act(0) times its up row) share one group. With ``writes`` (unit
+    directions of the output columns as the inputs' span holds them, `_write_directions`), units whose columns are
+    parallel (`SAME_WRITE_COSINE`, either sign) join too where their gates agree in what they compute to
+    `SAME_GATE_COSINE`: the parts of a unit split with jitter on their gates, which write one column.
+
+    Where the inputs are read, rows that agree as stored are not enough: rows differ as stored by whatever they hold
+    along directions the input never takes, which a copier sets freely. An independent check moved every gate row of
+    a block by one large vector along such a direction (LayerNorm's 1 / gain, a widened stream's zero coordinates):
+    every row then agreed with every other to cosine 0.99 as stored while computing what it computed before, each
+    block became one unit, and every kind tested CANNOT TEST (bench/redteam/canonical49); with decoy twins stored
+    beside each part of a split unit, the decoys led the parts into groups of their own."""
+    if functions is None:
+        first, second = _close_gates(directions, key_norms, degree, sign_free, SAME_GATE_COSINE)
+    else:
+        first, second = _close_gates(*functions, degree, sign_free, SAME_FUNCTION_COSINE)
+        if writes is not None:
+            one_column = close_pairs([RowView(writes, sign_free=True)], SAME_WRITE_COSINE)
+            near = _agreeing(*one_column, *functions, degree, sign_free, SAME_GATE_COSINE)
+            first, second = np.concatenate([first, near[0]]), np.concatenate([second, near[1]])
     linear = np.flatnonzero(live & zero_key)
     if linear.size > 1:
         pairs = np.array([(a, b) for i, a in enumerate(linear) for b in linear[i + 1:]]).T
@@ -187,12 +212,40 @@ def _close_gates(directions: np.ndarray, norms: np.ndarray, degree: int, sign_fr
     """Pairs of units whose gate ``directions`` agree to ``cosine`` (up to sign where ``sign_free``) and, where the
     activation is not homogeneous (act(2z) is another function), whose lengths agree to `SAME_SCALE`."""
     first, second = close_pairs([RowView(directions, sign_free)], cosine)
+    return _agreeing(first, second, directions, norms, degree, sign_free, -1.0)
+
+
+def _agreeing(first: np.ndarray, second: np.ndarray, directions: np.ndarray, norms: np.ndarray, degree: int,
+              sign_free: bool, cosine: float) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs among (``first``, ``second``) whose gate ``directions`` agree to ``cosine`` (up to sign where
+    ``sign_free``) and, where the activation is not homogeneous, whose lengths agree to `SAME_SCALE`."""
+    agree = np.einsum("ij,ij->i", directions[first].astype(np.float64), directions[second])
+    keep = (np.abs(agree) if sign_free else agree) >= cosine
     if not degree:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.abs(np.log(norms[first] / norms[second]))
-        keep = ratio <= math.log1p(SAME_SCALE)
-        first, second = first[keep], second[keep]
-    return first, second
+        keep &= ratio <= math.log1p(SAME_SCALE)
+    return first[keep], second[keep]
+
+
+def _write_directions(inputs: torch.Tensor, down: torch.Tensor) -> np.ndarray:
+    """(units, r) float32: each output column's part in the span of the inputs' token rows (the directions they take
+    to within `DEAD` of the largest), in an orthonormal basis of that span, at unit length (zero columns stay zero).
+    Parallel columns stay parallel whatever the basis, and an orthonormal one lets no direction every token shares
+    (a norm's bias, a massive activation) make columns look alike. Float32 is enough for cosines at
+    `SAME_WRITE_COSINE` (each column is divided by its peak first, so columns of 1e30 or 1e-30 neither overflow nor
+    underflow); a 7B plain MLP's 4096 x 16384 map is read `_ROWS` columns at a time (temporaries of 32 MB)."""
+    rows = inputs.reshape(-1, inputs.shape[-1]).detach().double().cpu()
+    _, spread, directions = torch.linalg.svd(rows, full_matrices=False)
+    basis = directions[spread > DEAD * spread[0]].float()  # (r, d): orthonormal rows spanning the tokens' rows
+    out = np.empty((down.shape[1], basis.shape[0]), dtype=np.float32)
+    for start in range(0, down.shape[1], _ROWS):
+        columns = down[:, start:start + _ROWS].detach().cpu().float().T
+        peak = columns.abs().amax(dim=1, keepdim=True)
+        projected = (columns / torch.where(peak > 0, peak, torch.ones_like(peak))) @ basis.T
+        lengths = torch.linalg.vector_norm(projected, dim=1, keepdim=True)
+        out[start:start + _ROWS] = (projected / torch.where(lengths > 0, lengths, torch.ones_like(lengths))).numpy()
+    return out
 
 
 def _pre_activation(inputs: torch.Tensor, key_map: torch.Tensor, key_bias: torch.Tensor | None) -> torch.Tensor:
