@@ -282,6 +282,23 @@ def test_parts_of_a_split_led_apart_by_loud_decoys_keep_a_copy_dependent(trained
         assert (stored - dead - combined, dead) == (units, 2 * 5 * units)
 
 
+@pytest.mark.parametrize("kind", [None, *(k for k in KINDS if k.name.startswith("plain") or k.name == "moe-softmax")],
+                         ids=lambda k: "gated" if k is None else k.name)
+def test_parts_beside_decoys_that_write_their_column_keep_a_copy_dependent(request, kind: Kind | None,
+                                                                            tmp_path: Path) -> None:
+    """Found by a sixth independent check (bench/redteam/canonical50): every unit split in 3 parts that share its gate
+    and write unlike columns, and beside each part a pair of loud decoys that cancel exactly, writing along the part's
+    column with a gate near its own. Joined at once with the exact groups by the rule for parts that write one column
+    (gates at 0.95), each decoy led its part into a group of its own ("no evidence" on the plain kinds, -12 to -17.5
+    on the others); the exact algebra now goes first, so the decoys cancel and the parts are the unit again."""
+    case = request.getfixturevalue("gated") if kind is None else request.getfixturevalue("trained_kinds")[kind.name]
+    disguise = adv.compose(adv.split_unlike(3, 1.0, "writes"), adv.column_decoys(0.99))
+    fp_copy = _check(case, disguise, EXACT_TOLERANCE, seed=34, folder=tmp_path / "copy")
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
+                                                       case[1].meta.summaries["canonical_units"], strict=True):
+        assert (stored - dead - combined, dead) == (units, 6 * units)
+
+
 def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:
     """A scan tests only the pairs candidate retrieval proposes: a copy whose units are permuted, rescaled with random
     signs, split and appended to must still collide with its original, and not with the control."""

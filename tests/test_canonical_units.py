@@ -278,6 +278,34 @@ def test_parts_that_write_one_column_with_jittered_gates_come_back_as_one_unit(a
     assert canonical_mlp(unlike, activation, x).weights.down.shape[1] == UNITS
 
 
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_decoys_that_write_a_parts_column_do_not_lead_it_away_from_its_unit(activation: str) -> None:
+    """Each unit split in 3 parts that share its gate and write unlike columns, and beside each part a pair of decoys
+    that cancel exactly: one gate near the unit's (cosine 0.97 on the inputs, as long), columns +c and -c parallel
+    to the part's and twice the longest. Grouped at once by both rules, each loud decoy led its part into a group of
+    its own by the near-copy rule (one column, gates at 0.95), every unit came back as 3 (bench/redteam/canonical50:
+    "no evidence" on plain copies). The exact algebra goes first: the decoys cancel, the parts are the unit."""
+    w = _plain(23) if activation == "gelu" else _gated(23)
+    g = torch.Generator().manual_seed(24)
+    x = torch.randn(256, WIDTH, generator=g, dtype=torch.float64)
+    split = _split_unlike(w, 3, "writes", seed=25)
+    key_name = "up" if w.gate is None else "gate"
+    keys = getattr(split, key_name)
+    across = torch.randn(keys.shape, generator=g, dtype=torch.float64)
+    across = across - ((across * keys).sum(1) / (keys * keys).sum(1))[:, None] * keys
+    decoys = 0.97 * keys + math.sqrt(1 - 0.97 ** 2) * keys.norm(dim=1, keepdim=True) * across / across.norm(
+        dim=1, keepdim=True)
+    loud = split.down / split.down.norm(dim=0) * 2.0 * float(split.down.norm(dim=0).max())
+    doubled = lambda t: None if t is None else torch.cat([t, t, t])  # noqa: E731
+    padded = replace(split, down=torch.cat([split.down, loud, -loud], dim=1),
+                     **{key_name: torch.cat([keys, decoys, decoys])},
+                     **({"up_bias": doubled(split.up_bias)} if w.gate is None else {"up": doubled(split.up)}))
+    assert torch.allclose(_output(padded, activation, x), _output(w, activation, x), atol=1e-8)
+    canonical = canonical_mlp(padded, activation, x)
+    assert canonical.weights.down.shape[1] == UNITS and canonical.dead == 6 * UNITS
+    _same_function(w, canonical.weights, activation)
+
+
 def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
     """Gates of random rows on inputs of more dimensions than the bar can confuse: none grouped."""
     w = _gated(13, units=200)

@@ -56,8 +56,8 @@ from scanner.stats.verbatim import sample_layout
 #: views free of each unit's gate sign where act(z) - act(-z) = z (scanner.reading.activations.plain_views), and every
 #: unit's write view beside its read views, as int8 steps of its peak. Fingerprints of another format are re-made.
 #: Format 6: gates are grouped by what they compute on the block's inputs alone (what rows hold along directions the
-#: input never takes is the copier's to set), and units that write one column join where their gates nearly agree
-#: there (scanner.reading.canonical_mlp, `_gate_groups`).
+#: input never takes is the copier's to set), and after that algebra, units that write one column join where their
+#: gates nearly agree there (scanner.reading.canonical_mlp, `_gate_groups`, `_near_copies_joined`).
 FINGERPRINT_FORMAT = 6
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).

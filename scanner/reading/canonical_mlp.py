@@ -62,11 +62,9 @@ SAME_GATE_COSINE = 0.95
 #: zoo's to 0.96. A copier who moves the parts of a split unit apart by the angle this leaves (0.014 rad) changes
 #: each part's pre-activation by that fraction, times parts he made large to hide the unit.
 SAME_FUNCTION_COSINE = 0.9999
-#: Units whose output columns agree to this cosine (either sign) in the span of the MLP's inputs write one column:
-#: the parts of a unit split with jitter on its gate row (antithetic jitter of 0.15 in 4 parts leaves their
-#: pre-activations at cosine 0.99, short of `SAME_FUNCTION_COSINE`, and their ties took the evidence on a plain GELU
-#: copy: log10 p -9.8). Such parts are one gate where their pre-activations agree to `SAME_GATE_COSINE`. Honest units
-#: do not write one column, and a copier who makes two write one changes what the block writes.
+#: Canonical units whose output columns agree to this cosine (either sign) in the span of the MLP's inputs write one
+#: column, and are one unit where their pre-activations agree to `SAME_GATE_COSINE` (`_near_copies_joined`). Honest
+#: units do not write one column, and a copier who makes two write one changes what the block writes.
 SAME_WRITE_COSINE = 0.9999
 #: Gate rows of a non-homogeneous activation are one gate only where their lengths agree to this fraction too.
 SAME_SCALE = 0.05
@@ -122,9 +120,7 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         weights = replace(weights, down=columns_mean_free(weights.down))
         written = _norms(weights.down.T)
         unseen = written <= CANCELLED * stored  # all it writes is rounding of a direction the block does not see
-    mass = written * key_norms ** degree
-    if gated:
-        mass = mass * _directions(weights.up, weights.up_bias)[1]
+    mass = _mass(weights, written, key_norms, degree)
     zero_key = key_norms == 0
     sizes = _written_on_inputs(weights, activation, inputs, pre_activation, up_output)
     if sizes is None:  # no inputs: the weights' sizes, against the median unit's
@@ -135,18 +131,47 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     live &= ~unseen
     if _silent_at_zero(activation):
         live &= ~zero_key
-    writes_seen = None if inputs is None else _write_directions(inputs, weights.down)
-    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, odd_linear(activation), functions,
-                          writes_seen)
+    sign_free = odd_linear(activation)
+    groups = _gate_groups(directions, key_norms, mass, live, zero_key, degree, sign_free, functions)
     if live.all() and (groups == np.arange(units)).all():
-        return CanonicalMLP(weights, units, 0, 0, pre_activation)
-    if (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
-        return CanonicalMLP(_select(weights, live), units, int((~live).sum()), 0)
-    keys = _rows(key_map, key_bias)
-    reads = _rows(weights.up, weights.up_bias) if gated else None
-    writes = weights.down.detach().double().cpu().numpy().T
-    return _combined(weights, keys, reads, _Writes(writes, stored), key_norms, mass, groups, degree,
-                     functions)
+        exact = CanonicalMLP(weights, units, 0, 0, pre_activation)
+    elif (groups[live] == np.flatnonzero(live)).all():  # only dead units: select the live rows
+        exact = CanonicalMLP(_select(weights, live), units, int((~live).sum()), 0)
+        functions = None if functions is None else (functions[0][live], functions[1][live])
+    else:
+        exact = _combined(weights, stored, key_norms, mass, groups, degree, functions)
+        functions = None
+    return exact if inputs is None else _near_copies_joined(exact, inputs, degree, sign_free, functions)
+
+
+def _near_copies_joined(exact: CanonicalMLP, inputs: torch.Tensor, degree: int, sign_free: bool,
+                        functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
+    """The canonical units after the exact algebra, with those that write one column (`SAME_WRITE_COSINE`, either
+    sign, in the span of the inputs) and compute nearly one function on the inputs (`SAME_GATE_COSINE`) combined as
+    one group each: the parts of a unit split with jitter on its gate (antithetic jitter 0.15 in 4 parts leaves
+    their pre-activations at cosine 0.99, and kept apart their ties took the evidence of a plain GELU copy: log10 p
+    -9.8). Only after the exact groups are summed: decoy twins that cancel exactly, stored beside each part with a
+    column parallel to the part's and a gate near its own, once led the parts into groups of their own by this rule
+    (bench/redteam/canonical50; "no evidence" on the plain kinds); summed first, they are nothing, and a unit that
+    survives the exact algebra writes something of its own. ``functions``: the units' pre-activations' directions and
+    lengths where they are known, else read here."""
+    w = exact.weights
+    gated = w.gate is not None
+    key_map, key_bias = (w.gate, w.gate_bias) if gated else (w.up, w.up_bias)
+    if w.up.shape[0] < 2:
+        return exact
+    if functions is None:
+        functions = _directions(_pre_activation(inputs, key_map, key_bias).T, None)
+    one_column = close_pairs([RowView(_write_directions(inputs, w.down), sign_free=True)], SAME_WRITE_COSINE)
+    first, second = _agreeing(*one_column, *functions, degree, sign_free, SAME_GATE_COSINE)
+    if not first.size:
+        return exact
+    directions, key_norms = _directions(key_map, key_bias)
+    stored = _norms(w.down.T)
+    mass = _mass(w, stored, key_norms, degree)
+    groups = leader_groups(w.up.shape[0], first, second, leader_order(mass, directions))
+    joined = _combined(w, stored, key_norms, mass, groups, degree, functions)
+    return CanonicalMLP(joined.weights, exact.stored, exact.dead + joined.dead, exact.combined + joined.combined)
 
 
 def columns_mean_free(down: torch.Tensor) -> torch.Tensor:
@@ -175,15 +200,11 @@ def odd_linear(activation: str) -> bool:
 
 def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray, live: np.ndarray,
                  zero_key: np.ndarray, degree: int, sign_free: bool,
-                 functions: tuple[np.ndarray, np.ndarray] | None,
-                 writes: np.ndarray | None = None) -> np.ndarray:
+                 functions: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """The leader of each live unit's gate group (-1 for dead units): gates that agree in what they compute on the
     inputs (``functions``: the pre-activations' directions and lengths, `SAME_FUNCTION_COSINE`), or, without the
     inputs, gate rows that agree as stored (`SAME_GATE_COSINE`), up to sign where ``sign_free`` (`odd_linear`); live
-    units with an all-zero gate row (a linear unit, act(0) times its up row) share one group. With ``writes`` (unit
-    directions of the output columns as the inputs' span holds them, `_write_directions`), units whose columns are
-    parallel (`SAME_WRITE_COSINE`, either sign) join too where their gates agree in what they compute to
-    `SAME_GATE_COSINE`: the parts of a unit split with jitter on their gates, which write one column.
+    units with an all-zero gate row (a linear unit, act(0) times its up row) share one group.
 
     Where the inputs are read, rows that agree as stored are not enough: rows differ as stored by whatever they hold
     along directions the input never takes, which a copier sets freely. An independent check moved every gate row of
@@ -195,10 +216,6 @@ def _gate_groups(directions: np.ndarray, key_norms: np.ndarray, mass: np.ndarray
         first, second = _close_gates(directions, key_norms, degree, sign_free, SAME_GATE_COSINE)
     else:
         first, second = _close_gates(*functions, degree, sign_free, SAME_FUNCTION_COSINE)
-        if writes is not None:
-            one_column = close_pairs([RowView(writes, sign_free=True)], SAME_WRITE_COSINE)
-            near = _agreeing(*one_column, *functions, degree, sign_free, SAME_GATE_COSINE)
-            first, second = np.concatenate([first, near[0]]), np.concatenate([second, near[1]])
     linear = np.flatnonzero(live & zero_key)
     if linear.size > 1:
         pairs = np.array([(a, b) for i, a in enumerate(linear) for b in linear[i + 1:]]).T
@@ -265,10 +282,22 @@ class _Writes:
     stored: np.ndarray
 
 
-def _combined(weights: SiteWeights, keys: np.ndarray, reads: np.ndarray | None, columns: _Writes,
-              key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray, degree: int,
-              functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
-    """New maps: per group, one gate row (`_group_key`) and the factors of its members' summed products."""
+def _mass(weights: SiteWeights, written: np.ndarray, key_norms: np.ndarray, degree: int) -> np.ndarray:
+    """Each unit's size as weights: its output column's length (``written``) times its gate row's to the
+    activation's homogeneous degree, times its up row's where gated. Groups are led in its order."""
+    mass = written * key_norms ** degree
+    return mass if weights.gate is None else mass * _directions(weights.up, weights.up_bias)[1]
+
+
+def _combined(weights: SiteWeights, stored: np.ndarray, key_norms: np.ndarray, mass: np.ndarray, groups: np.ndarray,
+              degree: int, functions: tuple[np.ndarray, np.ndarray] | None) -> CanonicalMLP:
+    """New maps: per group, one gate row (`_group_key`) and the factors of its members' summed products. ``stored``:
+    the output columns' lengths as stored, at which their values were rounded (what a group writes is rounding
+    below `CANCELLED` of its members' stored products)."""
+    gated = weights.gate is not None
+    keys = _rows(weights.gate, weights.gate_bias) if gated else _rows(weights.up, weights.up_bias)
+    reads = _rows(weights.up, weights.up_bias) if gated else None
+    columns = _Writes(weights.down.detach().double().cpu().numpy().T, stored)
     units, writes = keys.shape[0], columns.seen
     out_keys, out_reads, out_writes = [], [], []
     dead = int((groups < 0).sum())
