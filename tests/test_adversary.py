@@ -37,6 +37,7 @@ from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, tra
 from tests.fixtures import adversary as adv
 from tests.fixtures.null_shift import (
     null_shift_all,
+    output_bias_sink,
     split_beside_decoys,
     split_writes_null_shift,
     widened_shift_all,
@@ -297,6 +298,21 @@ def test_parts_beside_decoys_that_write_their_column_keep_a_copy_dependent(reque
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
                                                        case[1].meta.summaries["canonical_units"], strict=True):
         assert (stored - dead - combined, dead) == (units, 6 * units)
+
+
+@pytest.mark.parametrize("exponent", [20, 40])
+def test_a_constant_unit_the_output_bias_takes_back_keeps_a_copy_dependent(gated, exponent: int,
+                                                                            tmp_path: Path) -> None:
+    """Found by a seventh independent check (bench/redteam/canonical51): a constant unit writing 2^40 along a
+    coordinate of a widened stream, taken back exactly by the MLP's output bias. Weighed against what the MLP's units
+    write (the bias left out), every real unit wrote less than 1e-6 of it: CANNOT TEST (2^20: the weakest dropped,
+    -4.1 at its worst). A unit is now weighed against the residual stream it writes into, which no output-preserving
+    change moves: the copy keeps every unit, the constant one beside them."""
+    fp_copy = _check(gated, adv.compose(output_bias_sink(exponent), adv.permute_units), EXACT_TOLERANCE, seed=35,
+                     folder=tmp_path / "copy")
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
+                                                       gated[1].meta.summaries["canonical_units"], strict=True):
+        assert (stored - dead - combined, dead) == (units + 1, 0)
 
 
 def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:

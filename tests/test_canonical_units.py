@@ -306,6 +306,24 @@ def test_decoys_that_write_a_parts_column_do_not_lead_it_away_from_its_unit(acti
     _same_function(w, canonical.weights, activation)
 
 
+def test_a_loud_constant_unit_does_not_make_the_real_units_dead_where_the_stream_is_read() -> None:
+    """A constant unit (zero gate row, gate bias 32, up bias 16) writing 2^40 along one coordinate, which in a model
+    the output map's bias takes back (bench/redteam/canonical51): against what the MLP's units write it makes every
+    real unit dead; against the residual stream they write into, each stays live."""
+    w = _gated(27, biases=True)
+    x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(28), dtype=torch.float64)
+    column = torch.zeros(WIDTH, 1, dtype=torch.float64)
+    column[0, 0] = 2.0 ** 40 / 512
+    sink = SiteWeights(up=torch.cat([w.up, torch.zeros(1, WIDTH, dtype=torch.float64)]),
+                       down=torch.cat([w.down, column], dim=1),
+                       gate=torch.cat([w.gate, torch.zeros(1, WIDTH, dtype=torch.float64)]),
+                       gate_bias=torch.cat([w.gate_bias, torch.tensor([32.0], dtype=torch.float64)]),
+                       up_bias=torch.cat([w.up_bias, torch.tensor([16.0], dtype=torch.float64)]))
+    assert canonical_mlp(sink, "silu", x).dead == UNITS  # weighed against the units' own writes
+    kept = canonical_mlp(sink, "silu", x, stream=x)
+    assert kept.unchanged and kept.weights.down.shape[1] == UNITS + 1
+
+
 def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
     """Gates of random rows on inputs of more dimensions than the bar can confuse: none grouped."""
     w = _gated(13, units=200)

@@ -203,7 +203,7 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
     mean_unseen = stream is not None and _mean_free(stream)
     given, given_up = computed if computed is not None and len(experts) == 1 else (None, None)
     canonical = [canonical_mlp(w, activation, mlp_input, pre_activation=given, mean_unseen=mean_unseen,
-                               up_output=given_up) for w in experts]
+                               up_output=given_up, stream=stream) for w in experts]
     weights = [c.weights for c in canonical]
     if weights[0].gate is None:
         if stream is None:

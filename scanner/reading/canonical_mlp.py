@@ -71,9 +71,10 @@ SAME_SCALE = 0.05
 #: Rows of a map `_directions` and `_norms` read at a time: their float32 and float64 temporaries stay at tens of MB
 #: (a 7B plain MLP's 16384 x 4097 fc map read whole took 1 GiB of them, a quarter of a fingerprint's memory goal).
 _ROWS = 2048
-#: A unit that writes, on the canonical inputs, less than this fraction of what its whole MLP writes there writes
-#: nothing a float32 model can resolve (`_written_on_inputs`; without the inputs: a unit whose size as weights,
-#: |output column| |up row| |gate row|^degree, is below this fraction of the median unit's).
+#: A unit that writes, at every canonical token, less than this fraction of the residual stream it writes into writes
+#: nothing a float32 model can resolve (`_written_on_inputs`; without the stream: of what its whole MLP writes there;
+#: without the inputs: a unit whose size as weights, |output column| |up row| |gate row|^degree, is below this
+#: fraction of the median unit's).
 DEAD = 1e-6
 
 
@@ -96,7 +97,7 @@ class CanonicalMLP:
 
 def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | None = None,
                   pre_activation: torch.Tensor | None = None, mean_unseen: bool = False,
-                  up_output: torch.Tensor | None = None) -> CanonicalMLP:
+                  up_output: torch.Tensor | None = None, stream: torch.Tensor | None = None) -> CanonicalMLP:
     """The MLP's canonical units (see the module): the weights as given when nothing changes, else new maps of the
     weights' device and dtype, units in the order of their groups' leaders' stored indices. ``inputs`` (tokens, d): the
     MLP's input on the canonical tokens, where gates are also compared by what they compute there
@@ -105,7 +106,8 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     (scanner.reading.architectures.norms), so the units' output columns count, and are returned, less their
     all-ones part (`columns_mean_free`), and a unit that writes only along it writes nothing. ``up_output``
     (tokens, units): a gated MLP's up outputs on the inputs, bias included, where the caller has them already (the
-    dead-unit bar reads them: `_written_on_inputs`)."""
+    dead-unit bar reads them: `_written_on_inputs`). ``stream`` (tokens, d): the residual stream the block writes
+    into, less its all-ones direction where ``mean_unseen``: what a unit's write is weighed against."""
     units = weights.up.shape[0]
     gated = weights.gate is not None
     key_map, key_bias = (weights.gate, weights.gate_bias) if gated else (weights.up, weights.up_bias)
@@ -122,11 +124,11 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         unseen = written <= CANCELLED * stored  # all it writes is rounding of a direction the block does not see
     mass = _mass(weights, written, key_norms, degree)
     zero_key = key_norms == 0
-    sizes = _written_on_inputs(weights, activation, inputs, pre_activation, up_output)
+    sizes = _written_on_inputs(weights, activation, inputs, pre_activation, up_output, stream)
     if sizes is None:  # no inputs: the weights' sizes, against the median unit's
         reference = mass[(mass > 0) & ~_silent(activation, zero_key) & ~unseen]
         live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
-    else:  # what each unit writes on the inputs, against what the whole MLP writes there
+    else:  # what each unit writes on the inputs, against the stream it writes into (or what the whole MLP writes)
         live = written * sizes[0] > DEAD * sizes[1]
     live &= ~unseen
     if _silent_at_zero(activation):
@@ -438,22 +440,25 @@ def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tens
 
 
 def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tensor | None,
-                       pre_activation: torch.Tensor | None,
-                       up_output: torch.Tensor | None = None) -> tuple[np.ndarray, float] | None:
-    """Each unit's hidden value (act(gate), times the up output where gated) as its root mean square over the inputs'
-    tokens (float64), and the root mean square over the tokens of the length of what the whole MLP writes
-    (``up_output``: the up outputs where the caller has them, else computed here); None without the pre-activations
-    (and, where gated, the up outputs or the inputs), or for an activation transformers does not name. A unit whose
-    hidden value is exactly zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing here
-    whatever its size (an independent check appended such units: tests/fixtures/silent_units.py).
+                       pre_activation: torch.Tensor | None, up_output: torch.Tensor | None = None,
+                       stream: torch.Tensor | None = None) -> tuple[np.ndarray, float] | None:
+    """Per unit, its hidden value (act(gate), times the up output where gated) on the inputs' tokens, measured against
+    a reference it is weighed with (a unit writes nothing when that measure times its output column is below `DEAD`
+    of the reference): with the residual ``stream`` the block writes into (tokens, d; less its all-ones direction
+    where the block cannot see it), the largest over the tokens of the hidden value over the stream's length at that
+    token, against 1; without it, the hidden value's root mean square over the tokens, against that of what the whole
+    MLP writes. ``up_output``: the up outputs where the caller has them, else computed here. None without the
+    pre-activations (and, where gated, the up outputs or the inputs), or for an activation transformers does not
+    name. A unit whose hidden value is exactly zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing
+    here whatever its size (an independent check appended such units: tests/fixtures/silent_units.py).
 
-    A unit writes nothing when its hidden size times its output column is below `DEAD` of what the MLP writes: a
-    reference no output-preserving change can move (the MLP writes what it wrote). The median unit's weights, the
-    reference before, moved both ways: an independent check (bench/redteam/canonical48) appended units with gate rows
-    1e-20 and up rows and columns 1e4 times a real unit's (1e8 times its size as weights, where the activation is not
-    homogeneous a gate row's length is no part of that size, and 1e-12 of what it writes), which made the median, and
-    every real unit was dropped (log10 p -0.1, "no evidence"); measured on the inputs against the median unit instead,
-    such units pull the median down, and units that write nothing a float32 model resolves stay live."""
+    What a unit adds to the stream below 1e-6 of it at every token is below what float32 resolves there (16 of its
+    steps), and no output-preserving change can move the stream but by one factor for every writer, which the ratio
+    does not see. Every other reference was moved by a copier. The median unit's weights: independent checks appended
+    units 1e8 times a real unit as weights that wrote 1e-12 of one, which made the median, and every real unit was
+    dropped (bench/redteam/canonical48, "no evidence"). What the whole MLP writes: a constant unit wrote 2^40 along a
+    coordinate of a widened stream, and the output map's bias, which the units' writes do not include, took it back
+    exactly (bench/redteam/canonical51, CANNOT TEST); it is the reference only where no stream was read."""
     gated = weights.gate is not None
     if pre_activation is None or activation not in ACT2FN or (gated and inputs is None and up_output is None):
         return None
@@ -462,6 +467,11 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
         if gated:
             up = _pre_activation(inputs, weights.up, weights.up_bias) if up_output is None else up_output
             hidden = hidden * up.double()
+        rows = None if stream is None else stream.detach().reshape(-1, stream.shape[-1])
+        if rows is not None and rows.shape[0] == hidden.shape[0]:
+            lengths = torch.linalg.vector_norm(rows.to(hidden.device).double(), dim=1)
+            ratio = hidden.abs_().div_(lengths.clamp_min(torch.finfo(torch.float64).tiny)[:, None])  # no copy
+            return ratio.amax(dim=0).cpu().numpy(), 1.0
         down = weights.down.detach()
         dtype = torch.promote_types(down.dtype, torch.float32)
         output = hidden.to(device=down.device, dtype=dtype) @ down.to(dtype).T

@@ -437,13 +437,16 @@ FAMILIES: tuple[Family, ...] = (
 def adapter_for(checkpoint: Checkpoint) -> ArchitectureAdapter | ModuleTreeAdapter:
     """The adapter for this checkpoint's family, already checked against its tensor headers.
 
-    A model_type with no family row is read off transformers' module tree (scanner.reading.architectures). Raises
+    A model_type with no family row is read off transformers' module tree (scanner.reading.architectures), and so is
+    one whose config gives its MLPs biases (Llama's ``mlp_bias``): the family rows read no MLP bias, and a constant
+    unit (a zero gate row with a bias) read without its bias counted as one that computes nothing
+    (bench/redteam/canonical51). Raises
     UnsupportedArchitectureError for a head of a known family hubtrace does not read (e.g. ...ForSequenceClassification)
     or an architecture without MLPs, and CheckpointError when the config and the stored shapes disagree.
     """
     model_type = checkpoint.config.get("model_type")
     architectures = checkpoint.config.get("architectures") or []
-    for family in FAMILIES:
+    for family in FAMILIES if not checkpoint.config.get("mlp_bias") else ():
         if model_type in family.model_types:
             if architectures and architectures[0] not in family.architectures:
                 raise UnsupportedArchitectureError(
