@@ -25,10 +25,12 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
 from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.reading.architectures.tiny import tiny_config
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import retrieval_entry
@@ -38,6 +40,7 @@ from tests.fixtures import adversary as adv
 from tests.fixtures.null_shift import (
     null_shift_all,
     output_bias_sink,
+    post_norm_stream_scale,
     split_beside_decoys,
     split_writes_null_shift,
     widened_shift_all,
@@ -313,6 +316,30 @@ def test_a_constant_unit_the_output_bias_takes_back_keeps_a_copy_dependent(gated
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
                                                        gated[1].meta.summaries["canonical_units"], strict=True):
         assert (stored - dead - combined, dead) == (units + 1, 0)
+
+
+@pytest.fixture(scope="module")
+def post_norm(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
+    """A tiny OLMo2 (norms after each sublayer, none before; eps 1e-30 so that scaling the stream is exact), random
+    weights, and an independent one as the control."""
+    folder = tmp_path_factory.mktemp("post-norm")
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(AutoModelForCausalLM.from_config(tiny_config("olmo2", rms_norm_eps=1e-30)).eval())
+    prints = [fingerprint_model(save(m, folder / name)) for m, name in zip(models, ("original", "control"))]
+    return models[0], *prints
+
+
+@pytest.mark.parametrize("exponent", [16, 24])
+def test_a_stream_scaled_past_a_post_norm_models_units_keeps_a_copy_dependent(post_norm, exponent: int,
+                                                                              tmp_path: Path) -> None:
+    """Found by an eighth independent check (bench/redteam/canonical52): where a norm follows the MLP, the whole
+    residual stream scaled by 2^24 (embeddings up, the maps that read it down, the post-norms' gains up) leaves every
+    unit as it was, and weighed against the stream alone every unit was dead: CANNOT TEST (at 2^16, -8.2 with the
+    weakest dropped). A unit is dead only when it is negligible against what the units write together too."""
+    fp_copy = _check(post_norm, post_norm_stream_scale(exponent), EXACT_TOLERANCE, seed=36, folder=tmp_path / "copy")
+    assert fp_copy.meta.summaries["canonical_units"] == post_norm[1].meta.summaries["canonical_units"]
 
 
 def test_retrieval_still_proposes_a_disguised_copy(gated, tmp_path: Path) -> None:

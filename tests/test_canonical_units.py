@@ -324,6 +324,21 @@ def test_a_loud_constant_unit_does_not_make_the_real_units_dead_where_the_stream
     assert kept.unchanged and kept.weights.down.shape[1] == UNITS + 1
 
 
+def test_a_stream_scaled_past_the_units_does_not_make_them_dead() -> None:
+    """Where a norm follows the MLP (OLMo2, Gemma), the whole stream can be scaled by 2^24 and read back at that
+    scale while every unit stays as it was (bench/redteam/canonical52): against the stream alone each unit is then
+    2^-24 of it; against what the units write together, each is what it was. A zero stream row (an all-zero padding
+    embedding) is left out of the stream's reference rather than making every unit loud there."""
+    w = _gated(29, biases=True)
+    x = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(30), dtype=torch.float64)
+    assert canonical_mlp(w, "silu", x, stream=x * 2.0 ** 24).unchanged
+    silent = replace(w, down=torch.cat([w.down, 1e-9 * w.down[:, :1]], dim=1), up=torch.cat([w.up, w.up[:1]]),
+                     gate=torch.cat([w.gate, w.gate[:1]]), gate_bias=torch.cat([w.gate_bias, w.gate_bias[:1]]),
+                     up_bias=torch.cat([w.up_bias, w.up_bias[:1]]))
+    padded_stream = torch.cat([torch.zeros(1, WIDTH, dtype=torch.float64), x[1:]])
+    assert canonical_mlp(silent, "silu", x, stream=padded_stream).dead == 1  # 1e-9 of a unit, loud on no row
+
+
 def test_the_function_bar_leaves_trained_gates_apart_on_their_inputs() -> None:
     """Gates of random rows on inputs of more dimensions than the bar can confuse: none grouped."""
     w = _gated(13, units=200)

@@ -71,8 +71,8 @@ SAME_SCALE = 0.05
 #: Rows of a map `_directions` and `_norms` read at a time: their float32 and float64 temporaries stay at tens of MB
 #: (a 7B plain MLP's 16384 x 4097 fc map read whole took 1 GiB of them, a quarter of a fingerprint's memory goal).
 _ROWS = 2048
-#: A unit that writes, at every canonical token, less than this fraction of the residual stream it writes into writes
-#: nothing a float32 model can resolve (`_written_on_inputs`; without the stream: of what its whole MLP writes there;
+#: A unit that writes, at every canonical token, less than this fraction of what the MLP's units write together there
+#: and of the residual stream it writes into writes nothing a float32 model can resolve (`_written_on_inputs`;
 #: without the inputs: a unit whose size as weights, |output column| |up row| |gate row|^degree, is below this
 #: fraction of the median unit's).
 DEAD = 1e-6
@@ -128,7 +128,7 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
     if sizes is None:  # no inputs: the weights' sizes, against the median unit's
         reference = mass[(mass > 0) & ~_silent(activation, zero_key) & ~unseen]
         live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
-    else:  # what each unit writes on the inputs, against the stream it writes into (or what the whole MLP writes)
+    else:  # what each unit writes on the inputs, against what the units write together and the stream
         live = written * sizes[0] > DEAD * sizes[1]
     live &= ~unseen
     if _silent_at_zero(activation):
@@ -442,23 +442,26 @@ def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tens
 def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tensor | None,
                        pre_activation: torch.Tensor | None, up_output: torch.Tensor | None = None,
                        stream: torch.Tensor | None = None) -> tuple[np.ndarray, float] | None:
-    """Per unit, its hidden value (act(gate), times the up output where gated) on the inputs' tokens, measured against
-    a reference it is weighed with (a unit writes nothing when that measure times its output column is below `DEAD`
-    of the reference): with the residual ``stream`` the block writes into (tokens, d; less its all-ones direction
-    where the block cannot see it), the largest over the tokens of the hidden value over the stream's length at that
-    token, against 1; without it, the hidden value's root mean square over the tokens, against that of what the whole
-    MLP writes. ``up_output``: the up outputs where the caller has them, else computed here. None without the
-    pre-activations (and, where gated, the up outputs or the inputs), or for an activation transformers does not
-    name. A unit whose hidden value is exactly zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing
-    here whatever its size (an independent check appended such units: tests/fixtures/silent_units.py).
+    """Per unit, the largest share of a reference its hidden value (act(gate), times the up output where gated) takes
+    at any of the inputs' tokens, and 1: a unit writes nothing when that share times its output column is below
+    `DEAD`. The references, token by token: what the MLP's units write together there, and the residual ``stream``
+    the block writes into (tokens, d; less its all-ones direction where the block cannot see it), where given. A
+    token where a reference is all but zero (below `DEAD` of its median token's) is left out of it: a zero stream row
+    (an all-zero padding embedding) would otherwise make every unit loud there. ``up_output``: the up outputs where
+    the caller has them, else computed here. None without the pre-activations (and, where gated, the up outputs or
+    the inputs), or for an activation transformers does not name. A unit whose hidden value is exactly zero on every
+    token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing whatever its size (an independent check appended such
+    units: tests/fixtures/silent_units.py).
 
-    What a unit adds to the stream below 1e-6 of it at every token is below what float32 resolves there (16 of its
-    steps), and no output-preserving change can move the stream but by one factor for every writer, which the ratio
-    does not see. Every other reference was moved by a copier. The median unit's weights: independent checks appended
-    units 1e8 times a real unit as weights that wrote 1e-12 of one, which made the median, and every real unit was
-    dropped (bench/redteam/canonical48, "no evidence"). What the whole MLP writes: a constant unit wrote 2^40 along a
-    coordinate of a widened stream, and the output map's bias, which the units' writes do not include, took it back
-    exactly (bench/redteam/canonical51, CANNOT TEST); it is the reference only where no stream was read."""
+    What a unit adds below 1e-6 of both is below what float32 resolves in either, and a copier moves each only where
+    the other holds: independent checks moved every single reference. The median unit's weights: units 1e8 times a
+    real unit as weights that wrote 1e-12 of one made the median (bench/redteam/canonical48, "no evidence"). What the
+    units write together: a constant unit writing 2^40 along a coordinate of a widened stream, taken back exactly by
+    the output map's bias or by a twin expert's unit writing -2^40 (bench/redteam/canonical51, CANNOT TEST); the
+    stream stays as it was. The stream: where a norm follows the MLP (OLMo2's and Gemma's post-feedforward norms), the
+    whole stream scaled by 2^24, the maps that read it and the norms' gains scaled back, leaves every unit as it was
+    and made each one 2^-24 of the stream (bench/redteam/canonical52, CANNOT TEST); what the units write is as it
+    was."""
     gated = weights.gate is not None
     if pre_activation is None or activation not in ACT2FN or (gated and inputs is None and up_output is None):
         return None
@@ -467,16 +470,20 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
         if gated:
             up = _pre_activation(inputs, weights.up, weights.up_bias) if up_output is None else up_output
             hidden = hidden * up.double()
-        rows = None if stream is None else stream.detach().reshape(-1, stream.shape[-1])
-        if rows is not None and rows.shape[0] == hidden.shape[0]:
-            lengths = torch.linalg.vector_norm(rows.to(hidden.device).double(), dim=1)
-            ratio = hidden.abs_().div_(lengths.clamp_min(torch.finfo(torch.float64).tiny)[:, None])  # no copy
-            return ratio.amax(dim=0).cpu().numpy(), 1.0
         down = weights.down.detach()
         dtype = torch.promote_types(down.dtype, torch.float32)
         output = hidden.to(device=down.device, dtype=dtype) @ down.to(dtype).T
-        total = float(torch.linalg.vector_norm(output.double(), dim=1).pow(2).mean().sqrt())
-        return hidden.pow(2).mean(dim=0).sqrt().cpu().numpy(), total
+        references = [torch.linalg.vector_norm(output.double(), dim=1).to(hidden.device)]
+        rows = None if stream is None else stream.detach().reshape(-1, stream.shape[-1])
+        if rows is not None and rows.shape[0] == hidden.shape[0]:
+            references.append(torch.linalg.vector_norm(rows.to(hidden.device).double(), dim=1))
+        hidden = hidden.abs_()  # a temporary of this function: no copy
+        share = torch.zeros(hidden.shape[1], dtype=torch.float64, device=hidden.device)
+        for lengths in references:
+            kept = lengths > DEAD * lengths.median()
+            if kept.any():
+                share = torch.maximum(share, (hidden[kept] / lengths[kept, None]).amax(dim=0))
+        return share.cpu().numpy(), 1.0
 
 
 def _silent(activation: str, zero_key: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from bench.redteam.case_cli import case_arguments
 from scanner.fingerprints.fingerprint import fingerprint_model
 from scanner.pairs.fingerprint_compare import compare_fingerprints
 from scanner.reading.architectures.module_tree import decoder_stack
@@ -379,15 +380,7 @@ CASES.update(
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    threads = 2
-    if "--threads" in args:
-        i = args.index("--threads")
-        threads = int(args[i + 1])
-        del args[i : i + 2]
-    if "--dtype" in args:
-        i = args.index("--dtype")
-        DTYPE = getattr(torch, args[i + 1])
-        del args[i : i + 2]
-    for name in args or list(CASES):
+    threads, dtype, names = case_arguments(sys.argv[1:])
+    DTYPE = dtype or DTYPE
+    for name in names or list(CASES):
         run(name, threads)

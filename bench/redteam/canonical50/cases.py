@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import bench.redteam.canonical49.cases as c49
+from bench.redteam.case_cli import case_arguments
 from scanner.fingerprints.inputs import canonical_inputs
 from scanner.reading.architectures.module_tree import decoder_stack
 from scanner.reading.architectures.sites import SiteWeights, find_sites, site_weights
@@ -164,19 +165,12 @@ CASES = {
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    threads = 2
-    if "--threads" in args:
-        i = args.index("--threads")
-        threads = int(args[i + 1])
-        del args[i: i + 2]
     if "--no-write-rule" in args:  # diagnostic: the write-column rule off (no pairs pass a cosine of 2)
         import scanner.reading.canonical_mlp as cm
         cm.SAME_WRITE_COSINE = 2.0
         args.remove("--no-write-rule")
         c49.RESULTS = Path(__file__).with_name("diagnostic.jsonl")
-    if "--dtype" in args:
-        i = args.index("--dtype")
-        c49.DTYPE = getattr(torch, args[i + 1])
-        del args[i: i + 2]
-    for name in args:
+    threads, dtype, names = case_arguments(args)
+    c49.DTYPE = dtype or c49.DTYPE
+    for name in names:
         c49.run(name, threads, CASES)

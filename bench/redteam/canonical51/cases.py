@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import bench.redteam.canonical49.cases as c49
+from bench.redteam.case_cli import case_arguments
 
 c49.WORK = Path("/tmp/canonical51")
 c49.RESULTS = Path(__file__).with_name("results.jsonl")
@@ -150,15 +151,7 @@ CASES["control-twins-nosink-moe-softmax"] = ("moe-softmax", lambda: twin_expert_
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    threads = 2
-    if "--threads" in args:
-        i = args.index("--threads")
-        threads = int(args[i + 1])
-        del args[i: i + 2]
-    if "--dtype" in args:
-        i = args.index("--dtype")
-        c49.DTYPE = getattr(torch, args[i + 1])
-        del args[i: i + 2]
-    for name in args:
+    threads, dtype, names = case_arguments(sys.argv[1:])
+    c49.DTYPE = dtype or c49.DTYPE
+    for name in names:
         c49.run(name, threads, CASES)
