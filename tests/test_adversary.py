@@ -252,6 +252,7 @@ def test_parts_moved_along_never_written_stream_coordinates_keep_a_copy_dependen
     _check(gated, widened_unlike_split(parts, spread=3.0), EXACT_TOLERANCE, seed=17, folder=tmp_path / "copy")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("times", [3.0, 10.0])
 @pytest.mark.parametrize("kind", [None, *(k for k in KINDS if k.name.startswith("plain"))],
                          ids=lambda k: "gated" if k is None else k.name)
@@ -286,6 +287,7 @@ def test_parts_of_a_split_led_apart_by_loud_decoys_keep_a_copy_dependent(trained
         assert (stored - dead - combined, dead) == (units, 2 * 5 * units)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, *(k for k in KINDS if k.name.startswith("plain") or k.name == "moe-softmax")],
                          ids=lambda k: "gated" if k is None else k.name)
 def test_parts_beside_decoys_that_write_their_column_keep_a_copy_dependent(request, kind: Kind | None,
