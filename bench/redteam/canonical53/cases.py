@@ -29,8 +29,9 @@ POST = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")
 @torch.no_grad()
 def flex_widened_twin_sink(model, extra: int, exponent: int, generator):
     """FlexOlmo widened by ``extra`` zero coordinates (post-norms and the final norm: gains x sqrt(d/(d+z)), ones on the
-    new ones; eps x d/(d+z), so q and k are scaled by sqrt(d/(d+z)) for their norms), every expert twinned (router rows doubled, top-k
-    doubled), each twin with one sink unit writing +-2^``exponent`` x its hidden value on the first new coordinate."""
+    new ones; eps x d/(d+z), so q and k are scaled by sqrt(d/(d+z)) for their norms), every expert twinned (router
+    rows doubled, top-k doubled), each twin with one sink unit writing +-2^``exponent`` x its hidden value on the
+    first new coordinate."""
     config = copy.deepcopy(model.config)
     d = config.hidden_size
     config.head_dim = getattr(model.config, "head_dim", None) or d // config.num_attention_heads
@@ -45,7 +46,7 @@ def flex_widened_twin_sink(model, extra: int, exponent: int, generator):
     gain = math.sqrt(d / (d + extra))
     out = type(model)(config)
     state = {}
-    big = 2.0 ** exponent
+    big = 2.0**exponent
     for name, t in model.state_dict().items():
         t = t.double()
         if name.endswith(POST) or name == "model.norm.weight":
@@ -140,9 +141,76 @@ def expert_shards(parts: int = 32, pad: int = 1):
     return disguise
 
 
-for _p, _pad in ((32, 1), (16, 2), (8, 4), (4, 8), (1, 0)):
-    CASES[f"shards{_p}-moe-softmax"] = ("moe-softmax", lambda p=_p, q=_pad: expert_shards(p, q))
-    CASES[f"shards{_p}-flex-olmo"] = ("flex-olmo-nopad", lambda p=_p, q=_pad: expert_shards(p, q))
+for _p, _pad in ((32, 1), (16, 2), (12, 0), (12, 4), (8, 4), (4, 8), (1, 0)):
+    CASES[f"shards{_p}p{_pad}-moe-softmax"] = ("moe-softmax", lambda p=_p, q=_pad: expert_shards(p, q))
+    CASES[f"shards{_p}p{_pad}-flex-olmo"] = ("flex-olmo-nopad", lambda p=_p, q=_pad: expert_shards(p, q))
+
+for _p, _pad in ((32, 1), (16, 2), (8, 4), (4, 8), (1, 0)):  # the first runs' names
+    CASES[f"shards{_p}-moe-softmax"] = CASES[f"shards{_p}p{_pad}-moe-softmax"]
+    CASES[f"shards{_p}-flex-olmo"] = CASES[f"shards{_p}p{_pad}-flex-olmo"]
+
+
+@torch.no_grad()
+def dense_as_moe(parts: int = 32, pad: int = 0):
+    """A dense gated (Llama) copy stored as Mixtral: each MLP cut into ``parts`` experts of its units, all always
+    chosen (router rows zero: softmax 1/parts each, exactly, top-k = parts, renormalised to 1/parts), output columns
+    x ``parts`` (a power of two). Attention, norms and embeddings are Llama's, which Mixtral computes the same way."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    def disguise(model, generator):
+        c = model.config
+        inter = c.intermediate_size
+        size = inter // parts
+        config = MixtralConfig(
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=size + pad,
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            max_position_embeddings=c.max_position_embeddings,
+            rms_norm_eps=c.rms_norm_eps,
+            rope_parameters=dict(c.rope_parameters),
+            tie_word_embeddings=c.tie_word_embeddings,
+            num_local_experts=parts,
+            num_experts_per_tok=parts,
+            sliding_window=None,
+            hidden_act=c.hidden_act,
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        out = MixtralForCausalLM(config)
+        state = {}
+        d = c.hidden_size
+        for name, t in model.state_dict().items():
+            t = t.double()
+            if name.endswith("mlp.gate_proj.weight") or name.endswith("mlp.up_proj.weight"):
+                continue
+            if name.endswith("mlp.down_proj.weight"):
+                prefix = name[: -len("down_proj.weight")]
+                sd = model.state_dict()
+                gate = sd[prefix + "gate_proj.weight"].double().reshape(parts, size, d)
+                up = sd[prefix + "up_proj.weight"].double().reshape(parts, size, d)
+                zero = torch.zeros(parts, pad, d, dtype=t.dtype)
+                state[prefix + "experts.gate_up_proj"] = torch.cat([gate, zero, up, zero], dim=1).float()
+                down = (t * parts).reshape(d, parts, size).permute(1, 0, 2)
+                down = torch.cat([down, torch.zeros(parts, d, pad, dtype=t.dtype)], dim=2)
+                state[prefix + "experts.down_proj"] = down.float()
+                state[prefix + "gate.weight"] = torch.zeros(parts, d)
+                continue
+            state[name] = t.float()
+        missing, unexpected = out.load_state_dict(state, strict=False)
+        assert not unexpected, unexpected
+        assert all("rotary" in m or "inv_freq" in m for m in missing), missing
+        return out.eval()
+
+    return disguise
+
+
+for _p, _pad in ((32, 0), (16, 0), (1, 0)):
+    CASES[f"denseasmoe{_p}-gated"] = ("gated", lambda p=_p, q=_pad: dense_as_moe(p, q))
 
 
 if __name__ == "__main__":
