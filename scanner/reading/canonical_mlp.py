@@ -477,7 +477,7 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
         rows = None if stream is None else stream.detach().reshape(-1, stream.shape[-1])
         if rows is not None and rows.shape[0] == hidden.shape[0]:
             references.append(torch.linalg.vector_norm(rows.to(hidden.device).double(), dim=1))
-        hidden = hidden.abs_()  # a temporary of this function: no copy
+        hidden = hidden.abs()  # a copy: an activation that returns its input (linear) would alias the caller's
         share = torch.zeros(hidden.shape[1], dtype=torch.float64, device=hidden.device)
         for lengths in references:
             kept = lengths > DEAD * lengths.median()
