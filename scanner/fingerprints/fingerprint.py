@@ -58,7 +58,9 @@ from scanner.stats.verbatim import sample_layout
 #: Format 6: gates are grouped by what they compute on the block's inputs alone (what rows hold along directions the
 #: input never takes is the copier's to set), and after that algebra, units that write one column join where their
 #: gates nearly agree there (scanner.reading.canonical_mlp, `_gate_groups`, `_near_copies_joined`).
-FINGERPRINT_FORMAT = 6
+#: Format 7: routed experts that the router weighs alike at every canonical token are read as one expert
+#: (scanner.reading.alike_experts), and ``block_experts`` counts them so.
+FINGERPRINT_FORMAT = 7
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).
 STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale")
@@ -96,7 +98,9 @@ class FingerprintMeta:
     mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, views (fc pre-activation, write direction's residual)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
     attention: str = "causal"  # "bidirectional": an encoder, whose units see every position (compared only with one)
-    block_experts: list[int] | None = None  # routed experts of each block (0: a dense block); None: no block has any
+    # routed experts of each block as read, those the router weighs alike as one (scanner.reading.alike_experts; 0: a
+    # dense block); None: no block has any
+    block_experts: list[int] | None = None
     mlp_values: str | None = None  # base64 float32: MLP weight values at fixed positions (scanner.stats.verbatim)
     mlp_layout: str = ""  # digest of the matrices mlp_values was read from: samples of one layout line up
 
@@ -190,6 +194,7 @@ def fingerprint_model(
     per_block: list[dict[str, Any]] = []
     sample: list[np.ndarray] = []
     layout: list[str] = []
+    routed: list[int] = []
     values = _value_pass(checkpoint, adapter) if tensor_hashes is None else None
     with values.watch() if values is not None else nullcontext():
         for block in stream_blocks(checkpoint, adapter, input_set.ids, device=device):
@@ -199,6 +204,7 @@ def fingerprint_model(
             blocks.append([stored_activations(acts, storage_dtype) for acts in block.activations])
             per_block.append(_block_summary(block.experts, block.activations))
             _sample_block(block.experts[0], adapter.shape.n_layers, sample, layout)
+            routed.append(block.routed)
             del block
     tensor_hashes = dict(tensor_hashes if values is None else values.finish())
     shape = adapter.shape
@@ -224,7 +230,7 @@ def fingerprint_model(
         dtype=storage_dtype,
         mlp_kind=getattr(adapter, "mlp_kind", "gated"),
         model_layers=getattr(adapter, "model_layers", None),
-        block_experts=_block_experts(adapter),
+        block_experts=routed if any(routed) else None,
         attention=getattr(adapter, "attention", "causal"),
         mlp_values=base64.b64encode(np.concatenate(sample).astype("<f4").tobytes()).decode() if sample else None,
         mlp_layout=sample_layout(layout),
@@ -239,13 +245,6 @@ def _sample_block(mlp: GLUWeights | SiteWeights, n_blocks: int, sample: list[np.
                                   if getattr(mlp, part) is not None], n_blocks)
     sample += values
     layout += parts
-
-
-def _block_experts(adapter: ArchitectureAdapter) -> list[int] | None:
-    """Routed experts per block, read block by block (a dense first block, or dense blocks between MoE blocks, are
-    0); None for a dense model."""
-    counts = [adapter.routed_experts(block) for block in range(adapter.shape.n_layers)]
-    return counts if any(counts) else None
 
 
 def _value_pass(checkpoint: Checkpoint, adapter: ArchitectureAdapter) -> ValuesAsRead:

@@ -33,6 +33,7 @@ import torch
 from scanner.fingerprints.fingerprint import model_token_range
 from scanner.fingerprints.inputs import InputSet, InputSpec, canonical_inputs
 from scanner.reading.activations import MLPActivations, check_sequence_length, glu_activations
+from scanner.reading.alike_experts import joined_routed
 from scanner.reading.architectures.families import ArchitectureAdapter, adapter_for
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.checkpoint import Checkpoint, open_checkpoint
@@ -98,6 +99,7 @@ class _Model:
         finally:
             handle.remove()
         mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
+        experts, _ = joined_routed(experts, self.adapter.routed_experts(layer), self.adapter.router(layer), mlp_input)
         weights = [
             GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts
         ]

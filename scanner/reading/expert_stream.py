@@ -27,9 +27,10 @@ from torch import nn
 
 from scanner.errors import CheckpointError
 from scanner.reading.activations import MLPActivations, site_activations
+from scanner.reading.alike_experts import alike_groups, as_one
 from scanner.reading.architectures.module_tree import ModuleTree
 from scanner.reading.architectures.names import DOWN_NAMES, GATE_NAMES, UP_NAMES
-from scanner.reading.architectures.sites import MLPSite, SiteWeights
+from scanner.reading.architectures.sites import MLPSite, Router, SiteWeights
 
 #: A site whose stored expert tensors hold more bytes than this is streamed expert by expert (its float32 copy would
 #: be twice that, and transformers' fused copy as much again).
@@ -54,6 +55,7 @@ class StreamedExperts:
     def __init__(self, tree: ModuleTree, site: MLPSite, stored: _Stored) -> None:
         self.tree, self.site, self._stored = tree, site, stored
         self.activations: list[MLPActivations] = []
+        self.groups: list[list[int]] | None = None  # the experts read as one (alike_experts), once the forward ran
 
     @classmethod
     def find(cls, tree: ModuleTree, layer: int, site: MLPSite) -> StreamedExperts | None:
@@ -94,11 +96,13 @@ class StreamedExperts:
         return SiteWeights(up=up, down=down, gate=gate)
 
     def forward(self, module: nn.Module, site_input: Callable[[], torch.Tensor],
-                stream: Callable[[], torch.Tensor | None], activation: str, device: str, dtype: torch.dtype
-                ) -> Callable[..., torch.Tensor]:
+                stream: Callable[[], torch.Tensor | None], activation: str, device: str, dtype: torch.dtype,
+                router: Router | None = None) -> Callable[..., torch.Tensor]:
         """A replacement for the experts module's forward(hidden_states, top_k_index, top_k_weights): the routed
         output as the module computes it, and the views of every expert's canonical units on the site's input (every
-        token, whatever the router chose) and on the residual ``stream`` collected in `activations`."""
+        token, whatever the router chose) and on the residual ``stream`` collected in `activations`, one entry per
+        group of experts the ``router`` weighs alike (scanner.reading.alike_experts; a group's weights are alive
+        together)."""
         act = module.act_fn
 
         def run(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -106,46 +110,52 @@ class StreamedExperts:
             x = site_input()
             rows = stream()
             rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
-            for expert in range(self.site.experts):
-                w = self.weights(expert)
-                self.activations += site_activations(x, [w], activation=activation, stream=rows)
-                tokens, slot = torch.where(top_k_index == expert)
-                if tokens.numel():
-                    gate, up, down = (t.to(device=device, dtype=dtype) for t in (w.gate, w.up, w.down))
-                    chosen = hidden_states[tokens]
-                    routed = (act(chosen @ gate.T) * (chosen @ up.T)) @ down.T
-                    out.index_add_(0, tokens, (routed * top_k_weights[tokens, slot, None]).to(out.dtype))
-                del w
+            self.groups = alike_groups(router, x, self.site.experts)
+            for group in self.groups:
+                members = [self.weights(expert) for expert in group]
+                self.activations += site_activations(x, [as_one(members)], activation=activation, stream=rows)
+                for expert, w in zip(group, members, strict=True):
+                    tokens, slot = torch.where(top_k_index == expert)
+                    if tokens.numel():
+                        gate, up, down = (t.to(device=device, dtype=dtype) for t in (w.gate, w.up, w.down))
+                        chosen = hidden_states[tokens]
+                        routed = (act(chosen @ gate.T) * (chosen @ up.T)) @ down.T
+                        out.index_add_(0, tokens, (routed * top_k_weights[tokens, slot, None]).to(out.dtype))
+                del members, w
                 _return_freed_heap()
             return out
 
         return run
 
     def lazy(self) -> list[LazyExpert]:
-        """Each expert's weights as the fingerprint's summaries ask for them, read again on demand."""
-        return [LazyExpert(self, e) for e in range(self.site.experts)]
+        """Each group's weights as the fingerprint's summaries ask for them, read again on demand."""
+        return [LazyExpert(self, group) for group in self.groups or []]
 
 
 class LazyExpert:
-    """An expert's `SiteWeights` read from the checkpoint each time a map is asked for (a summary reads one map of
-    one expert at a time, so no block's experts are ever held together)."""
+    """A group of experts' `SiteWeights` (scanner.reading.alike_experts.as_one) read from the checkpoint each time a
+    map is asked for (a summary reads one map of one group at a time, so no block's experts are ever held
+    together)."""
 
     gate_bias = up_bias = None
 
-    def __init__(self, experts: StreamedExperts, expert: int) -> None:
-        self._experts, self._expert = experts, expert
+    def __init__(self, experts: StreamedExperts, group: list[int]) -> None:
+        self._experts, self._group = experts, group
+
+    def _map(self, part: str) -> torch.Tensor:
+        return getattr(as_one([self._experts.weights(expert) for expert in self._group]), part)
 
     @property
     def gate(self) -> torch.Tensor:
-        return self._experts.weights(self._expert).gate
+        return self._map("gate")
 
     @property
     def up(self) -> torch.Tensor:
-        return self._experts.weights(self._expert).up
+        return self._map("up")
 
     @property
     def down(self) -> torch.Tensor:
-        return self._experts.weights(self._expert).down
+        return self._map("down")
 
 
 def _return_freed_heap() -> None:

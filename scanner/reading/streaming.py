@@ -40,13 +40,14 @@ from scanner.reading.activations import (
     check_sequence_length,
     site_activations,
 )
+from scanner.reading.alike_experts import joined_routed
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.families import ArchitectureAdapter
 from scanner.reading.architectures.module_tree import build_meta_model, init_owners
 from scanner.reading.architectures.norms import mean_free, norms_remove_mean
 from scanner.reading.architectures.shape import GLUWeights
-from scanner.reading.architectures.sites import MLPSite, SiteWeights, site_weights
+from scanner.reading.architectures.sites import MLPSite, SiteWeights, site_router, site_weights
 from scanner.reading.checkpoint import Checkpoint
 from scanner.reading.expert_stream import StreamedExperts
 from scanner.reading.lockstep import lockstep
@@ -59,6 +60,7 @@ class StreamedBlock:
     layer: int
     experts: list[GLUWeights] | list[SiteWeights]
     activations: list[MLPActivations]
+    routed: int = 0  # routed experts among them, those the router weighs alike read as one (alike_experts)
 
 
 def stream_mlp_activations(
@@ -136,12 +138,13 @@ def stream_blocks(
             computed = tuple(outputs[p].reshape(-1, outputs[p].shape[-1]) for p in ("gate", "up")) \
                 if projections and outputs.keys() == projections.keys() else None
             mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
+            experts, routed = joined_routed(experts, adapter.routed_experts(layer), adapter.router(layer), mlp_input)
             on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
                          for e in experts]
             activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
                                            computed=computed)
             del captured, outputs, out, mlp_input, on_device, computed, stream
-        yield StreamedBlock(layer, experts, activations)
+        yield StreamedBlock(layer, experts, activations, routed)
         del experts  # else this block's MLP weights stay alive while the next block is read
 
 
@@ -221,19 +224,24 @@ def _forward_layer_by_layer(
                 site_input = functools.partial(_site_input, captured, site, width)
                 module.get_submodule(site.path).forward = experts_of_site.forward(
                     module.get_submodule(site.path), site_input, _site_stream(stream, width), activation,
-                    device, dtype)
+                    device, dtype, site_router(module, site))
             try:
                 out = forward(*args, **kwargs)
-                activations, experts, weights = [], [], []
+                activations, experts, weights, routed = [], [], [], 0
                 for site in sites:
                     if site in by_expert:
-                        if len(by_expert[site].activations) != site.experts:
+                        if by_expert[site].groups is None:
                             raise CheckpointError(f"{tree.lm.config.model_type}: the experts at {site.path} of layer "
                                                   f"{layer} were not called by the block's forward")
                         activations += by_expert[site].activations
                         experts += by_expert[site].lazy()
+                        routed += len(by_expert[site].groups)
                         continue
                     weights = site_weights(module, site)
+                    if site.experts:
+                        site_input = _site_input(captured, site, weights[0].up.shape[1])
+                        weights, alike = joined_routed(weights, site.experts, site_router(module, site), site_input)
+                        routed += alike
                     activations += _site_views(captured, site, weights, stream, activation)
                     experts += [_on_cpu(w) for w in weights]
             finally:
@@ -245,7 +253,7 @@ def _forward_layer_by_layer(
             del captured, stream, weights
             ran.add(layer)
             if sites:
-                emit(StreamedBlock(blocks[layer], experts, activations))
+                emit(StreamedBlock(blocks[layer], experts, activations, routed))
             del experts, activations
             if len(ran) == len(stack.layers):
                 raise _AllLayersRan

@@ -26,6 +26,7 @@ from scanner.errors import CheckpointError, UnsupportedArchitectureError
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.shape import GLUWeights, ModelShape
+from scanner.reading.architectures.sites import Router
 from scanner.reading.checkpoint import Checkpoint
 
 
@@ -136,6 +137,10 @@ class ArchitectureAdapter:
         """float32 (len(ids), d) input-embedding rows, reading only those rows; stored values (Gemma's sqrt(d)
         input scaling is applied in forward, not stored, and is not applied here)."""
         return self.checkpoint.get_rows(self._embed_name, ids).float()
+
+    def router(self, layer: int) -> Router | None:
+        """Block ``layer``'s router (scanner.reading.alike_experts), None for a dense block."""
+        return None
 
     def mlp(self, layer: int) -> list[GLUWeights]:
         """Block `layer`'s gated MLPs: one for a dense block; for an MoE block one per routed expert in expert
@@ -323,6 +328,11 @@ class _MoEAdapter(ArchitectureAdapter):
 
     def routed_experts(self, layer: int) -> int:
         return self.shape.n_experts if self._is_sparse(layer) else 0
+
+    def router(self, layer: int) -> Router | None:
+        if not self._is_sparse(layer):
+            return None
+        return Router(weight=self._read({"router": self._mlp_layout(layer)["router"]})["router"])
 
     def _routed_layout(self, layer: int, moe_prefix: str, names: tuple[str, str, str]) -> _Layout:
         """Router and routed experts of a sparse block: per expert under `moe_prefix` (router `{moe_prefix}gate`,
