@@ -37,6 +37,7 @@ from scanner.retrieval.signatures import retrieval_entry
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 from tests.fixtures import adversary as adv
+from tests.fixtures.expert_shards import dense_shards, expert_shards, twin_sinks
 from tests.fixtures.null_shift import (
     null_shift_all,
     output_bias_sink,
@@ -382,3 +383,59 @@ def test_a_permuted_experts_copy_is_a_copy_in_every_moe_layout(trained_kinds, ki
     assert (len(moe_blocks) == len(fp_original.blocks)) == (kind.name == "moe-softmax")  # the others mix in dense
     mapped = next(note for note in result.notes if note.startswith("experts matched"))
     assert all(f"block {block}:" in mapped for block in moe_blocks)
+
+
+@pytest.mark.parametrize("parts", [16, 32])
+def test_experts_cut_into_shards_the_router_weighs_alike_keep_a_copy_dependent(trained_kinds, parts: int,
+                                                                               tmp_path: Path) -> None:
+    """Found by a ninth independent check (bench/redteam/canonical53): every expert cut into shards that share its
+    router row (always chosen together, each given its share of the expert's weight). Paired one to one, only as
+    many shards as the original has experts were tested, each with fewer units than a block needs: CANNOT TEST
+    (shards of 8 units: -23). Experts the router weighs alike at every token are read as one expert
+    (scanner.reading.alike_experts): the copy's blocks hold the original's experts and units again, the zero pads
+    dead."""
+    case = trained_kinds["moe-softmax"]
+    fp_copy = _check(case, expert_shards(parts), EXACT_TOLERANCE, seed=37, folder=tmp_path / "copy")
+    assert fp_copy.meta.block_experts == case[1].meta.block_experts
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
+                                                       case[1].meta.summaries["canonical_units"], strict=True):
+        assert (stored - dead - combined, combined) == (units, 0)
+
+
+@pytest.mark.parametrize(("parts", "equal"), [(32, True), (16, False)])
+def test_a_dense_mlp_stored_as_always_on_expert_shards_keeps_a_copy_dependent(gated, parts: int, equal: bool,
+                                                                              tmp_path: Path) -> None:
+    """Found by the same check: the zoo's dense Llama stored as a Mixtral whose experts are shards of each MLP, all
+    always on (router rows of zero). A dense side against an MoE side pairs each expert with the whole MLP: CANNOT
+    TEST at 32 equal shards, -8.1 at 16. Read as one expert, each block is the Llama's MLP again."""
+    fp_copy = _check(gated, dense_shards(parts, equal), EXACT_TOLERANCE, seed=38, folder=tmp_path / "copy")
+    assert fp_copy.meta.block_experts == [1] * len(fp_copy.blocks)
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
+                                                       gated[1].meta.summaries["canonical_units"], strict=True):
+        assert (stored - dead - combined, combined) == (units, 0)
+
+
+@pytest.fixture(scope="module")
+def post_norm_moe(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
+    """A tiny FlexOlmo (a norm after each sublayer, routed experts; eps 1e-30 so that scaling the stream is exact),
+    random weights, and an independent one as the control."""
+    folder = tmp_path_factory.mktemp("post-norm-moe")
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(AutoModelForCausalLM.from_config(tiny_config("flex_olmo", rms_norm_eps=1e-30)).eval())
+    prints = [fingerprint_model(save(m, folder / name)) for m, name in zip(models, ("original", "control"))]
+    return models[0], *prints
+
+
+def test_twin_experts_whose_loud_units_cancel_in_a_scaled_post_norm_stream_keep_a_copy_dependent(
+        post_norm_moe, tmp_path: Path) -> None:
+    """Found by the same check: every expert twinned, each twin with a unit writing +2^40 or -2^40 of its value along
+    a widened stream coordinate (the twins' cancel only in the block's sum), and the stream scaled by 2^24 past the
+    post-norms: every real unit fell below 1e-6 of both its expert's total and the stream, CANNOT TEST. Twins share
+    their router row, so they are read as one expert, whose loud units cancel in the canonical form: the copy keeps
+    each of the original's units (each twin's copy combined with the other's), the loud and padding units dead."""
+    fp_copy = _check(post_norm_moe, twin_sinks(40, 24), EXACT_TOLERANCE, seed=39, folder=tmp_path / "copy")
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
+                                                       post_norm_moe[1].meta.summaries["canonical_units"], strict=True):
+        assert (stored - dead - combined, combined) == (units, units)

@@ -58,7 +58,7 @@ from scanner.stats.verbatim import sample_layout
 #: Format 6: gates are grouped by what they compute on the block's inputs alone (what rows hold along directions the
 #: input never takes is the copier's to set), and after that algebra, units that write one column join where their
 #: gates nearly agree there (scanner.reading.canonical_mlp, `_gate_groups`, `_near_copies_joined`).
-#: Format 7: routed experts that the router weighs alike at every canonical token are read as one expert
+#: Format 7: routed experts that the router weighs in proportion at every canonical token are read as one expert
 #: (scanner.reading.alike_experts), and ``block_experts`` counts them so.
 FINGERPRINT_FORMAT = 7
 STORAGE_DTYPES = ("float16", "float32")
@@ -98,7 +98,7 @@ class FingerprintMeta:
     mlp_kind: str = "gated"  # "plain": fc -> act -> proj units, views (fc pre-activation, write direction's residual)
     model_layers: list[int] | None = None  # decoder layer of each block where some layers hold no MLP (hybrids)
     attention: str = "causal"  # "bidirectional": an encoder, whose units see every position (compared only with one)
-    # routed experts of each block as read, those the router weighs alike as one (scanner.reading.alike_experts; 0: a
+    # routed experts of each block as read, those weighed in proportion as one (scanner.reading.alike_experts; 0: a
     # dense block); None: no block has any
     block_experts: list[int] | None = None
     mlp_values: str | None = None  # base64 float32: MLP weight values at fixed positions (scanner.stats.verbatim)

@@ -30,7 +30,7 @@ from scanner.reading.activations import MLPActivations, site_activations
 from scanner.reading.alike_experts import alike_groups, as_one
 from scanner.reading.architectures.module_tree import ModuleTree
 from scanner.reading.architectures.names import DOWN_NAMES, GATE_NAMES, UP_NAMES
-from scanner.reading.architectures.sites import MLPSite, Router, SiteWeights
+from scanner.reading.architectures.sites import MLPSite, SiteWeights
 
 #: A site whose stored expert tensors hold more bytes than this is streamed expert by expert (its float32 copy would
 #: be twice that, and transformers' fused copy as much again).
@@ -97,12 +97,12 @@ class StreamedExperts:
 
     def forward(self, module: nn.Module, site_input: Callable[[], torch.Tensor],
                 stream: Callable[[], torch.Tensor | None], activation: str, device: str, dtype: torch.dtype,
-                router: Router | None = None) -> Callable[..., torch.Tensor]:
+                router: torch.Tensor | None = None) -> Callable[..., torch.Tensor]:
         """A replacement for the experts module's forward(hidden_states, top_k_index, top_k_weights): the routed
         output as the module computes it, and the views of every expert's canonical units on the site's input (every
         token, whatever the router chose) and on the residual ``stream`` collected in `activations`, one entry per
-        group of experts the ``router`` weighs alike (scanner.reading.alike_experts; a group's weights are alive
-        together)."""
+        group of experts that the router, whose rows are ``router``, weighs in proportion
+        (scanner.reading.alike_experts; a group's weights are alive together)."""
         act = module.act_fn
 
         def run(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:

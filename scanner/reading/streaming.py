@@ -47,7 +47,7 @@ from scanner.reading.architectures.families import ArchitectureAdapter
 from scanner.reading.architectures.module_tree import build_meta_model, init_owners
 from scanner.reading.architectures.norms import mean_free, norms_remove_mean
 from scanner.reading.architectures.shape import GLUWeights
-from scanner.reading.architectures.sites import MLPSite, SiteWeights, site_router, site_weights
+from scanner.reading.architectures.sites import MLPSite, SiteWeights, router_rows, site_weights
 from scanner.reading.checkpoint import Checkpoint
 from scanner.reading.expert_stream import StreamedExperts
 from scanner.reading.lockstep import lockstep
@@ -60,7 +60,7 @@ class StreamedBlock:
     layer: int
     experts: list[GLUWeights] | list[SiteWeights]
     activations: list[MLPActivations]
-    routed: int = 0  # routed experts among them, those the router weighs alike read as one (alike_experts)
+    routed: int = 0  # routed experts among them, those the router weighs in proportion read as one (alike_experts)
 
 
 def stream_mlp_activations(
@@ -224,7 +224,7 @@ def _forward_layer_by_layer(
                 site_input = functools.partial(_site_input, captured, site, width)
                 module.get_submodule(site.path).forward = experts_of_site.forward(
                     module.get_submodule(site.path), site_input, _site_stream(stream, width), activation,
-                    device, dtype, site_router(module, site))
+                    device, dtype, router_rows(module, site))
             try:
                 out = forward(*args, **kwargs)
                 activations, experts, weights, routed = [], [], [], 0
@@ -240,7 +240,7 @@ def _forward_layer_by_layer(
                     weights = site_weights(module, site)
                     if site.experts:
                         site_input = _site_input(captured, site, weights[0].up.shape[1])
-                        weights, alike = joined_routed(weights, site.experts, site_router(module, site), site_input)
+                        weights, alike = joined_routed(weights, site.experts, router_rows(module, site), site_input)
                         routed += alike
                     activations += _site_views(captured, site, weights, stream, activation)
                     experts += [_on_cpu(w) for w in weights]

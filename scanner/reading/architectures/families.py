@@ -26,7 +26,6 @@ from scanner.errors import CheckpointError, UnsupportedArchitectureError
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.shape import GLUWeights, ModelShape
-from scanner.reading.architectures.sites import Router
 from scanner.reading.checkpoint import Checkpoint
 
 
@@ -138,8 +137,8 @@ class ArchitectureAdapter:
         input scaling is applied in forward, not stored, and is not applied here)."""
         return self.checkpoint.get_rows(self._embed_name, ids).float()
 
-    def router(self, layer: int) -> Router | None:
-        """Block ``layer``'s router (scanner.reading.alike_experts), None for a dense block."""
+    def router(self, layer: int) -> torch.Tensor | None:
+        """Block ``layer``'s router rows (experts, d) (scanner.reading.alike_experts), None for a dense block."""
         return None
 
     def mlp(self, layer: int) -> list[GLUWeights]:
@@ -329,10 +328,10 @@ class _MoEAdapter(ArchitectureAdapter):
     def routed_experts(self, layer: int) -> int:
         return self.shape.n_experts if self._is_sparse(layer) else 0
 
-    def router(self, layer: int) -> Router | None:
+    def router(self, layer: int) -> torch.Tensor | None:
         if not self._is_sparse(layer):
             return None
-        return Router(weight=self._read({"router": self._mlp_layout(layer)["router"]})["router"])
+        return self._read({"router": self._mlp_layout(layer)["router"]})["router"]
 
     def _routed_layout(self, layer: int, moe_prefix: str, names: tuple[str, str, str]) -> _Layout:
         """Router and routed experts of a sparse block: per expert under `moe_prefix` (router `{moe_prefix}gate`,

@@ -76,15 +76,6 @@ class SiteWeights:
     up_bias: torch.Tensor | None = None  # (h,)
 
 
-@dataclass(frozen=True)
-class Router:
-    """A block's router as scanner.reading.alike_experts reads it: its (experts, d) rows, and the (experts,) biases it
-    adds to the logits or selects by (DeepSeek-V3's score correction)."""
-
-    weight: torch.Tensor
-    biases: tuple[torch.Tensor, ...] = ()
-
-
 def find_sites(layer: nn.Module) -> list[MLPSite]:
     """Every MLP site of one decoder layer, routed experts first, then dense MLPs (shared experts last).
 
@@ -112,21 +103,19 @@ def site_weights(layer: nn.Module, site: MLPSite, trainable: bool = False) -> li
     return [SiteWeights(up=weight, down=down, gate=gate, gate_bias=gate_bias, up_bias=bias)]
 
 
-def site_router(layer: nn.Module, site: MLPSite) -> Router | None:
-    """The router of a routed-experts site, from the loaded layer: the first module named as routers are (`gate`,
-    `router`) beside the experts module, its parameter or buffer of (experts, d) rows and those of (experts,) values.
-    None for a dense site, or where no such rows are found (the experts are then read one by one, as stored)."""
+def router_rows(layer: nn.Module, site: MLPSite) -> torch.Tensor | None:
+    """The (experts, d) rows of a routed-experts site's router, from the loaded layer: the one parameter or buffer of
+    that many rows in the first module named as routers are (`gate`, `router`) beside the experts module. None for a
+    dense site, or where no such rows are found (scanner.reading.alike_experts then reads every expert alone)."""
     if not site.experts:
         return None
     parent = layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer
     for name, module in parent.named_children():
-        if name not in ROUTER_NAMES:
-            continue
-        tensors = [t for _, t in (*module.named_parameters(), *module.named_buffers())]
-        rows = [t for t in tensors if t.dim() == 2 and t.shape[0] == site.experts]
-        if len(rows) == 1 and not rows[0].is_meta:
-            return Router(weight=rows[0].detach(), biases=tuple(
-                t.detach() for t in tensors if t.dim() == 1 and t.shape[0] == site.experts))
+        if name in ROUTER_NAMES:
+            rows = [t for _, t in (*module.named_parameters(), *module.named_buffers())
+                    if t.dim() == 2 and t.shape[0] == site.experts]
+            if len(rows) == 1 and not rows[0].is_meta:
+                return rows[0].detach()
     return None
 
 
