@@ -325,11 +325,15 @@ def test_a_constant_unit_the_output_bias_takes_back_keeps_a_copy_dependent(gated
 def post_norm(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
     """A tiny OLMo2 (norms after each sublayer, none before; eps 1e-30 so that scaling the stream is exact), random
     weights, and an independent one as the control."""
-    folder = tmp_path_factory.mktemp("post-norm")
+    return _random_with_control(tmp_path_factory.mktemp("post-norm"), "olmo2", rms_norm_eps=1e-30)
+
+
+def _random_with_control(folder: Path, model_type: str, **config) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
+    """A tiny model of random weights (seed 0), and its fingerprint and an independent one's (seed 1)."""
     models = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        models.append(AutoModelForCausalLM.from_config(tiny_config("olmo2", rms_norm_eps=1e-30)).eval())
+        models.append(AutoModelForCausalLM.from_config(tiny_config(model_type, **config)).eval())
     prints = [fingerprint_model(save(m, folder / name)) for m, name in zip(models, ("original", "control"))]
     return models[0], *prints
 
@@ -419,13 +423,7 @@ def test_a_dense_mlp_stored_as_always_on_expert_shards_keeps_a_copy_dependent(ga
 def post_norm_moe(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
     """A tiny FlexOlmo (a norm after each sublayer, routed experts; eps 1e-30 so that scaling the stream is exact),
     random weights, and an independent one as the control."""
-    folder = tmp_path_factory.mktemp("post-norm-moe")
-    models = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        models.append(AutoModelForCausalLM.from_config(tiny_config("flex_olmo", rms_norm_eps=1e-30)).eval())
-    prints = [fingerprint_model(save(m, folder / name)) for m, name in zip(models, ("original", "control"))]
-    return models[0], *prints
+    return _random_with_control(tmp_path_factory.mktemp("post-norm-moe"), "flex_olmo", rms_norm_eps=1e-30)
 
 
 def test_twin_experts_whose_loud_units_cancel_in_a_scaled_post_norm_stream_keep_a_copy_dependent(
