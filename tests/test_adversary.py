@@ -37,7 +37,7 @@ from scanner.retrieval.signatures import retrieval_entry
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 from tests.fixtures import adversary as adv
-from tests.fixtures.expert_shards import dense_shards, expert_shards, twin_sinks
+from tests.fixtures.expert_shards import anti_twins, dense_shards, expert_shards, twin_sinks
 from tests.fixtures.null_shift import (
     null_shift_all,
     output_bias_sink,
@@ -406,13 +406,19 @@ def test_experts_cut_into_shards_the_router_weighs_alike_keep_a_copy_dependent(t
         assert (stored - dead - combined, combined) == (units, 0)
 
 
-@pytest.mark.parametrize(("parts", "equal"), [(32, True), (16, False)])
-def test_a_dense_mlp_stored_as_always_on_expert_shards_keeps_a_copy_dependent(gated, parts: int, equal: bool,
-                                                                              tmp_path: Path) -> None:
+@pytest.mark.parametrize(("parts", "equal", "into", "spread"),
+                         [(32, True, "mixtral", 0.0), (16, False, "mixtral", 0.0), (32, True, "glm4_moe", 0.01),
+                          (16, False, "glm4_moe", 0.01)])
+def test_a_dense_mlp_stored_as_always_on_expert_shards_keeps_a_copy_dependent(gated, parts: int, equal: bool, into: str,
+                                                                              spread: float, tmp_path: Path) -> None:
     """Found by the same check: the zoo's dense Llama stored as a Mixtral whose experts are shards of each MLP, all
     always on (router rows of zero). A dense side against an MoE side pairs each expert with the whole MLP: CANNOT
-    TEST at 32 equal shards, -8.1 at 16. Read as one expert, each block is the Llama's MLP again."""
-    fp_copy = _check(gated, dense_shards(parts, equal), EXACT_TOLERANCE, seed=38, folder=tmp_path / "copy")
+    TEST at 32 equal shards, -8.1 at 16. Read as one expert, each block is the Llama's MLP again. A tenth check
+    (bench/redteam/canonical54) stored it as a GLM-4.5 MoE whose shards differ in selection biases that decide
+    nothing (every expert is chosen): read by their router's rows and biases, they were apart again (CANNOT TEST).
+    What decides is the routing the block computed: the shards are chosen together with equal weights."""
+    fp_copy = _check(gated, dense_shards(parts, equal, into, spread), EXACT_TOLERANCE, seed=38,
+                     folder=tmp_path / "copy")
     assert fp_copy.meta.block_experts == [1] * len(fp_copy.blocks)
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
                                                        gated[1].meta.summaries["canonical_units"], strict=True):
@@ -437,3 +443,16 @@ def test_twin_experts_whose_loud_units_cancel_in_a_scaled_post_norm_stream_keep_
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
                                                        post_norm_moe[1].meta.summaries["canonical_units"], strict=True):
         assert (stored - dead - combined, combined) == (units, units)
+
+
+def test_never_chosen_twins_that_would_cancel_their_experts_keep_every_unit(trained_kinds, tmp_path: Path) -> None:
+    """Found by the same check: every expert of a DeepSeek-V3 given a twin with its router row and negated writes, and a
+    selection bias that keeps the twin from ever being chosen. Read as one with its expert (their logits agree), each
+    twin cancelled it: CANNOT TEST where every MLP is routed (here the dense first block and the shared expert keep
+    the verdict). Twins that are never chosen are not read with anything: no unit of the copy writes nothing, and
+    the twins are units of their own."""
+    case = trained_kinds["moe-dense-first"]
+    fp_copy = _check(case, anti_twins(), EXACT_TOLERANCE, seed=40, folder=tmp_path / "copy")
+    routed = [count for count in case[1].meta.block_experts]
+    assert fp_copy.meta.block_experts == [2 * count for count in routed]
+    assert all(dead == 0 and combined == 0 for _, dead, combined in fp_copy.meta.summaries["canonical_units"])

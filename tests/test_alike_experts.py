@@ -1,89 +1,116 @@
-"""Routed experts weighed in proportion at every token are read as one (scanner.reading.alike_experts): which experts
-group, that no chain of small steps joins far ones, and that a group's weights are its members' units side by side."""
+"""Routed experts chosen together and weighed in proportion on every canonical token are read as one
+(scanner.reading.alike_experts): which experts group, with which weight ratios, that an expert never chosen stays
+alone, that no chain of small steps joins far ones, and that a group computes what its members did."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from scanner.reading.alike_experts import SAME_LOGIT, alike_groups, as_one, joined_routed
+from scanner.reading.alike_experts import (
+    SAME_LOG_WEIGHT,
+    Routing,
+    alike_groups,
+    as_one,
+    joined_routed,
+    observed_routing,
+)
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
 
-#: A coordinate the inputs never take (a widened stream's never-written one).
-UNSEEN = 5
+TOKENS = 64
 
 
-def _inputs(tokens: int = 256, width: int = 16, seed: int = 0) -> torch.Tensor:
-    """Random block inputs whose last coordinate is 1 on every token (a norm's bias makes such a direction) and whose
-    coordinate `UNSEEN` is always 0."""
-    x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(seed))
-    x[:, -1] = 1.0
-    x[:, UNSEEN] = 0.0
-    return x
+def _routing(weights: list[list[float]] | torch.Tensor) -> Routing:
+    """A routing of float32 weights (experts, tokens), 0 where an expert was not chosen."""
+    return Routing(torch.as_tensor(weights, dtype=torch.float64), float(torch.finfo(torch.float32).eps))
 
 
-def test_experts_with_one_logit_on_the_inputs_group_however_their_rows_are_stored() -> None:
-    x = _inputs()
-    rows = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
-    rows[:, -1] = 0.0
-    unseen = torch.zeros(16)
-    unseen[UNSEEN] = 1.0
-    router = torch.cat([rows, rows[1:2] + 5.0 * unseen, rows[3:4]])
-    assert alike_groups(router, x, 6) == [[0], [1, 4], [2], [3, 5]]
+def _chosen(seed: int, share: float = 0.5) -> torch.Tensor:
+    """Random positive weights on a random half of the tokens."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(TOKENS, generator=g) + 0.1) * (torch.rand(TOKENS, generator=g) < share)
 
 
-def test_a_constant_offset_between_two_experts_logits_groups_them_and_a_varying_one_does_not() -> None:
-    x = _inputs()
-    rows = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
-    offset = rows[0].clone()
-    offset[-1] += 3.0  # logits 3 nats apart at every token: weights in a constant ratio under a softmax
-    moved = rows[0].clone()
-    moved[0] += 4.0 * SAME_LOGIT / float(x[:, 0].max() - x[:, 0].min())  # the difference varies by 4 bars
-    assert alike_groups(torch.stack([rows[0], offset, moved, *rows[1:]]), x, 5) == [[0, 1], [2], [3], [4]]
+def _members(groups) -> list[list[int]]:
+    return [g.experts for g in groups]
+
+
+def test_the_routing_is_read_from_the_experts_modules_arguments() -> None:
+    index = torch.tensor([[0, 2], [1, 3], [2, 4]])  # 4 pads a choice (transformers' extra class)
+    weights = torch.tensor([[0.7, 0.3], [0.6, 0.4], [1.0, 0.0]])
+    routing = observed_routing(index, weights, 4)
+    expected = torch.tensor([[0.7, 0, 0], [0, 0.6, 0], [0.3, 0, 1.0], [0, 0.4, 0]], dtype=torch.float64)
+    torch.testing.assert_close(routing.weights, expected, rtol=1e-6, atol=0)
+    assert routing.resolution == torch.finfo(torch.float32).eps
+    assert observed_routing(None, None, 4) is None
+    assert observed_routing(weights, weights, 4) is None  # not a (chosen experts, weights) pair
+    assert observed_routing(torch.zeros(3, 2, 5, dtype=torch.long), torch.zeros(3, 2, 5), 4) is None
+
+
+def test_shards_chosen_together_group_with_their_weight_ratios() -> None:
+    a, b = _chosen(1), _chosen(2)
+    routing = _routing(torch.stack([a, b, a / 4, a * 3.0, b, _chosen(3)]))
+    groups = alike_groups(routing, 6)
+    assert _members(groups) == [[0, 2, 3], [1, 4], [5]]
+    assert groups[0].ratios == pytest.approx([1.0, 0.25, 3.0], rel=1e-7) and groups[1].ratios == [1.0, 1.0]
+
+
+def test_an_expert_never_chosen_stays_alone_whatever_it_would_cancel() -> None:
+    """The anti-twin of bench/redteam/canonical54: a twin with its expert's logits and negated writes, never chosen."""
+    a = _chosen(4)
+    routing = _routing(torch.stack([a, torch.zeros(TOKENS), torch.zeros(TOKENS), _chosen(5)]))
+    assert _members(alike_groups(routing, 4)) == [[0], [1], [2], [3]]
+
+
+def test_experts_chosen_on_other_tokens_or_weighed_unlike_stay_apart() -> None:
+    a = _chosen(6)
+    other_tokens = a.clone()
+    other_tokens[int(torch.nonzero(a)[0])] = 0.0  # one token fewer
+    wobble = a * torch.exp(4 * SAME_LOG_WEIGHT * torch.linspace(-0.5, 0.5, TOKENS))  # ratio moves by 4 bars
+    assert _members(alike_groups(_routing(torch.stack([a, other_tokens, wobble])), 3)) == [[0], [1], [2]]
 
 
 def test_no_chain_of_small_steps_joins_experts_further_apart_than_the_bar() -> None:
-    x = _inputs()
-    step = torch.zeros(16)
-    step[0] = 0.6 * SAME_LOGIT / float(x[:, 0].max() - x[:, 0].min())
-    base = torch.randn(16, generator=torch.Generator().manual_seed(3))
-    router = torch.stack([base + k * step for k in range(4)])  # each 0.6 bars from the next
-    assert alike_groups(router, x, 4) == [[0, 1], [2, 3]]
+    a = _chosen(7)
+    step = torch.exp(0.6 * SAME_LOG_WEIGHT * torch.linspace(-0.5, 0.5, TOKENS))
+    routing = _routing(torch.stack([a * step**k for k in range(4)]))  # each 0.6 bars from the next
+    assert _members(alike_groups(routing, 4)) == [[0, 1], [2, 3]]
 
 
-def test_without_router_rows_of_the_right_shape_every_expert_is_its_own() -> None:
-    x = _inputs()
-    assert alike_groups(None, x, 3) == [[0], [1], [2]]
-    assert alike_groups(torch.zeros(3, 8), x, 3) == [[0], [1], [2]]
-    assert alike_groups(torch.zeros(2, 16), x, 3) == [[0], [1], [2]]
+def test_without_a_routing_of_the_right_size_every_expert_is_its_own() -> None:
+    assert _members(alike_groups(None, 3)) == [[0], [1], [2]]
+    assert _members(alike_groups(_routing(torch.ones(2, TOKENS)), 3)) == [[0], [1], [2]]
 
 
-def test_a_group_is_its_members_units_side_by_side_and_the_rest_of_the_block_stays() -> None:
-    g = torch.Generator().manual_seed(4)
+def test_a_group_computes_what_its_members_did_and_the_rest_of_the_block_stays() -> None:
+    g = torch.Generator().manual_seed(8)
     experts = [SiteWeights(up=torch.randn(h, 16, generator=g), down=torch.randn(16, h, generator=g),
                            gate=torch.randn(h, 16, generator=g),
                            up_bias=torch.randn(h, generator=g) if h == 3 else None) for h in (3, 5, 2)]
     shared = SiteWeights(up=torch.randn(7, 16, generator=g), down=torch.randn(16, 7, generator=g))
-    router = torch.zeros(3, 16)
-    router[2, 0] = 1.0
-    weights, routed = joined_routed([*experts, shared], 3, router, _inputs())
+    a = _chosen(9)
+    routing = _routing(torch.stack([a, a * 0.5, _chosen(10)]))
+    weights, routed = joined_routed([*experts, shared], 3, routing)
     assert routed == 2 and weights[1] is experts[2] and weights[2] is shared
     one = weights[0]
     assert one.up.shape == (8, 16) and one.down.shape == (16, 8) and one.gate_bias is None
     assert torch.equal(one.up, torch.cat([experts[0].up, experts[1].up]))
-    assert torch.equal(one.down, torch.cat([experts[0].down, experts[1].down], dim=1))
     assert torch.equal(one.up_bias, torch.cat([experts[0].up_bias, torch.zeros(5)]))
-    x = _inputs()
-    summed = sum(w.down @ (torch.nn.functional.silu(x @ w.gate.T) * (x @ w.up.T + (0 if w.up_bias is None else
-                                                                                  w.up_bias))).T
-                 for w in experts[:2])
-    together = one.down @ (torch.nn.functional.silu(x @ one.gate.T) * (x @ one.up.T + one.up_bias)).T
-    torch.testing.assert_close(together, summed, rtol=1e-4, atol=1e-4)  # float32 sums in two orders
+    x = torch.randn(TOKENS, 16, generator=g)
+
+    def output(w: SiteWeights) -> torch.Tensor:
+        up = x @ w.up.T + (0 if w.up_bias is None else w.up_bias)
+        return (torch.nn.functional.silu(x @ w.gate.T) * up) @ w.down.T
+
+    block = a[:, None] * output(experts[0]) + (a * 0.5)[:, None] * output(experts[1])
+    torch.testing.assert_close(a[:, None] * output(one), block, rtol=1e-4, atol=1e-4)  # float32 sums in two orders
 
 
 def test_glu_experts_join_as_glu_weights() -> None:
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(11)
     experts = [GLUWeights(*(torch.randn(*shape, generator=g) for shape in ((4, 8), (4, 8), (8, 4)))) for _ in range(2)]
-    one = as_one(experts)
-    assert isinstance(one, GLUWeights) and one.gate.shape == (8, 8) and one.down.shape == (8, 8)
+    one = as_one(experts, [1.0, 2.0])
+    assert isinstance(one, GLUWeights) and one.gate.shape == (8, 8)
+    assert torch.equal(one.down, torch.cat([experts[0].down, 2.0 * experts[1].down], dim=1))
     assert as_one(experts[:1]) is experts[0]

@@ -33,11 +33,11 @@ import torch
 from scanner.fingerprints.fingerprint import model_token_range
 from scanner.fingerprints.inputs import InputSet, InputSpec, canonical_inputs
 from scanner.reading.activations import MLPActivations, check_sequence_length, glu_activations
-from scanner.reading.alike_experts import joined_routed
+from scanner.reading.alike_experts import joined_routed, observed_routing
 from scanner.reading.architectures.families import ArchitectureAdapter, adapter_for
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.checkpoint import Checkpoint, open_checkpoint
-from scanner.reading.streaming import _block_calls, _load_block, _meta_model, default_dtype
+from scanner.reading.streaming import _block_calls, _keep_routing, _load_block, _meta_model, default_dtype
 
 BASIS_ROWS = 4096
 """Embedding rows (evenly spaced ids of the shared range) the residual-basis Procrustes fit reads."""
@@ -90,16 +90,20 @@ class _Model:
         """The loaded block on ``hidden``: its output stream, and its MLPs' gate/up activations."""
         captured: list[torch.Tensor] = []
         mlp = self.lm.get_submodule(self.adapter.mlp_module_path(layer))
-        handle = mlp.register_forward_pre_hook(
+        handles = [mlp.register_forward_pre_hook(
             lambda _m, args, kwargs: captured.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
-        )
+        )]
+        routed, routing = self.adapter.routed_experts(layer), {}
+        if routed and isinstance(getattr(mlp, "experts", None), torch.nn.Module):
+            handles.append(mlp.experts.register_forward_pre_hook(_keep_routing(routing, "experts"), with_kwargs=True))
         try:
             call = self.calls[layer]
             out = self.layers[layer](hidden, *call.args, **call.kwargs)
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-        experts, _ = joined_routed(experts, self.adapter.routed_experts(layer), self.adapter.router(layer), mlp_input)
+        experts, _ = joined_routed(experts, routed, observed_routing(*routing.get("experts", (None, None)), routed))
         weights = [
             GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts
         ]

@@ -1,32 +1,30 @@
-"""Routed experts that the router weighs in proportion at every token, read as one expert.
+"""Routed experts that the router chose together and weighed in proportion on every canonical token, read as one.
 
-An MoE block writes sum_e w_e(x) expert_e(x), and the routers hubtrace reads compute expert e's weight from its own
-logit, its router row times the block's input, together with the others': softmax or sigmoid, top-k, renormalised
-or not, with biases added to the logits or used only to select. Two experts whose logits are equal at every token
-get equal weights whatever the router does, and are chosen together; under a softmax (or with rows that are zero,
-under any router) logits that differ by a constant give weights in a constant ratio. Either way the two are one
-expert: w_e(x) (expert_e(x) + c expert_f(x)) is an MLP whose units are both experts' units. A copier can use that to
-cut an expert into shards that share its router row (each too small to test, and paired one to one with only as
-many of the original's experts as it has), to store a dense MLP as shards that are always on, or to hide a unit whose
-write cancels only against a twin expert's (bench/redteam/canonical53); read as one expert, each of these is the
-expert it came from, and the canonical form (scanner.reading.canonical_mlp) sees all its units together.
+An MoE block writes sum_e w_e(x) expert_e(x). Two experts that the router chooses on the same tokens with weights in
+a constant ratio c are one expert: w_e(x) (expert_e(x) + c expert_f(x)) is an MLP of both experts' units, the second
+one's output columns times c. A copier can use that to cut an expert into shards that share its router row (each too
+small to test, and paired one to one with only as many of the original's experts as it has), to store a dense MLP as
+shards that are always on, or to hide a unit whose write cancels only against a twin expert's
+(bench/redteam/canonical53); read as one expert, each of these is the expert it came from, and the canonical form
+(scanner.reading.canonical_mlp) sees all its units together, each weighed as the block weighs it.
 
-Experts are compared by what the router computes on the canonical tokens, not by their stored rows (what a row holds
-along directions the input never takes is the copier's to set, as for the gates), in the logit's own units (nats,
-for a softmax): two experts are weighed in proportion when their logits' difference varies by at most `SAME_LOGIT`
-over the tokens. Biases are not read: a constant offset is allowed whatever made it. Each expert joins the group of
-the first expert, in stored order, it is so close to, so no chain of small steps joins experts further apart than
-that. A group's experts are joined as stored, their outputs not scaled by the constant ratio of their weights (which
-only a softmax router fixes, and which the canonical form needs only where a unit is split across experts weighed
-unequally; shards of one row and always-on shards are weighed equally). A trained router keeps its experts far
-apart (rows that agree on every token could not route between them), so in an ordinary MoE every expert is its own
-group; the groups are a function of one model's weights, which keeps phi_MATCH's null argument.
+What decides is the routing the block itself computed on the canonical tokens (which experts it chose for each token,
+with which weights: the arguments transformers passes its experts module), not the router's rows or biases: a bias
+may only select (DeepSeek-V3's score correction), a group-limited top-k may choose whole groups, and an expert whose
+logits equal another's may never be chosen, so that joined with it, its cancelling twin would erase it
+(bench/redteam/canonical54). An expert chosen on no canonical token stays alone. Each expert joins the group of the
+first expert, in stored order, chosen on exactly its tokens with log-weights a constant apart to `SAME_LOG_WEIGHT`
+(or the weights' own float resolution, if coarser), so no chain of small steps joins experts further apart than
+that. Trained routers choose every two experts on different tokens (`python bench/bench_router_spread.py`), so in an
+ordinary MoE every expert is its own group; the groups are a function of one model's weights, which keeps
+phi_MATCH's null argument. Where the block's routing is not seen (an experts module called otherwise, as Llama 4's
+is), every expert stays alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import torch
@@ -34,51 +32,98 @@ import torch
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
 
-#: Two experts are weighed in proportion when their logits' difference varies by at most this over the canonical
-#: tokens (nats for a softmax router: the weights' ratio stays within 0.1%). Far above a logit's float rounding (1e-6
-#: of its size), far below what separates a trained router's experts, and tighter than a copier's freedom: shards
-#: whose logits move apart by more have weights, and give a block output, that move by as much.
-SAME_LOGIT = 1e-3
+#: Two experts chosen on the same tokens are weighed in proportion when the log of their weights' ratio varies by at
+#: most this over those tokens (0.1% of the weight). Far above float32 rounding, far below what tells trained experts
+#: apart, and as tight as the outputs can tell: shards weighed further apart move the block's output by as much.
+SAME_LOG_WEIGHT = 1e-3
 
 Weights = TypeVar("Weights", GLUWeights, SiteWeights)
 
 
-def alike_groups(router: torch.Tensor | None, site_input: torch.Tensor, experts: int) -> list[list[int]]:
-    """The block's routed experts grouped by the logits the ``router`` rows (experts, d) give them on ``site_input``
-    (tokens, d): lists of expert indices in stored order, each led by its first. Without router rows of the experts'
-    count and the input's width, every expert is its own group."""
-    if router is None or experts < 2 or tuple(router.shape) != (experts, site_input.shape[-1]):
-        return [[e] for e in range(experts)]
-    x = site_input.reshape(-1, site_input.shape[-1]).detach().to(device="cpu", dtype=torch.float64)
-    logits = router.detach().to(device="cpu", dtype=torch.float64) @ x.T  # (experts, tokens)
-    leads: list[int] = []
-    groups: list[list[int]] = []
+@dataclass(frozen=True)
+class Routing:
+    """The weight the block gave each routed expert on each canonical token, (experts, tokens) float64, 0 where it was
+    not chosen; and the relative float resolution of the weights as computed."""
+
+    weights: torch.Tensor
+    resolution: float
+
+
+def observed_routing(top_k_index: object, top_k_weights: object, experts: int) -> Routing | None:
+    """The routing from an experts module's arguments (tokens, k) (chosen experts, their weights), or None where they
+    are not such a pair (the module is called another way). Indices outside [0, experts) choose nothing (transformers
+    pads with ``experts``)."""
+    if not (isinstance(top_k_index, torch.Tensor) and isinstance(top_k_weights, torch.Tensor)
+            and top_k_index.dim() == 2 and top_k_index.shape == top_k_weights.shape
+            and not top_k_index.is_floating_point() and top_k_weights.is_floating_point()):
+        return None
+    index = top_k_index.detach().to("cpu", torch.int64)
+    values = top_k_weights.detach().to("cpu", torch.float64)
+    chosen = (index >= 0) & (index < experts)
+    weights = torch.zeros(experts, index.shape[0], dtype=torch.float64)
+    tokens = torch.arange(index.shape[0])[:, None].expand_as(index)
+    weights.index_put_((index[chosen], tokens[chosen]), values[chosen], accumulate=True)
+    return Routing(weights, float(torch.finfo(top_k_weights.dtype).eps))
+
+
+@dataclass(frozen=True)
+class Group:
+    """Experts read as one: their indices in stored order, and each one's weight relative to the first's."""
+
+    experts: list[int]
+    ratios: list[float]
+
+
+def alike_groups(routing: Routing | None, experts: int) -> list[Group]:
+    """The block's routed experts grouped by the ``routing`` (see the module), in stored order of their first
+    experts; every expert alone where the routing was not seen or is not of this many experts."""
+    alone = [Group([e], [1.0]) for e in range(experts)]
+    if routing is None or routing.weights.shape[0] != experts or experts < 2:
+        return alone
+    weights = routing.weights
+    chosen = weights != 0
+    logs = torch.where(chosen, weights.abs().clamp_min(torch.finfo(torch.float64).tiny).log(), 0.0)
+    bar = max(SAME_LOG_WEIGHT, 8 * routing.resolution)
+    groups: list[Group] = []
     for expert in range(experts):
-        if leads:
-            differences = logits[leads] - logits[expert]
-            spreads = differences.amax(dim=1) - differences.amin(dim=1)
-            nearest = int(torch.argmin(spreads))
-            if float(spreads[nearest]) <= SAME_LOGIT:
-                groups[nearest].append(expert)
-                continue
-        leads.append(expert)
-        groups.append([expert])
+        lead = next((g for g in groups if _one_expert(chosen, logs, weights, g.experts[0], expert, bar)), None)
+        if lead is None:
+            groups.append(Group([expert], [1.0]))
+            continue
+        first = lead.experts[0]
+        on = chosen[first]
+        lead.experts.append(expert)
+        lead.ratios.append(float((weights[expert, on] / weights[first, on]).mean()))
     return groups
 
 
-def joined_routed(experts: Sequence[Weights], routed: int, router: torch.Tensor | None,
-                  site_input: torch.Tensor) -> tuple[list[Weights], int]:
+def _one_expert(chosen: torch.Tensor, logs: torch.Tensor, weights: torch.Tensor, first: int, expert: int,
+                bar: float) -> bool:
+    """Whether ``expert`` is chosen on exactly ``first``'s tokens (some), with the same signs and log-weights a constant
+    apart to ``bar``."""
+    on = chosen[first]
+    if not bool(on.any()) or not torch.equal(on, chosen[expert]):
+        return False
+    if not torch.equal(weights[first, on] > 0, weights[expert, on] > 0):
+        return False
+    gaps = logs[expert, on] - logs[first, on]
+    return float(gaps.max() - gaps.min()) <= bar
+
+
+def joined_routed(experts: Sequence[Weights], routed: int, routing: Routing | None) -> tuple[list[Weights], int]:
     """A block's MLPs with its first ``routed`` (the routed experts) joined by `alike_groups` and the rest (shared
     experts, a dense MLP) as they are; and how many routed experts that leaves."""
-    groups = alike_groups(router, site_input, routed)
-    return [*(as_one([experts[e] for e in group]) for group in groups), *experts[routed:]], len(groups)
+    groups = alike_groups(routing, routed)
+    return [*(as_one([experts[e] for e in g.experts], g.ratios) for g in groups), *experts[routed:]], len(groups)
 
 
-def as_one(members: Sequence[Weights]) -> Weights:
-    """One expert of the members' units side by side (rows of the input maps, columns of the output map, biases where
-    any member has them, zeros for the members without); a single member as it is."""
+def as_one(members: Sequence[Weights], ratios: Sequence[float] | None = None) -> Weights:
+    """One expert of the members' units side by side (rows of the input maps, columns of the output map, each member's
+    times its weight ``ratios`` to the first's, biases where any member has them, zeros for the members without); a
+    single member as it is."""
     if len(members) == 1:
         return members[0]
+    ratios = list(ratios) if ratios is not None else [1.0] * len(members)
     units = [m.down.shape[1] for m in members]
     parts = {}
     for part in fields(members[0]):
@@ -86,7 +131,7 @@ def as_one(members: Sequence[Weights]) -> Weights:
         if all(v is None for v in values):
             parts[part.name] = None
         elif part.name == "down":
-            parts[part.name] = torch.cat(values, dim=1)
+            parts[part.name] = torch.cat([v if r == 1.0 else v * r for v, r in zip(values, ratios, strict=True)], dim=1)
         else:
             like = next(v for v in values if v is not None)
             parts[part.name] = torch.cat([v if v is not None else like.new_zeros((h, *like.shape[1:]))

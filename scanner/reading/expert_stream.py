@@ -27,7 +27,7 @@ from torch import nn
 
 from scanner.errors import CheckpointError
 from scanner.reading.activations import MLPActivations, site_activations
-from scanner.reading.alike_experts import alike_groups, as_one
+from scanner.reading.alike_experts import Group, alike_groups, as_one, observed_routing
 from scanner.reading.architectures.module_tree import ModuleTree
 from scanner.reading.architectures.names import DOWN_NAMES, GATE_NAMES, UP_NAMES
 from scanner.reading.architectures.sites import MLPSite, SiteWeights
@@ -55,7 +55,7 @@ class StreamedExperts:
     def __init__(self, tree: ModuleTree, site: MLPSite, stored: _Stored) -> None:
         self.tree, self.site, self._stored = tree, site, stored
         self.activations: list[MLPActivations] = []
-        self.groups: list[list[int]] | None = None  # the experts read as one (alike_experts), once the forward ran
+        self.groups: list[Group] | None = None  # the experts read as one (alike_experts), once the forward ran
 
     @classmethod
     def find(cls, tree: ModuleTree, layer: int, site: MLPSite) -> StreamedExperts | None:
@@ -96,13 +96,13 @@ class StreamedExperts:
         return SiteWeights(up=up, down=down, gate=gate)
 
     def forward(self, module: nn.Module, site_input: Callable[[], torch.Tensor],
-                stream: Callable[[], torch.Tensor | None], activation: str, device: str, dtype: torch.dtype,
-                router: torch.Tensor | None = None) -> Callable[..., torch.Tensor]:
+                stream: Callable[[], torch.Tensor | None], activation: str, device: str, dtype: torch.dtype
+                ) -> Callable[..., torch.Tensor]:
         """A replacement for the experts module's forward(hidden_states, top_k_index, top_k_weights): the routed
         output as the module computes it, and the views of every expert's canonical units on the site's input (every
         token, whatever the router chose) and on the residual ``stream`` collected in `activations`, one entry per
-        group of experts that the router, whose rows are ``router``, weighs in proportion
-        (scanner.reading.alike_experts; a group's weights are alive together)."""
+        group of experts the block chose together and weighed in proportion (scanner.reading.alike_experts; a
+        group's weights are alive together)."""
         act = module.act_fn
 
         def run(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -110,11 +110,13 @@ class StreamedExperts:
             x = site_input()
             rows = stream()
             rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
-            self.groups = alike_groups(router, x, self.site.experts)
+            self.groups = alike_groups(observed_routing(top_k_index, top_k_weights, self.site.experts),
+                                       self.site.experts)
             for group in self.groups:
-                members = [self.weights(expert) for expert in group]
-                self.activations += site_activations(x, [as_one(members)], activation=activation, stream=rows)
-                for expert, w in zip(group, members, strict=True):
+                members = [self.weights(expert) for expert in group.experts]
+                self.activations += site_activations(x, [as_one(members, group.ratios)], activation=activation,
+                                                     stream=rows)
+                for expert, w in zip(group.experts, members, strict=True):
                     tokens, slot = torch.where(top_k_index == expert)
                     if tokens.numel():
                         gate, up, down = (t.to(device=device, dtype=dtype) for t in (w.gate, w.up, w.down))
@@ -139,11 +141,12 @@ class LazyExpert:
 
     gate_bias = up_bias = None
 
-    def __init__(self, experts: StreamedExperts, group: list[int]) -> None:
+    def __init__(self, experts: StreamedExperts, group: Group) -> None:
         self._experts, self._group = experts, group
 
     def _map(self, part: str) -> torch.Tensor:
-        return getattr(as_one([self._experts.weights(expert) for expert in self._group]), part)
+        members = [self._experts.weights(expert) for expert in self._group.experts]
+        return getattr(as_one(members, self._group.ratios), part)
 
     @property
     def gate(self) -> torch.Tensor:

@@ -40,14 +40,14 @@ from scanner.reading.activations import (
     check_sequence_length,
     site_activations,
 )
-from scanner.reading.alike_experts import joined_routed
+from scanner.reading.alike_experts import joined_routed, observed_routing
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.families import ArchitectureAdapter
 from scanner.reading.architectures.module_tree import build_meta_model, init_owners
 from scanner.reading.architectures.norms import mean_free, norms_remove_mean
 from scanner.reading.architectures.shape import GLUWeights
-from scanner.reading.architectures.sites import MLPSite, SiteWeights, router_rows, site_weights
+from scanner.reading.architectures.sites import MLPSite, SiteWeights, site_weights
 from scanner.reading.checkpoint import Checkpoint
 from scanner.reading.expert_stream import StreamedExperts
 from scanner.reading.lockstep import lockstep
@@ -118,6 +118,11 @@ def stream_blocks(
                 lambda _m, args, kwargs, sink=captured: sink.append(args[0] if args else kwargs["hidden_states"]),
                 with_kwargs=True,
             )]
+            routed = adapter.routed_experts(layer)
+            routing: dict[str, tuple[Any, Any]] = {}
+            if routed and isinstance(getattr(mlp, "experts", None), nn.Module):
+                handles.append(mlp.experts.register_forward_pre_hook(_keep_routing(routing, "experts"),
+                                                                      with_kwargs=True))
             projections = _dense_projections(mlp) if len(experts) == 1 else {}
             handles += [
                 projection.register_forward_hook(lambda _m, _a, out, part=part, sink=outputs: sink.update({part: out}))
@@ -138,7 +143,8 @@ def stream_blocks(
             computed = tuple(outputs[p].reshape(-1, outputs[p].shape[-1]) for p in ("gate", "up")) \
                 if projections and outputs.keys() == projections.keys() else None
             mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-            experts, routed = joined_routed(experts, adapter.routed_experts(layer), adapter.router(layer), mlp_input)
+            experts, routed = joined_routed(experts, routed, observed_routing(*routing.get("experts", (None, None)),
+                                                                              routed))
             on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
                          for e in experts]
             activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
@@ -216,6 +222,10 @@ def _forward_layer_by_layer(
             handles = [module.get_submodule(path).register_forward_pre_hook(_first_input(captured, path),
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
+            routing: dict[str, tuple[Any, Any]] = {}
+            handles += [module.get_submodule(site.path).register_forward_pre_hook(_keep_routing(routing, site.path),
+                                                                                  with_kwargs=True)
+                        for site in sites if site.experts and site not in by_expert]
             stream = _layer_input(args, kwargs) if sites else None
             if stream is not None and norms_remove_mean(module, stream.shape[-1]):
                 stream = mean_free(stream)
@@ -224,7 +234,7 @@ def _forward_layer_by_layer(
                 site_input = functools.partial(_site_input, captured, site, width)
                 module.get_submodule(site.path).forward = experts_of_site.forward(
                     module.get_submodule(site.path), site_input, _site_stream(stream, width), activation,
-                    device, dtype, router_rows(module, site))
+                    device, dtype)
             try:
                 out = forward(*args, **kwargs)
                 activations, experts, weights, routed = [], [], [], 0
@@ -239,8 +249,8 @@ def _forward_layer_by_layer(
                         continue
                     weights = site_weights(module, site)
                     if site.experts:
-                        site_input = _site_input(captured, site, weights[0].up.shape[1])
-                        weights, alike = joined_routed(weights, site.experts, router_rows(module, site), site_input)
+                        seen = observed_routing(*routing.get(site.path, (None, None)), site.experts)
+                        weights, alike = joined_routed(weights, site.experts, seen)
                         routed += alike
                     activations += _site_views(captured, site, weights, stream, activation)
                     experts += [_on_cpu(w) for w in weights]
@@ -361,6 +371,20 @@ def _site_stream(stream: torch.Tensor | None, width: int) -> Callable[[], torch.
         return stream.reshape(-1, width)
 
     return rows
+
+
+def _keep_routing(sink: dict[str, tuple[Any, Any]], key: str) -> Callable[..., None]:
+    """A forward pre-hook on an experts module that keeps the routing of its first call: its second and third
+    arguments, the chosen experts and their weights per token as transformers 5 passes them
+    (scanner.reading.alike_experts.observed_routing reads them, or finds they are not that)."""
+
+    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if key not in sink:
+            index = args[1] if len(args) > 1 else kwargs.get("top_k_index", kwargs.get("router_indices"))
+            weights = args[2] if len(args) > 2 else kwargs.get("top_k_weights", kwargs.get("routing_weights"))
+            sink[key] = (index, weights)
+
+    return hook
 
 
 def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:

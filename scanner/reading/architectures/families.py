@@ -137,10 +137,6 @@ class ArchitectureAdapter:
         input scaling is applied in forward, not stored, and is not applied here)."""
         return self.checkpoint.get_rows(self._embed_name, ids).float()
 
-    def router(self, layer: int) -> torch.Tensor | None:
-        """Block ``layer``'s router rows (experts, d) (scanner.reading.alike_experts), None for a dense block."""
-        return None
-
     def mlp(self, layer: int) -> list[GLUWeights]:
         """Block `layer`'s gated MLPs: one for a dense block; for an MoE block one per routed expert in expert
         order, then the shared expert (Qwen2-MoE) last."""
@@ -327,11 +323,6 @@ class _MoEAdapter(ArchitectureAdapter):
 
     def routed_experts(self, layer: int) -> int:
         return self.shape.n_experts if self._is_sparse(layer) else 0
-
-    def router(self, layer: int) -> torch.Tensor | None:
-        if not self._is_sparse(layer):
-            return None
-        return self._read({"router": self._mlp_layout(layer)["router"]})["router"]
 
     def _routed_layout(self, layer: int, moe_prefix: str, names: tuple[str, str, str]) -> _Layout:
         """Router and routed experts of a sparse block: per expert under `moe_prefix` (router `{moe_prefix}gate`,

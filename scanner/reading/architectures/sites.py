@@ -103,22 +103,6 @@ def site_weights(layer: nn.Module, site: MLPSite, trainable: bool = False) -> li
     return [SiteWeights(up=weight, down=down, gate=gate, gate_bias=gate_bias, up_bias=bias)]
 
 
-def router_rows(layer: nn.Module, site: MLPSite) -> torch.Tensor | None:
-    """The (experts, d) rows of a routed-experts site's router, from the loaded layer: the one parameter or buffer of
-    that many rows in the first module named as routers are (`gate`, `router`) beside the experts module. None for a
-    dense site, or where no such rows are found (scanner.reading.alike_experts then reads every expert alone)."""
-    if not site.experts:
-        return None
-    parent = layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer
-    for name, module in parent.named_children():
-        if name in ROUTER_NAMES:
-            rows = [t for _, t in (*module.named_parameters(), *module.named_buffers())
-                    if t.dim() == 2 and t.shape[0] == site.experts]
-            if len(rows) == 1 and not rows[0].is_meta:
-                return rows[0].detach()
-    return None
-
-
 def site_units(layer: nn.Module, site: MLPSite) -> int:
     """Hidden units per MLP of the site, from the (meta) down map's shape."""
     if site.experts:
