@@ -389,16 +389,17 @@ def test_a_permuted_experts_copy_is_a_copy_in_every_moe_layout(trained_kinds, ki
     assert all(f"block {block}:" in mapped for block in moe_blocks)
 
 
-@pytest.mark.parametrize("parts", [16, 32])
-def test_experts_cut_into_shards_the_router_weighs_alike_keep_a_copy_dependent(trained_kinds, parts: int,
+@pytest.mark.parametrize(("kind", "parts"), [("moe-softmax", 16), ("moe-softmax", 32), ("moe-interleaved", 16)])
+def test_experts_cut_into_shards_the_router_weighs_alike_keep_a_copy_dependent(trained_kinds, kind: str, parts: int,
                                                                                tmp_path: Path) -> None:
     """Found by a ninth independent check (bench/redteam/canonical53): every expert cut into shards that share its
     router row (always chosen together, each given its share of the expert's weight). Paired one to one, only as
     many shards as the original has experts were tested, each with fewer units than a block needs: CANNOT TEST
     (shards of 8 units: -23). Experts the router weighs alike at every token are read as one expert
     (scanner.reading.alike_experts): the copy's blocks hold the original's experts and units again, the zero pads
-    dead."""
-    case = trained_kinds["moe-softmax"]
+    dead. In a Llama 4 (its router weighs the experts' inputs, and its experts module is not given the routing) the
+    routing is read from the router's output."""
+    case = trained_kinds[kind]
     fp_copy = _check(case, expert_shards(parts), EXACT_TOLERANCE, seed=37, folder=tmp_path / "copy")
     assert fp_copy.meta.block_experts == case[1].meta.block_experts
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],

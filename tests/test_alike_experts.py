@@ -14,6 +14,7 @@ from scanner.reading.alike_experts import (
     as_one,
     joined_routed,
     observed_routing,
+    routing_from_scores,
 )
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
@@ -46,6 +47,15 @@ def test_the_routing_is_read_from_the_experts_modules_arguments() -> None:
     assert observed_routing(None, None, 4) is None
     assert observed_routing(weights, weights, 4) is None  # not a (chosen experts, weights) pair
     assert observed_routing(torch.zeros(3, 2, 5, dtype=torch.long), torch.zeros(3, 2, 5), 4) is None
+
+
+def test_the_routing_is_read_from_a_routers_table_of_weights_where_the_experts_are_not_given_it() -> None:
+    scores = torch.tensor([[0.0, 0.8, 0.0], [0.3, 0.0, 0.0]])  # Llama 4: sigmoid of the chosen logits, 0 elsewhere
+    routing = routing_from_scores((scores, torch.randn(2, 3)), 3)
+    torch.testing.assert_close(routing.weights, scores.double().T)
+    assert routing_from_scores(torch.randn(2, 3) - 5, 3) is None  # logits, not weights
+    assert routing_from_scores((scores,), 4) is None
+    assert routing_from_scores(None, 3) is None
 
 
 def test_shards_chosen_together_group_with_their_weight_ratios() -> None:

@@ -17,8 +17,9 @@ first expert, in stored order, chosen on exactly its tokens with log-weights a c
 (or the weights' own float resolution, if coarser), so no chain of small steps joins experts further apart than
 that. Trained routers choose every two experts on different tokens (`python bench/bench_router_spread.py`), so in an
 ordinary MoE every expert is its own group; the groups are a function of one model's weights, which keeps
-phi_MATCH's null argument. Where the block's routing is not seen (an experts module called otherwise, as Llama 4's
-is), every expert stays alone.
+phi_MATCH's null argument. Where the experts module is not given the routing, it is read from the router's output
+if that is each token's weight for every expert (Llama 4's, which weighs the experts' inputs: shards of one expert
+are then given one input); where neither is seen, every expert stays alone.
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ def observed_routing(top_k_index: object, top_k_weights: object, experts: int) -
     tokens = torch.arange(index.shape[0])[:, None].expand_as(index)
     weights.index_put_((index[chosen], tokens[chosen]), values[chosen], accumulate=True)
     return Routing(weights, float(torch.finfo(top_k_weights.dtype).eps))
+
+
+def routing_from_scores(output: object, experts: int) -> Routing | None:
+    """The routing from what a router module returned, where it returns each token's weight for every expert first
+    (tokens, experts), 0 for the experts it did not choose, as Llama 4's does (its experts module is given inputs
+    already weighed); None where its first output is not such a table."""
+    scores = output[0] if isinstance(output, tuple) and output else output
+    if not (isinstance(scores, torch.Tensor) and scores.is_floating_point() and scores.dim() == 2
+            and scores.shape[1] == experts and bool(torch.isfinite(scores).all()) and bool((scores >= 0).all())):
+        return None
+    return Routing(scores.detach().to("cpu", torch.float64).T.contiguous(), float(torch.finfo(scores.dtype).eps))
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,12 @@ from scanner.reading.activations import (
     check_sequence_length,
     site_activations,
 )
-from scanner.reading.alike_experts import joined_routed, observed_routing
+from scanner.reading.alike_experts import joined_routed, observed_routing, routing_from_scores
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.families import ArchitectureAdapter
 from scanner.reading.architectures.module_tree import build_meta_model, init_owners
+from scanner.reading.architectures.names import ROUTER_NAMES
 from scanner.reading.architectures.norms import mean_free, norms_remove_mean
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import MLPSite, SiteWeights, site_weights
@@ -226,6 +227,10 @@ def _forward_layer_by_layer(
             handles += [module.get_submodule(site.path).register_forward_pre_hook(_keep_routing(routing, site.path),
                                                                                   with_kwargs=True)
                         for site in sites if site.experts and site not in by_expert]
+            router_outputs: dict[str, Any] = {}
+            handles += [router.register_forward_hook(_first_output(router_outputs, site.path))
+                        for site in sites if site.experts and site not in by_expert
+                        for router in _routers(module, site)]
             stream = _layer_input(args, kwargs) if sites else None
             if stream is not None and norms_remove_mean(module, stream.shape[-1]):
                 stream = mean_free(stream)
@@ -249,7 +254,8 @@ def _forward_layer_by_layer(
                         continue
                     weights = site_weights(module, site)
                     if site.experts:
-                        seen = observed_routing(*routing.get(site.path, (None, None)), site.experts)
+                        seen = observed_routing(*routing.get(site.path, (None, None)), site.experts) \
+                            or routing_from_scores(router_outputs.get(site.path), site.experts)
                         weights, alike = joined_routed(weights, site.experts, seen)
                         routed += alike
                     activations += _site_views(captured, site, weights, stream, activation)
@@ -383,6 +389,21 @@ def _keep_routing(sink: dict[str, tuple[Any, Any]], key: str) -> Callable[..., N
             index = args[1] if len(args) > 1 else kwargs.get("top_k_index", kwargs.get("router_indices"))
             weights = args[2] if len(args) > 2 else kwargs.get("top_k_weights", kwargs.get("routing_weights"))
             sink[key] = (index, weights)
+
+    return hook
+
+
+def _routers(layer: nn.Module, site: MLPSite) -> list[nn.Module]:
+    """The modules named as routers are (`gate`, `router`) beside a routed-experts site."""
+    parent = layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer
+    return [child for name, child in parent.named_children() if name in ROUTER_NAMES]
+
+
+def _first_output(sink: dict[str, Any], key: str) -> Callable[..., None]:
+    """A forward hook that keeps what a module returned the first time it was called."""
+
+    def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+        sink.setdefault(key, output)
 
     return hook
 
