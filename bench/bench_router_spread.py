@@ -47,7 +47,7 @@ def block_routings(model: torch.nn.Module) -> list[Routing | None]:
                     lambda _m, args, key=number: calls.setdefault(key, tuple(args) + (None,) * 3) and None))
                 parent = layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer
                 handles += [child.register_forward_hook(
-                    lambda _m, _a, out, key=number: outputs.setdefault(key, out) and None)
+                    lambda m, _a, out, key=number: outputs.setdefault(key, (out, getattr(m, "top_k", None))) and None)
                     for name, child in parent.named_children() if name in ROUTER_NAMES]
     try:
         with torch.no_grad():
@@ -55,8 +55,12 @@ def block_routings(model: torch.nn.Module) -> list[Routing | None]:
     finally:
         for handle in handles:
             handle.remove()
-    return [observed_routing(*calls.get(number, (None,) * 3)[1:3], experts)
-            or routing_from_scores(outputs.get(number), experts) for number, experts in sites]
+    routings = []
+    for number, experts in sites:
+        output, top_k = outputs.get(number, (None, None))
+        routings.append(observed_routing(*calls.get(number, (None,) * 3)[1:3], experts)
+                        or routing_from_scores(output, experts, top_k))
+    return routings
 
 
 def describe(routing: Routing | None) -> str:

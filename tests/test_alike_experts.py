@@ -56,6 +56,9 @@ def test_the_routing_is_read_from_a_routers_table_of_weights_where_the_experts_a
     assert routing_from_scores(torch.randn(2, 3) - 5, 3) is None  # logits, not weights
     assert routing_from_scores((scores,), 4) is None
     assert routing_from_scores(None, 3) is None
+    every = torch.softmax(torch.randn(2, 3), dim=1)  # every expert's probability, chosen among afterwards (DBRX)
+    assert routing_from_scores(every, 3) is None and routing_from_scores(every, 3, top_k=2) is None
+    assert routing_from_scores(every, 3, top_k=3) is not None  # every expert chosen for every token
 
 
 def test_shards_chosen_together_group_with_their_weight_ratios() -> None:

@@ -67,13 +67,19 @@ def observed_routing(top_k_index: object, top_k_weights: object, experts: int) -
     return Routing(weights, float(torch.finfo(top_k_weights.dtype).eps))
 
 
-def routing_from_scores(output: object, experts: int) -> Routing | None:
-    """The routing from what a router module returned, where it returns each token's weight for every expert first
+def routing_from_scores(output: object, experts: int, top_k: object = None) -> Routing | None:
+    """The routing from what a router module returned, where it returns first each token's weight for every expert
     (tokens, experts), 0 for the experts it did not choose, as Llama 4's does (its experts module is given inputs
-    already weighed); None where its first output is not such a table."""
+    already weighed); None where its first output is not such a table. A table marks the choice only where no token
+    has more non-zero weights than the router's ``top_k`` (its attribute, where it has one) or, without one, than
+    experts less one: a router that returns every expert's probability first and chooses among them afterwards (DBRX)
+    gives no such table, and an expert it never chooses must not be read with one it does."""
     scores = output[0] if isinstance(output, tuple) and output else output
     if not (isinstance(scores, torch.Tensor) and scores.is_floating_point() and scores.dim() == 2
             and scores.shape[1] == experts and bool(torch.isfinite(scores).all()) and bool((scores >= 0).all())):
+        return None
+    most = top_k if isinstance(top_k, int) and 0 < top_k <= experts else experts - 1
+    if int((scores != 0).sum(dim=1).max()) > most:
         return None
     return Routing(scores.detach().to("cpu", torch.float64).T.contiguous(), float(torch.finfo(scores.dtype).eps))
 

@@ -40,7 +40,7 @@ from scanner.reading.activations import (
     check_sequence_length,
     site_activations,
 )
-from scanner.reading.alike_experts import joined_routed, observed_routing, routing_from_scores
+from scanner.reading.alike_experts import Routing, joined_routed, observed_routing, routing_from_scores
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.families import ArchitectureAdapter
@@ -228,7 +228,7 @@ def _forward_layer_by_layer(
                                                                                   with_kwargs=True)
                         for site in sites if site.experts and site not in by_expert]
             router_outputs: dict[str, Any] = {}
-            handles += [router.register_forward_hook(_first_output(router_outputs, site.path))
+            handles += [router.register_forward_hook(_first_output(router_outputs, site.path, router))
                         for site in sites if site.experts and site not in by_expert
                         for router in _routers(module, site)]
             stream = _layer_input(args, kwargs) if sites else None
@@ -255,7 +255,7 @@ def _forward_layer_by_layer(
                     weights = site_weights(module, site)
                     if site.experts:
                         seen = observed_routing(*routing.get(site.path, (None, None)), site.experts) \
-                            or routing_from_scores(router_outputs.get(site.path), site.experts)
+                            or _router_routing(router_outputs.get(site.path), site.experts)
                         weights, alike = joined_routed(weights, site.experts, seen)
                         routed += alike
                     activations += _site_views(captured, site, weights, stream, activation)
@@ -399,13 +399,19 @@ def _routers(layer: nn.Module, site: MLPSite) -> list[nn.Module]:
     return [child for name, child in parent.named_children() if name in ROUTER_NAMES]
 
 
-def _first_output(sink: dict[str, Any], key: str) -> Callable[..., None]:
-    """A forward hook that keeps what a module returned the first time it was called."""
+def _first_output(sink: dict[str, Any], key: str, router: nn.Module) -> Callable[..., None]:
+    """A forward hook that keeps what a router returned the first time it was called, with its top-k where it
+    names one."""
 
     def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
-        sink.setdefault(key, output)
+        sink.setdefault(key, (output, getattr(router, "top_k", None)))
 
     return hook
+
+
+def _router_routing(kept: tuple[Any, Any] | None, experts: int) -> Routing | None:
+    """The routing a kept router output gives (scanner.reading.alike_experts.routing_from_scores), if any."""
+    return None if kept is None else routing_from_scores(kept[0], experts, kept[1])
 
 
 def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:
