@@ -15,6 +15,7 @@ from scanner.reading.alike_experts import (
     joined_routed,
     observed_routing,
     routing_from_scores,
+    routing_from_slots,
 )
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
@@ -59,6 +60,18 @@ def test_the_routing_is_read_from_a_routers_table_of_weights_where_the_experts_a
     every = torch.softmax(torch.randn(2, 3), dim=1)  # every expert's probability, chosen among afterwards (DBRX)
     assert routing_from_scores(every, 3) is None and routing_from_scores(every, 3, top_k=2) is None
     assert routing_from_scores(every, 3, top_k=3) is not None  # every expert chosen for every token
+
+
+def test_the_routing_is_read_from_slots_sorted_by_expert() -> None:
+    """JetMoE's gating: (sorted slot order, each slot's token, its weight, slots per expert, logits)."""
+    tokens, gates = torch.tensor([1, 0, 2, 0]), torch.tensor([0.9, 0.4, 0.5, 0.6])
+    output = (torch.arange(4), tokens, gates, [1, 0, 3], torch.randn(3, 3))  # expert 0: token 1; expert 2: 0, 2, 0
+    routing = routing_from_slots(output, 3)
+    expected = torch.tensor([[0, 0.9, 0], [0, 0, 0], [1.0, 0, 0.5]], dtype=torch.float64)
+    torch.testing.assert_close(routing.weights, expected, rtol=1e-6, atol=0)
+    assert routing_from_slots(output, 4) is None
+    assert routing_from_slots(output[:4], 3) is None
+    assert routing_from_slots((output[0], tokens, gates, [1, 0, 2], output[4]), 3) is None  # slots do not add up
 
 
 def test_shards_chosen_together_group_with_their_weight_ratios() -> None:

@@ -17,9 +17,11 @@ first expert, in stored order, chosen on exactly its tokens with log-weights a c
 (or the weights' own float resolution, if coarser), so no chain of small steps joins experts further apart than
 that. Trained routers choose every two experts on different tokens (`python bench/bench_router_spread.py`), so in an
 ordinary MoE every expert is its own group; the groups are a function of one model's weights, which keeps
-phi_MATCH's null argument. Where the experts module is not given the routing, it is read from the router's output
-if that is each token's weight for every expert (Llama 4's, which weighs the experts' inputs: shards of one expert
-are then given one input); where neither is seen, every expert stays alone.
+phi_MATCH's null argument. The routing is read where the block hands it on: the arguments of the experts module or
+of a module holding it (DBRX calls its experts' MLP once per expert, inside a module given the routing); else a
+router's output, where it is each token's weight for every expert (Llama 4's, which weighs the experts' inputs:
+shards of one expert are then given one input) or slots sorted by expert (JetMoE's). Where none is seen, every expert
+stays alone.
 """
 
 from __future__ import annotations
@@ -82,6 +84,26 @@ def routing_from_scores(output: object, experts: int, top_k: object = None) -> R
     if int((scores != 0).sum(dim=1).max()) > most:
         return None
     return Routing(scores.detach().to("cpu", torch.float64).T.contiguous(), float(torch.finfo(scores.dtype).eps))
+
+
+def routing_from_slots(output: object, experts: int) -> Routing | None:
+    """The routing from a router that returns its choices as slots sorted by expert, as JetMoE's does: (sorted slot
+    order, each slot's token, each slot's weight, slots per expert, logits (tokens, experts)); None where the output
+    is not that."""
+    if not (isinstance(output, tuple) and len(output) >= 5):
+        return None
+    _, tokens, gates, sizes, logits = output[:5]
+    sizes = torch.as_tensor(sizes) if isinstance(sizes, (list, tuple, torch.Tensor)) else None
+    if not (isinstance(tokens, torch.Tensor) and isinstance(gates, torch.Tensor) and isinstance(logits, torch.Tensor)
+            and sizes is not None and tokens.dim() == 1 and tokens.shape == gates.shape
+            and not tokens.is_floating_point() and gates.is_floating_point() and logits.dim() == 2
+            and logits.shape[1] == experts and sizes.shape == (experts,) and int(sizes.sum()) == tokens.numel()):
+        return None
+    slot_experts = torch.repeat_interleave(torch.arange(experts), sizes.to("cpu", torch.int64))
+    weights = torch.zeros(experts, logits.shape[0], dtype=torch.float64)
+    weights.index_put_((slot_experts, tokens.detach().to("cpu", torch.int64)),
+                       gates.detach().to("cpu", torch.float64), accumulate=True)
+    return Routing(weights, float(torch.finfo(gates.dtype).eps))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,13 @@ from scanner.reading.activations import (
     check_sequence_length,
     site_activations,
 )
-from scanner.reading.alike_experts import Routing, joined_routed, observed_routing, routing_from_scores
+from scanner.reading.alike_experts import (
+    Routing,
+    joined_routed,
+    observed_routing,
+    routing_from_scores,
+    routing_from_slots,
+)
 from scanner.reading.architectures.adapter import ModuleTreeAdapter
 from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.families import ArchitectureAdapter
@@ -224,13 +230,14 @@ def _forward_layer_by_layer(
                                                                             with_kwargs=True)
                        for path in {path for site in sites for path in site.input_modules}]
             routing: dict[str, tuple[Any, Any]] = {}
-            handles += [module.get_submodule(site.path).register_forward_pre_hook(_keep_routing(routing, site.path),
-                                                                                  with_kwargs=True)
-                        for site in sites if site.experts and site not in by_expert]
+            holders = {path for site in sites if site.experts and site not in by_expert for path in _holders(site)}
+            handles += [module.get_submodule(path).register_forward_pre_hook(_keep_routing(routing, path),
+                                                                             with_kwargs=True) for path in holders]
             router_outputs: dict[str, Any] = {}
-            handles += [router.register_forward_hook(_first_output(router_outputs, site.path, router))
-                        for site in sites if site.experts and site not in by_expert
-                        for router in _routers(module, site)]
+            routers = {path for site in sites if site.experts and site not in by_expert
+                       for path in _router_paths(module, site)}
+            handles += [module.get_submodule(path).register_forward_hook(_first_output(router_outputs, path))
+                        for path in routers]
             stream = _layer_input(args, kwargs) if sites else None
             if stream is not None and norms_remove_mean(module, stream.shape[-1]):
                 stream = mean_free(stream)
@@ -254,8 +261,7 @@ def _forward_layer_by_layer(
                         continue
                     weights = site_weights(module, site)
                     if site.experts:
-                        seen = observed_routing(*routing.get(site.path, (None, None)), site.experts) \
-                            or _router_routing(router_outputs.get(site.path), site.experts)
+                        seen = _seen_routing(module, site, routing, router_outputs)
                         weights, alike = joined_routed(weights, site.experts, seen)
                         routed += alike
                     activations += _site_views(captured, site, weights, stream, activation)
@@ -393,25 +399,44 @@ def _keep_routing(sink: dict[str, tuple[Any, Any]], key: str) -> Callable[..., N
     return hook
 
 
-def _routers(layer: nn.Module, site: MLPSite) -> list[nn.Module]:
-    """The modules named as routers are (`gate`, `router`) beside a routed-experts site."""
-    parent = layer.get_submodule(site.path.rsplit(".", 1)[0]) if "." in site.path else layer
-    return [child for name, child in parent.named_children() if name in ROUTER_NAMES]
+def _holders(site: MLPSite) -> list[str]:
+    """The routed-experts site's module and the modules holding it inside the layer, nearest first: where the routing
+    may be handed on (scanner.reading.alike_experts)."""
+    parts = site.path.split(".") if site.path else []
+    return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
 
 
-def _first_output(sink: dict[str, Any], key: str, router: nn.Module) -> Callable[..., None]:
-    """A forward hook that keeps what a router returned the first time it was called, with its top-k where it
-    names one."""
+def _router_paths(layer: nn.Module, site: MLPSite) -> list[str]:
+    """Paths of the modules named as routers are (`gate`, `router`) inside the site's module or beside it, nearest
+    first."""
+    return [f"{holder}.{name}" if holder else name for holder in [*_holders(site), ""]
+            for name, _ in layer.get_submodule(holder).named_children() if name in ROUTER_NAMES]
+
+
+def _seen_routing(layer: nn.Module, site: MLPSite, arguments: dict[str, tuple[Any, Any]],
+                  outputs: dict[str, Any]) -> Routing | None:
+    """The routing the block handed on for a site (scanner.reading.alike_experts): from the arguments of its module
+    or a holder, nearest first, else from a router's output; None where none was seen."""
+    for holder in _holders(site):
+        routing = observed_routing(*arguments.get(holder, (None, None)), site.experts)
+        if routing is not None:
+            return routing
+    for path in _router_paths(layer, site):
+        output = outputs.get(path)
+        routing = routing_from_slots(output, site.experts) or routing_from_scores(
+            output, site.experts, getattr(layer.get_submodule(path), "top_k", None))
+        if routing is not None:
+            return routing
+    return None
+
+
+def _first_output(sink: dict[str, Any], key: str) -> Callable[..., None]:
+    """A forward hook that keeps what a module returned the first time it was called."""
 
     def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
-        sink.setdefault(key, (output, getattr(router, "top_k", None)))
+        sink.setdefault(key, output)
 
     return hook
-
-
-def _router_routing(kept: tuple[Any, Any] | None, experts: int) -> Routing | None:
-    """The routing a kept router output gives (scanner.reading.alike_experts.routing_from_scores), if any."""
-    return None if kept is None else routing_from_scores(kept[0], experts, kept[1])
 
 
 def _first_input(sink: dict[str, torch.Tensor], key: str) -> Callable[..., None]:
