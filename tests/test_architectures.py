@@ -133,7 +133,8 @@ def _verdicts(model_type: str, folders: list[Path], n_types: int, independent: l
               attention: str = "causal") -> list[str]:
     """Fingerprint a type's base, noisy copy and independent model (then delete them), append the independent
     pair's log10 p to ``independent``, and say what failed: the copy above DEPENDENT, the independent pair below
-    INDEPENDENT less log10(n_types) (Bonferroni over the table), or a fingerprint read with the wrong attention."""
+    INDEPENDENT less log10(n_types) (Bonferroni over the table), a fingerprint read with the wrong attention, or an
+    MoE block whose routing the fingerprint did not see (its experts' shards could hide: bench/redteam/canonical55)."""
     base, copy, other = (fingerprint_model(folder) for folder in folders)
     dependent = compare_fingerprints(base, copy).log10_p
     independent.append(compare_fingerprints(base, other).log10_p)
@@ -144,6 +145,9 @@ def _verdicts(model_type: str, folders: list[Path], n_types: int, independent: l
         failed.append(f"{model_type}: copy {dependent:.1f}, independent {independent[-1]:.2f}")
     if base.meta.attention != attention:
         failed.append(f"{model_type}: read with {base.meta.attention} attention, not {attention}")
+    unseen = [block for block, seen in enumerate(base.meta.summaries["expert_routing_seen"]) if seen is False]
+    if unseen:
+        failed.append(f"{model_type}: the routing of blocks {unseen} was not seen (their experts read alone)")
     return failed
 
 

@@ -56,6 +56,7 @@ class StreamedExperts:
         self.tree, self.site, self._stored = tree, site, stored
         self.activations: list[MLPActivations] = []
         self.groups: list[Group] | None = None  # the experts read as one (alike_experts), once the forward ran
+        self.routing_seen: bool | None = None  # whether the forward handed the routing on (else experts read alone)
 
     @classmethod
     def find(cls, tree: ModuleTree, layer: int, site: MLPSite) -> StreamedExperts | None:
@@ -110,8 +111,9 @@ class StreamedExperts:
             x = site_input()
             rows = stream()
             rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
-            self.groups = alike_groups(observed_routing(top_k_index, top_k_weights, self.site.experts),
-                                       self.site.experts)
+            seen = observed_routing(top_k_index, top_k_weights, self.site.experts)
+            self.routing_seen = seen is not None
+            self.groups = alike_groups(seen, self.site.experts)
             for group in self.groups:
                 members = [self.weights(expert) for expert in group.experts]
                 self.activations += site_activations(x, [as_one(members, group.ratios)], activation=activation,

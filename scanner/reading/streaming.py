@@ -68,6 +68,7 @@ class StreamedBlock:
     experts: list[GLUWeights] | list[SiteWeights]
     activations: list[MLPActivations]
     routed: int = 0  # routed experts among them, those the router weighs in proportion read as one (alike_experts)
+    routing_seen: bool | None = None  # whether the block's routing was seen (else its experts are read alone)
 
 
 def stream_mlp_activations(
@@ -150,14 +151,15 @@ def stream_blocks(
             computed = tuple(outputs[p].reshape(-1, outputs[p].shape[-1]) for p in ("gate", "up")) \
                 if projections and outputs.keys() == projections.keys() else None
             mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-            experts, routed = joined_routed(experts, routed, observed_routing(*routing.get("experts", (None, None)),
-                                                                              routed))
+            seen = observed_routing(*routing.get("experts", (None, None)), routed)
+            routing_seen = (seen is not None) if routed else None
+            experts, routed = joined_routed(experts, routed, seen)
             on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
                          for e in experts]
             activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
                                            computed=computed)
             del captured, outputs, out, mlp_input, on_device, computed, stream
-        yield StreamedBlock(layer, experts, activations, routed)
+        yield StreamedBlock(layer, experts, activations, routed, routing_seen)
         del experts  # else this block's MLP weights stay alive while the next block is read
 
 
@@ -249,7 +251,7 @@ def _forward_layer_by_layer(
                     device, dtype)
             try:
                 out = forward(*args, **kwargs)
-                activations, experts, weights, routed = [], [], [], 0
+                activations, experts, weights, routed, routing_seen = [], [], [], 0, None
                 for site in sites:
                     if site in by_expert:
                         if by_expert[site].groups is None:
@@ -258,12 +260,14 @@ def _forward_layer_by_layer(
                         activations += by_expert[site].activations
                         experts += by_expert[site].lazy()
                         routed += len(by_expert[site].groups)
+                        routing_seen = bool(by_expert[site].routing_seen) and routing_seen is not False
                         continue
                     weights = site_weights(module, site)
                     if site.experts:
                         seen = _seen_routing(module, site, routing, router_outputs)
                         weights, alike = joined_routed(weights, site.experts, seen)
                         routed += alike
+                        routing_seen = seen is not None and routing_seen is not False
                     activations += _site_views(captured, site, weights, stream, activation)
                     experts += [_on_cpu(w) for w in weights]
             finally:
@@ -275,7 +279,7 @@ def _forward_layer_by_layer(
             del captured, stream, weights
             ran.add(layer)
             if sites:
-                emit(StreamedBlock(blocks[layer], experts, activations, routed))
+                emit(StreamedBlock(blocks[layer], experts, activations, routed, routing_seen))
             del experts, activations
             if len(ran) == len(stack.layers):
                 raise _AllLayersRan
