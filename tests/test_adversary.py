@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
-from scanner.pairs.fingerprint_compare import compare_fingerprints
+from scanner.pairs.fingerprint_compare import canonical_note, compare_fingerprints
 from scanner.reading.architectures.tiny import tiny_config
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
@@ -402,6 +402,9 @@ def test_experts_cut_into_shards_the_router_weighs_alike_keep_a_copy_dependent(t
     case = trained_kinds[kind]
     fp_copy = _check(case, expert_shards(parts), EXACT_TOLERANCE, seed=37, folder=tmp_path / "copy")
     assert fp_copy.meta.block_experts == case[1].meta.block_experts
+    note = canonical_note(case[1], fp_copy)
+    assert all(f"block {block}: {experts * parts} experts read as {experts}" in note
+               for block, experts in enumerate(case[1].meta.block_experts) if experts)
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
                                                        case[1].meta.summaries["canonical_units"], strict=True):
         assert (stored - dead - combined, combined) == (units, 0)

@@ -202,7 +202,8 @@ def fingerprint_model(
                 raise CheckpointError(f"{path}: block {len(blocks)} computes NaN or Inf activations from finite "
                                       f"weights (values overflow float32); hubtrace cannot fingerprint it")
             blocks.append([stored_activations(acts, storage_dtype) for acts in block.activations])
-            per_block.append({**_block_summary(block.experts, block.activations), "routing_seen": block.routing_seen})
+            per_block.append({**_block_summary(block.experts, block.activations), "routing_seen": block.routing_seen,
+                              "stored_experts": block.stored_experts})
             _sample_block(block.experts[0], adapter.shape.n_layers, sample, layout)
             routed.append(block.routed)
             del block
@@ -506,6 +507,7 @@ def _summaries(per_block: list[dict[str, Any]]) -> dict[str, Any]:
         # per block: whether its routing was seen (scanner.reading.alike_experts; False: its experts read alone,
         # None: no routed experts)
         "expert_routing_seen": [b["routing_seen"] for b in per_block],
+        "stored_experts": [b["stored_experts"] for b in per_block],  # routed experts as stored (block_experts: read)
         "gate_rms_quantiles": [b["gate_rms_quantiles"] for b in per_block],
         "up_rms_quantiles": [b["up_rms_quantiles"] for b in per_block],
     }

@@ -374,19 +374,26 @@ def input_notes(tokenizer_hashes: tuple[str | None, str | None], id_ranges: tupl
 
 
 def canonical_note(a: Fingerprint, b: Fingerprint) -> str:
-    """What the canonical form did to either model's units as stored (scanner.reading.canonical_mlp), "" when nothing:
-    units folded into another unit's function and units that write nothing, per block."""
+    """What the canonical form did to either model's experts and units as stored, "" when nothing: experts read as
+    one (scanner.reading.alike_experts) or read alone for want of the routing, units folded into another unit's
+    function and units that write nothing (scanner.reading.canonical_mlp), per block."""
     parts = []
     for side, fp in (("A", a), ("B", b)):
         changed = [f"block {block}: {dead} of {stored} units write nothing, {combined} folded into others"
                    for block, (stored, dead, combined) in enumerate(fp.meta.summaries.get("canonical_units", []))
                    if dead or combined]
+        changed += [f"block {block}: {stored} experts read as {fp.meta.routed_experts(block)}"
+                    for block, stored in enumerate(fp.meta.summaries.get("stored_experts", []))
+                    if stored and stored != fp.meta.routed_experts(block)]
+        changed += [f"block {block}: routing not seen, experts read alone"
+                    for block, seen in enumerate(fp.meta.summaries.get("expert_routing_seen", [])) if seen is False]
         if changed:
             parts.append(f"{side}: {'; '.join(changed)}")
     if not parts:
         return ""
-    return ("units that compute one function together were combined and units that write nothing dropped before "
-            f"any view was read (see scanner.reading.canonical_mlp): {' | '.join(parts)}")
+    return ("routed experts chosen together and weighed in proportion were read as one expert "
+            "(scanner.reading.alike_experts), units that compute one function together were combined and units that "
+            f"write nothing dropped before any view was read (scanner.reading.canonical_mlp): {' | '.join(parts)}")
 
 
 def depth_note(depth_a: int, depth_b: int) -> str:

@@ -69,6 +69,7 @@ class StreamedBlock:
     activations: list[MLPActivations]
     routed: int = 0  # routed experts among them, those the router weighs in proportion read as one (alike_experts)
     routing_seen: bool | None = None  # whether the block's routing was seen (else its experts are read alone)
+    stored_experts: int = 0  # routed experts as stored
 
 
 def stream_mlp_activations(
@@ -159,7 +160,7 @@ def stream_blocks(
             activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
                                            computed=computed)
             del captured, outputs, out, mlp_input, on_device, computed, stream
-        yield StreamedBlock(layer, experts, activations, routed, routing_seen)
+        yield StreamedBlock(layer, experts, activations, routed, routing_seen, adapter.routed_experts(layer))
         del experts  # else this block's MLP weights stay alive while the next block is read
 
 
@@ -279,7 +280,8 @@ def _forward_layer_by_layer(
             del captured, stream, weights
             ran.add(layer)
             if sites:
-                emit(StreamedBlock(blocks[layer], experts, activations, routed, routing_seen))
+                emit(StreamedBlock(blocks[layer], experts, activations, routed, routing_seen,
+                                   sum(site.experts for site in sites)))
             del experts, activations
             if len(ran) == len(stack.layers):
                 raise _AllLayersRan
