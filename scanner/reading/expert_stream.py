@@ -112,7 +112,7 @@ class StreamedExperts:
             rows = stream()
             rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
             seen = observed_routing(top_k_index, top_k_weights, self.site.experts)
-            self.routing_seen = seen is not None
+            self.routing_seen = seen is not None or self.site.experts < 2
             self.groups = alike_groups(seen, self.site.experts)
             for group in self.groups:
                 members = [self.weights(expert) for expert in group.experts]

@@ -153,7 +153,7 @@ def stream_blocks(
                 if projections and outputs.keys() == projections.keys() else None
             mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
             seen = observed_routing(*routing.get("experts", (None, None)), routed)
-            routing_seen = (seen is not None) if routed else None
+            routing_seen = (seen is not None or routed < 2) if routed else None  # one expert: nothing to group
             experts, routed = joined_routed(experts, routed, seen)
             on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
                          for e in experts]
@@ -268,7 +268,7 @@ def _forward_layer_by_layer(
                         seen = _seen_routing(module, site, routing, router_outputs)
                         weights, alike = joined_routed(weights, site.experts, seen)
                         routed += alike
-                        routing_seen = seen is not None and routing_seen is not False
+                        routing_seen = (seen is not None or site.experts < 2) and routing_seen is not False
                     activations += _site_views(captured, site, weights, stream, activation)
                     experts += [_on_cpu(w) for w in weights]
             finally:
