@@ -82,11 +82,13 @@ def test_shards_chosen_together_group_with_their_weight_ratios() -> None:
     assert groups[0].ratios == pytest.approx([1.0, 0.25, 3.0], rel=1e-7) and groups[1].ratios == [1.0, 1.0]
 
 
-def test_an_expert_never_chosen_stays_alone_whatever_it_would_cancel() -> None:
-    """The anti-twin of bench/redteam/canonical54: a twin with its expert's logits and negated writes, never chosen."""
+def test_an_expert_never_chosen_is_left_out_whatever_it_would_cancel() -> None:
+    """The anti-twin of bench/redteam/canonical54 (a twin with its expert's logits and negated writes, never chosen)
+    and canonical56's never-chosen copies of shards: neither is read with anything, nor read at all."""
     a = _chosen(4)
     routing = _routing(torch.stack([a, torch.zeros(TOKENS), torch.zeros(TOKENS), _chosen(5)]))
-    assert _members(alike_groups(routing, 4)) == [[0], [1], [2], [3]]
+    assert _members(alike_groups(routing, 4)) == [[0], [3]]
+    assert _members(alike_groups(None, 4)) == [[0], [1], [2], [3]]  # without the routing nothing is known idle
 
 
 def test_experts_chosen_on_other_tokens_or_weighed_unlike_stay_apart() -> None:

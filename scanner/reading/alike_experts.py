@@ -12,7 +12,9 @@ What decides is the routing the block itself computed on the canonical tokens (w
 with which weights: the arguments transformers passes its experts module), not the router's rows or biases: a bias
 may only select (DeepSeek-V3's score correction), a group-limited top-k may choose whole groups, and an expert whose
 logits equal another's may never be chosen, so that joined with it, its cancelling twin would erase it
-(bench/redteam/canonical54). An expert chosen on no canonical token stays alone. Each expert joins the group of the
+(bench/redteam/canonical54). An expert chosen on no canonical token does no work on them and is left out, as a unit
+that writes nothing is (the pairing once took such copies of shards for the original's experts: canonical56). Each
+expert joins the group of the
 first expert, in stored order, chosen on exactly its tokens with log-weights a constant apart to `SAME_LOG_WEIGHT`
 (or the weights' own float resolution, if coarser), so no chain of small steps joins experts further apart than
 that. Trained routers choose every two experts on different tokens (`python bench/bench_router_spread.py`), so in an
@@ -116,7 +118,8 @@ class Group:
 
 def alike_groups(routing: Routing | None, experts: int) -> list[Group]:
     """The block's routed experts grouped by the ``routing`` (see the module), in stored order of their first
-    experts; every expert alone where the routing was not seen or is not of this many experts."""
+    experts, those chosen on no token left out; every expert alone where the routing was not seen or is not of this
+    many experts."""
     alone = [Group([e], [1.0]) for e in range(experts)]
     if routing is None or routing.weights.shape[0] != experts or experts < 2:
         return alone
@@ -125,7 +128,7 @@ def alike_groups(routing: Routing | None, experts: int) -> list[Group]:
     logs = torch.where(chosen, weights.abs().clamp_min(torch.finfo(torch.float64).tiny).log(), 0.0)
     bar = max(SAME_LOG_WEIGHT, 8 * routing.resolution)
     groups: list[Group] = []
-    for expert in range(experts):
+    for expert in (e for e in range(experts) if bool(chosen[e].any())):
         lead = next((g for g in groups if _one_expert(chosen, logs, weights, g.experts[0], expert, bar)), None)
         if lead is None:
             groups.append(Group([expert], [1.0]))
@@ -151,8 +154,8 @@ def _one_expert(chosen: torch.Tensor, logs: torch.Tensor, weights: torch.Tensor,
 
 
 def joined_routed(experts: Sequence[Weights], routed: int, routing: Routing | None) -> tuple[list[Weights], int]:
-    """A block's MLPs with its first ``routed`` (the routed experts) joined by `alike_groups` and the rest (shared
-    experts, a dense MLP) as they are; and how many routed experts that leaves."""
+    """A block's MLPs with its first ``routed`` (the routed experts) joined by `alike_groups` (those never chosen left
+    out) and the rest (shared experts, a dense MLP) as they are; and how many routed experts that leaves."""
     groups = alike_groups(routing, routed)
     return [*(as_one([experts[e] for e in g.experts], g.ratios) for g in groups), *experts[routed:]], len(groups)
 
