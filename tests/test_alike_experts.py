@@ -89,6 +89,7 @@ def test_an_expert_never_chosen_is_left_out_whatever_it_would_cancel() -> None:
     routing = _routing(torch.stack([a, torch.zeros(TOKENS), torch.zeros(TOKENS), _chosen(5)]))
     assert _members(alike_groups(routing, 4)) == [[0], [3]]
     assert _members(alike_groups(None, 4)) == [[0], [1], [2], [3]]  # without the routing nothing is known idle
+    assert _members(alike_groups(_routing(torch.zeros(3, TOKENS)), 3)) == [[0], [1], [2]]  # none chosen: as stored
 
 
 def test_experts_chosen_on_other_tokens_or_weighed_unlike_stay_apart() -> None:

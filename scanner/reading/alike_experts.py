@@ -9,21 +9,20 @@ shards that are always on, or to hide a unit whose write cancels only against a 
 (scanner.reading.canonical_mlp) sees all its units together, each weighed as the block weighs it.
 
 What decides is the routing the block itself computed on the canonical tokens (which experts it chose for each token,
-with which weights: the arguments transformers passes its experts module), not the router's rows or biases: a bias
-may only select (DeepSeek-V3's score correction), a group-limited top-k may choose whole groups, and an expert whose
+with which weights: the arguments transformers passes its experts module), not the router's rows or biases: a bias may
+only select (DeepSeek-V3's score correction), a group-limited top-k may choose whole groups, and an expert whose
 logits equal another's may never be chosen, so that joined with it, its cancelling twin would erase it
 (bench/redteam/canonical54). An expert chosen on no canonical token does no work on them and is left out, as a unit
-that writes nothing is (the pairing once took such copies of shards for the original's experts: canonical56). Each
-expert joins the group of the
-first expert, in stored order, chosen on exactly its tokens with log-weights a constant apart to `SAME_LOG_WEIGHT`
-(or the weights' own float resolution, if coarser), so no chain of small steps joins experts further apart than
-that. Trained routers choose every two experts on different tokens (`python bench/bench_router_spread.py`), so in an
-ordinary MoE every expert is its own group; the groups are a function of one model's weights, which keeps
-phi_MATCH's null argument. The routing is read where the block hands it on: the arguments of the experts module or
-of a module holding it (DBRX calls its experts' MLP once per expert, inside a module given the routing); else a
-router's output, where it is each token's weight for every expert (Llama 4's, which weighs the experts' inputs:
-shards of one expert are then given one input) or slots sorted by expert (JetMoE's). Where none is seen, every expert
-stays alone.
+that writes nothing is (the pairing once took such copies of shards for the original's experts: canonical56), unless
+none is chosen at all. Each expert joins the group of the first expert, in stored order, chosen on exactly its tokens
+with log-weights a constant apart to `SAME_LOG_WEIGHT` (or the weights' own float resolution, if coarser), so no chain
+of small steps joins experts further apart than that. Trained routers choose every two experts on different tokens
+(`python bench/bench_router_spread.py`), so in an ordinary MoE every expert is its own group; the groups are a
+function of one model's weights, which keeps phi_MATCH's null argument. The routing is read where the block hands it
+on: the arguments of the experts module or of a module holding it (DBRX calls its experts' MLP once per expert, inside
+a module given the routing); else a router's output, where it is each token's weight for every expert (Llama 4's,
+which weighs the experts' inputs: shards of one expert are then given one input) or slots sorted by expert (JetMoE's).
+Where none is seen, every expert stays alone.
 """
 
 from __future__ import annotations
@@ -118,13 +117,16 @@ class Group:
 
 def alike_groups(routing: Routing | None, experts: int) -> list[Group]:
     """The block's routed experts grouped by the ``routing`` (see the module), in stored order of their first
-    experts, those chosen on no token left out; every expert alone where the routing was not seen or is not of this
-    many experts."""
+    experts, those chosen on no token left out; every expert alone where the routing was not seen, is not of this
+    many experts or chooses none of them (a block whose routed experts do no work is read as it is stored, and its
+    units then write nothing)."""
     alone = [Group([e], [1.0]) for e in range(experts)]
     if routing is None or routing.weights.shape[0] != experts or experts < 2:
         return alone
     weights = routing.weights
     chosen = weights != 0
+    if not bool(chosen.any()):
+        return alone
     logs = torch.where(chosen, weights.abs().clamp_min(torch.finfo(torch.float64).tiny).log(), 0.0)
     bar = max(SAME_LOG_WEIGHT, 8 * routing.resolution)
     groups: list[Group] = []
