@@ -120,7 +120,7 @@ def test_a_group_computes_what_its_members_did_and_the_rest_of_the_block_stays()
     shared = SiteWeights(up=torch.randn(7, 16, generator=g), down=torch.randn(16, 7, generator=g))
     a = _chosen(9)
     routing = _routing(torch.stack([a, a * 0.5, _chosen(10)]))
-    weights, routed = joined_routed([*experts, shared], 3, routing)
+    weights, routed = joined_routed([*experts, shared], 3, routing, torch.randn(TOKENS, 16, generator=g), "silu")
     assert routed == 2 and weights[1] is experts[2] and weights[2] is shared
     one = weights[0]
     assert one.up.shape == (8, 16) and one.down.shape == (16, 8) and one.gate_bias is None
@@ -143,3 +143,53 @@ def test_glu_experts_join_as_glu_weights() -> None:
     assert isinstance(one, GLUWeights) and one.gate.shape == (8, 8)
     assert torch.equal(one.down, torch.cat([experts[0].down, 2.0 * experts[1].down], dim=1))
     assert as_one(experts[:1]) is experts[0]
+
+
+def _gated(units: int, seed: int) -> SiteWeights:
+    g = torch.Generator().manual_seed(seed)
+    return SiteWeights(up=torch.randn(units, 16, generator=g), down=torch.randn(16, units, generator=g),
+                       gate=torch.randn(units, 16, generator=g))
+
+
+def _disguised(w: SiteWeights, seed: int) -> SiteWeights:
+    """The same function: units permuted, up rows times c and output columns over c."""
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(w.up.shape[0], generator=g)
+    scale = torch.rand(w.up.shape[0], generator=g) * 3 + 0.5
+    return SiteWeights(up=w.up[order] * scale[:, None], down=w.down[:, order] / scale, gate=w.gate[order])
+
+
+def test_copies_of_one_function_chosen_on_other_tokens_are_one_expert_with_their_weights_summed() -> None:
+    """canonical56's hash-routed shards: every shard stored twice, a token table choosing one copy or the other. The
+    copies compute one function (here disguised: permuted and rescaled), so they are one expert weighed by their summed
+    weights, and the shards of one expert are then chosen together: all four are one expert."""
+    a, b = _gated(3, 12), _gated(5, 13)
+    x = torch.randn(TOKENS, 16, generator=torch.Generator().manual_seed(14))
+    weight = _chosen(15)
+    half = torch.rand(TOKENS, generator=torch.Generator().manual_seed(16)) < 0.5
+    other = torch.rand(TOKENS, generator=torch.Generator().manual_seed(17)) < 0.5
+    routing = _routing(torch.stack([weight * half, weight * other, weight * ~half, weight * ~other, _chosen(18)]))
+    experts = [a, b, _disguised(a, 19), _disguised(b, 20), _gated(4, 21)]
+    weights, routed = joined_routed(experts, 5, routing, x, "silu")
+    assert routed == 2 and weights[1] is experts[4]
+    one = weights[0]
+    assert one.up.shape[0] == 16
+
+    def output(w: SiteWeights) -> torch.Tensor:
+        return (torch.nn.functional.silu(x @ w.gate.T) * (x @ w.up.T)) @ w.down.T
+
+    block = sum(routing.weights[e].float()[:, None] * output(experts[e]) for e in range(4))
+    torch.testing.assert_close(weight[:, None] * output(one), block, rtol=1e-4, atol=1e-4)
+
+
+def test_a_twin_with_negated_writes_is_not_one_function_with_its_expert() -> None:
+    """An anti-twin chosen beside its expert on some tokens (they cancel there) computes the opposite function: read
+    with its expert, it would erase it; it is read alone."""
+    a = _gated(6, 22)
+    anti = SiteWeights(up=a.up, down=-a.down, gate=a.gate)
+    x = torch.randn(TOKENS, 16, generator=torch.Generator().manual_seed(23))
+    weight = _chosen(24, share=1.0)
+    some = torch.rand(TOKENS, generator=torch.Generator().manual_seed(25)) < 0.3
+    routing = _routing(torch.stack([weight, weight * some]))
+    weights, routed = joined_routed([a, anti], 2, routing, x, "silu")
+    assert routed == 2 and weights[0] is a and weights[1] is anti

@@ -103,7 +103,8 @@ class _Model:
             for handle in handles:
                 handle.remove()
         mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-        experts, _ = joined_routed(experts, routed, observed_routing(*routing.get("experts", (None, None)), routed))
+        experts, _ = joined_routed(experts, routed, observed_routing(*routing.get("experts", (None, None)), routed),
+                                   mlp_input, self.adapter.shape.hidden_act)
         weights = [
             GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts
         ]

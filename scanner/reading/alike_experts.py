@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TypeVar
 
 import torch
+from transformers.activations import ACT2FN
 
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
@@ -40,6 +41,13 @@ from scanner.reading.architectures.sites import SiteWeights
 #: most this over those tokens (0.1% of the weight). Far above float32 rounding, far below what tells trained experts
 #: apart, and as tight as the outputs can tell: shards weighed further apart move the block's output by as much.
 SAME_LOG_WEIGHT = 1e-3
+
+#: Two experts compute one function when their outputs on the canonical tokens, read through `SKETCH` fixed random
+#: directions of the stream, differ by at most this fraction of the larger (float32 rounding leaves about 1e-6).
+SAME_OUTPUT = 1e-4
+#: Directions of the stream an expert's output is read through to compare it with another's (a fixed seed: a function
+#: of the width alone, so every model of one width is read alike).
+SKETCH = 64
 
 Weights = TypeVar("Weights", GLUWeights, SiteWeights)
 
@@ -107,6 +115,44 @@ def routing_from_slots(output: object, experts: int) -> Routing | None:
     return Routing(weights, float(torch.finfo(gates.dtype).eps))
 
 
+def sketch_directions(width: int) -> torch.Tensor:
+    """The fixed (width, SKETCH) random directions experts' outputs are read through, float64."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(width, min(SKETCH, width), generator=generator, dtype=torch.float64)
+
+
+def output_sketch(site_input: torch.Tensor, expert: SiteWeights | GLUWeights, activation: str,
+                  directions: torch.Tensor) -> torch.Tensor:
+    """An expert's output on ``site_input`` (tokens, d), unweighed, read through ``directions`` (d_out, k), as one
+    (tokens * k,) float64 vector."""
+    x = site_input.reshape(-1, site_input.shape[-1]).detach().to("cpu", torch.float64)
+    act = ACT2FN[activation] if activation in ACT2FN else ACT2FN["silu"]
+    up = x @ expert.up.detach().to("cpu", torch.float64).T
+    up = up if getattr(expert, "up_bias", None) is None else up + expert.up_bias.detach().to("cpu", torch.float64)
+    if expert.gate is None:
+        hidden = act(up)
+    else:
+        gate = x @ expert.gate.detach().to("cpu", torch.float64).T
+        gate = gate if getattr(expert, "gate_bias", None) is None else gate + expert.gate_bias.detach().cpu().double()
+        hidden = act(gate) * up
+    return (hidden @ (expert.down.detach().to("cpu", torch.float64).T @ directions)).reshape(-1)
+
+
+def same_functions(sketches: Sequence[torch.Tensor]) -> list[list[int]]:
+    """Experts that compute one function (their `output_sketch` es agree to `SAME_OUTPUT`), in stored order, each
+    joining the first it agrees with."""
+    groups: list[list[int]] = []
+    for expert, sketch in enumerate(sketches):
+        size = float(sketch.norm())
+        lead = next((g for g in groups if float((sketches[g[0]] - sketch).norm())
+                     <= SAME_OUTPUT * max(size, float(sketches[g[0]].norm()))), None)
+        if lead is None:
+            groups.append([expert])
+        else:
+            lead.append(expert)
+    return groups
+
+
 @dataclass(frozen=True)
 class Group:
     """Experts read as one: their indices in stored order, and each one's weight relative to the first's."""
@@ -115,31 +161,37 @@ class Group:
     ratios: list[float]
 
 
-def alike_groups(routing: Routing | None, experts: int) -> list[Group]:
-    """The block's routed experts grouped by the ``routing`` (see the module), in stored order of their first
-    experts, those chosen on no token left out; every expert alone where the routing was not seen, is not of this
-    many experts or chooses none of them (a block whose routed experts do no work is read as it is stored, and its
-    units then write nothing)."""
+def alike_groups(routing: Routing | None, experts: int, functions: list[list[int]] | None = None) -> list[Group]:
+    """The block's routed experts grouped (see the module), in stored order of their first experts: those that compute
+    one function (``functions``, from `same_functions`; each such set one expert weighed by their summed weights, its
+    members' outputs shared equally), then those the ``routing`` chose on the same tokens with weights in a constant
+    ratio; those chosen on no token left out. Every expert alone where the routing was not seen, is not of this many
+    experts or chooses none of them (a block whose routed experts do no work is read as it is stored, and its units
+    then write nothing)."""
     alone = [Group([e], [1.0]) for e in range(experts)]
     if routing is None or routing.weights.shape[0] != experts or experts < 2:
         return alone
-    weights = routing.weights
+    functions = functions if functions is not None and sorted(e for f in functions for e in f) == list(range(experts)) \
+        else [[e] for e in range(experts)]
+    weights = torch.stack([routing.weights[f].sum(dim=0) for f in functions])
     chosen = weights != 0
     if not bool(chosen.any()):
         return alone
     logs = torch.where(chosen, weights.abs().clamp_min(torch.finfo(torch.float64).tiny).log(), 0.0)
     bar = max(SAME_LOG_WEIGHT, 8 * routing.resolution)
-    groups: list[Group] = []
-    for expert in (e for e in range(experts) if bool(chosen[e].any())):
-        lead = next((g for g in groups if _one_expert(chosen, logs, weights, g.experts[0], expert, bar)), None)
+    joined: list[Group] = []
+    for one in (f for f in range(len(functions)) if bool(chosen[f].any())):
+        lead = next((g for g in joined if _one_expert(chosen, logs, weights, g.experts[0], one, bar)), None)
         if lead is None:
-            groups.append(Group([expert], [1.0]))
+            joined.append(Group([one], [1.0]))
             continue
         first = lead.experts[0]
         on = chosen[first]
-        lead.experts.append(expert)
-        lead.ratios.append(float((weights[expert, on] / weights[first, on]).mean()))
-    return groups
+        lead.experts.append(one)
+        lead.ratios.append(float((weights[one, on] / weights[first, on]).mean()))
+    return [Group([e for f in g.experts for e in functions[f]],
+                  [r / len(functions[f]) for f, r in zip(g.experts, g.ratios, strict=True) for _ in functions[f]])
+            for g in joined]
 
 
 def _one_expert(chosen: torch.Tensor, logs: torch.Tensor, weights: torch.Tensor, first: int, expert: int,
@@ -155,10 +207,16 @@ def _one_expert(chosen: torch.Tensor, logs: torch.Tensor, weights: torch.Tensor,
     return float(gaps.max() - gaps.min()) <= bar
 
 
-def joined_routed(experts: Sequence[Weights], routed: int, routing: Routing | None) -> tuple[list[Weights], int]:
+def joined_routed(experts: Sequence[Weights], routed: int, routing: Routing | None, site_input: torch.Tensor,
+                  activation: str) -> tuple[list[Weights], int]:
     """A block's MLPs with its first ``routed`` (the routed experts) joined by `alike_groups` (those never chosen left
-    out) and the rest (shared experts, a dense MLP) as they are; and how many routed experts that leaves."""
-    groups = alike_groups(routing, routed)
+    out; the experts' functions compared on ``site_input``) and the rest (shared experts, a dense MLP) as they are;
+    and how many routed experts that leaves."""
+    functions = None
+    if routing is not None and routed > 1:
+        directions = sketch_directions(experts[0].down.shape[0])
+        functions = same_functions([output_sketch(site_input, w, activation, directions) for w in experts[:routed]])
+    groups = alike_groups(routing, routed, functions)
     return [*(as_one([experts[e] for e in g.experts], g.ratios) for g in groups), *experts[routed:]], len(groups)
 
 

@@ -27,7 +27,15 @@ from torch import nn
 
 from scanner.errors import CheckpointError
 from scanner.reading.activations import MLPActivations, site_activations
-from scanner.reading.alike_experts import Group, alike_groups, as_one, observed_routing
+from scanner.reading.alike_experts import (
+    Group,
+    alike_groups,
+    as_one,
+    observed_routing,
+    output_sketch,
+    same_functions,
+    sketch_directions,
+)
 from scanner.reading.architectures.module_tree import ModuleTree
 from scanner.reading.architectures.names import DOWN_NAMES, GATE_NAMES, UP_NAMES
 from scanner.reading.architectures.sites import MLPSite, SiteWeights
@@ -113,7 +121,7 @@ class StreamedExperts:
             rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
             seen = observed_routing(top_k_index, top_k_weights, self.site.experts)
             self.routing_seen = seen is not None or self.site.experts < 2
-            self.groups = alike_groups(seen, self.site.experts)
+            self.groups = alike_groups(seen, self.site.experts, self._functions(x, activation) if seen else None)
             for group in self.groups:
                 members = [self.weights(expert) for expert in group.experts]
                 self.activations += site_activations(x, [as_one(members, group.ratios)], activation=activation,
@@ -130,6 +138,16 @@ class StreamedExperts:
             return out
 
         return run
+
+    def _functions(self, x: torch.Tensor, activation: str) -> list[list[int]]:
+        """The experts that compute one function (scanner.reading.alike_experts.same_functions), from a first pass
+        that reads each expert once more, one at a time."""
+        directions = sketch_directions(self.tree.lm.config.get_text_config().hidden_size)
+        sketches = []
+        for expert in range(self.site.experts):
+            sketches.append(output_sketch(x, self.weights(expert), activation, directions))
+            _return_freed_heap()
+        return same_functions(sketches)
 
     def lazy(self) -> list[LazyExpert]:
         """Each group's weights as the fingerprint's summaries ask for them, read again on demand."""

@@ -154,7 +154,7 @@ def stream_blocks(
             mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
             seen = observed_routing(*routing.get("experts", (None, None)), routed)
             routing_seen = (seen is not None or routed < 2) if routed else None  # one expert: nothing to group
-            experts, routed = joined_routed(experts, routed, seen)
+            experts, routed = joined_routed(experts, routed, seen, mlp_input, adapter.shape.hidden_act)
             on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
                          for e in experts]
             activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
@@ -266,7 +266,8 @@ def _forward_layer_by_layer(
                     weights = site_weights(module, site)
                     if site.experts:
                         seen = _seen_routing(module, site, routing, router_outputs)
-                        weights, alike = joined_routed(weights, site.experts, seen)
+                        site_input = _site_input(captured, site, weights[0].up.shape[1])
+                        weights, alike = joined_routed(weights, site.experts, seen, site_input, activation)
                         routed += alike
                         routing_seen = (seen is not None or site.experts < 2) and routing_seen is not False
                     activations += _site_views(captured, site, weights, stream, activation)
