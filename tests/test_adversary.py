@@ -37,7 +37,7 @@ from scanner.retrieval.signatures import retrieval_entry
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 from tests.fixtures import adversary as adv
-from tests.fixtures.expert_shards import anti_twins, dense_shards, expert_shards, twin_sinks
+from tests.fixtures.expert_shards import anti_twins, dense_shards, expert_shards, hash_copies, hash_table, twin_sinks
 from tests.fixtures.null_shift import (
     null_shift_all,
     output_bias_sink,
@@ -460,3 +460,30 @@ def test_never_chosen_twins_that_would_cancel_their_experts_keep_every_unit(trai
     assert fp_copy.meta.block_experts == case[1].meta.block_experts
     assert fp_copy.meta.summaries["stored_experts"] == [2 * n for n in case[1].meta.summaries["stored_experts"]]
     assert fp_copy.meta.summaries["canonical_units"] == case[1].meta.summaries["canonical_units"]
+
+
+@pytest.fixture(scope="module")
+def hash_routed(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerprint]:
+    """A tiny DeepSeek-V4 whose every MoE layer is hash-routed (a random token id -> experts table), random weights,
+    and an independent one as the control."""
+    folder = tmp_path_factory.mktemp("hash-routed")
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(tiny_config("deepseek_v4", mlp_layer_types=["hash_moe"] * 3))
+        models.append(hash_table(model.eval(), seed))
+    prints = [fingerprint_model(save(m, folder / name)) for m, name in zip(models, ("original", "control"))]
+    return models[0], *prints
+
+
+def test_copies_of_shards_a_token_table_chooses_apart_keep_a_copy_dependent(hash_routed, tmp_path: Path) -> None:
+    """Found by a twelfth independent check (bench/redteam/canonical56): in hash-routed layers a token table, not the
+    router, chooses the experts, so every shard can be stored twice and each token id given one copy or the other:
+    no two experts are chosen on the same tokens, and each shard was tested alone (CANNOT TEST where the shared expert
+    was spread over the shards). Experts that compute one function are one expert with their weights summed, so the
+    copies are one shard again and the shards, chosen together, their expert: the original's experts and units."""
+    fp_copy = _check(hash_routed, hash_copies(8), EXACT_TOLERANCE, seed=41, folder=tmp_path / "copy")
+    assert fp_copy.meta.block_experts == hash_routed[1].meta.block_experts
+    for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],
+                                                       hash_routed[1].meta.summaries["canonical_units"], strict=True):
+        assert stored - dead - combined == units
