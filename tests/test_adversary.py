@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from scanner.fingerprints.fingerprint import Fingerprint, fingerprint_model
 from scanner.pairs.fingerprint_compare import canonical_note, compare_fingerprints
+from scanner.reading import expert_stream
 from scanner.reading.architectures.tiny import tiny_config
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
@@ -476,12 +477,17 @@ def hash_routed(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerp
     return models[0], *prints
 
 
-def test_copies_of_shards_a_token_table_chooses_apart_keep_a_copy_dependent(hash_routed, tmp_path: Path) -> None:
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+def test_copies_of_shards_a_token_table_chooses_apart_keep_a_copy_dependent(hash_routed, streamed: bool,
+                                                                            tmp_path: Path, monkeypatch) -> None:
     """Found by a twelfth independent check (bench/redteam/canonical56): in hash-routed layers a token table, not the
     router, chooses the experts, so every shard can be stored twice and each token id given one copy or the other:
     no two experts are chosen on the same tokens, and each shard was tested alone (CANNOT TEST where the shared expert
     was spread over the shards). Experts that compute one function are one expert with their weights summed, so the
-    copies are one shard again and the shards, chosen together, their expert: the original's experts and units."""
+    copies are one shard again and the shards, chosen together, their expert: the original's experts and units; also
+    where the experts are read one at a time (scanner.reading.expert_stream, made to stream every block here)."""
+    if streamed:
+        monkeypatch.setattr(expert_stream, "STREAM_BYTES", 0)
     fp_copy = _check(hash_routed, hash_copies(8), EXACT_TOLERANCE, seed=41, folder=tmp_path / "copy")
     assert fp_copy.meta.block_experts == hash_routed[1].meta.block_experts
     for (stored, dead, combined), (units, _, _) in zip(fp_copy.meta.summaries["canonical_units"],

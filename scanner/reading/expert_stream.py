@@ -121,33 +121,34 @@ class StreamedExperts:
             rows = rows if rows is not None and rows.shape[0] == x.shape[0] else None
             seen = observed_routing(top_k_index, top_k_weights, self.site.experts)
             self.routing_seen = seen is not None or self.site.experts < 2
-            self.groups = alike_groups(seen, self.site.experts, self._functions(x, activation) if seen else None)
-            for group in self.groups:
+            directions = sketch_directions(hidden_states.shape[-1])
+            alone, sketches = [], []
+            for expert in range(self.site.experts):  # one read per expert: its views, its sketch, its routed output
+                w = self.weights(expert)
+                alone += site_activations(x, [w], activation=activation, stream=rows)
+                if seen is not None:
+                    sketches.append(output_sketch(x, w, activation, directions))
+                tokens, slot = torch.where(top_k_index == expert)
+                if tokens.numel():
+                    gate, up, down = (t.to(device=device, dtype=dtype) for t in (w.gate, w.up, w.down))
+                    chosen = hidden_states[tokens]
+                    routed = (act(chosen @ gate.T) * (chosen @ up.T)) @ down.T
+                    out.index_add_(0, tokens, (routed * top_k_weights[tokens, slot, None]).to(out.dtype))
+                del w
+                _return_freed_heap()
+            self.groups = alike_groups(seen, self.site.experts, same_functions(sketches) if seen is not None else None)
+            for group in self.groups:  # experts read as one are read again together (only in a disguised block)
+                if len(group.experts) == 1:
+                    self.activations.append(alone[group.experts[0]])
+                    continue
                 members = [self.weights(expert) for expert in group.experts]
                 self.activations += site_activations(x, [as_one(members, group.ratios)], activation=activation,
                                                      stream=rows)
-                for expert, w in zip(group.experts, members, strict=True):
-                    tokens, slot = torch.where(top_k_index == expert)
-                    if tokens.numel():
-                        gate, up, down = (t.to(device=device, dtype=dtype) for t in (w.gate, w.up, w.down))
-                        chosen = hidden_states[tokens]
-                        routed = (act(chosen @ gate.T) * (chosen @ up.T)) @ down.T
-                        out.index_add_(0, tokens, (routed * top_k_weights[tokens, slot, None]).to(out.dtype))
-                del members, w
+                del members
                 _return_freed_heap()
             return out
 
         return run
-
-    def _functions(self, x: torch.Tensor, activation: str) -> list[list[int]]:
-        """The experts that compute one function (scanner.reading.alike_experts.same_functions), from a first pass
-        that reads each expert once more, one at a time."""
-        directions = sketch_directions(self.tree.lm.config.get_text_config().hidden_size)
-        sketches = []
-        for expert in range(self.site.experts):
-            sketches.append(output_sketch(x, self.weights(expert), activation, directions))
-            _return_freed_heap()
-        return same_functions(sketches)
 
     def lazy(self) -> list[LazyExpert]:
         """Each group's weights as the fingerprint's summaries ask for them, read again on demand."""
