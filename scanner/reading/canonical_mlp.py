@@ -124,12 +124,12 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         unseen = written <= CANCELLED * stored  # all it writes is rounding of a direction the block does not see
     mass = _mass(weights, written, key_norms, degree)
     zero_key = key_norms == 0
-    sizes = _written_on_inputs(weights, activation, inputs, pre_activation, up_output, stream)
-    if sizes is None:  # no inputs: the weights' sizes, against the median unit's
+    shares = _written_on_inputs(weights, activation, inputs, pre_activation, up_output, stream)
+    if shares is None:  # no inputs: the weights' sizes, against the median unit's
         reference = mass[(mass > 0) & ~_silent(activation, zero_key) & ~unseen]
         live = mass > DEAD * float(np.median(reference)) if reference.size else np.zeros(units, dtype=bool)
     else:  # what each unit writes on the inputs, against what the units write together and the stream
-        live = written * sizes[0] > DEAD * sizes[1]
+        live = written * shares > DEAD
     live &= ~unseen
     if _silent_at_zero(activation):
         live &= ~zero_key
@@ -459,17 +459,17 @@ def _tensor(rows: list[np.ndarray], dims: int, like: torch.Tensor) -> torch.Tens
 
 def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tensor | None,
                        pre_activation: torch.Tensor | None, up_output: torch.Tensor | None = None,
-                       stream: torch.Tensor | None = None) -> tuple[np.ndarray, float] | None:
-    """Per unit, the largest share of a reference its hidden value (act(gate), times the up output where gated) takes
-    at any of the inputs' tokens, and 1: a unit writes nothing when that share times its output column is below
+                       stream: torch.Tensor | None = None) -> np.ndarray | None:
+    """Per unit, the largest share of a reference its hidden value (act(gate), times the up output where gated)
+    takes at any of the inputs' tokens: a unit writes nothing when that share times its output column is below
     `DEAD`. The references, token by token: what the MLP's units write together there, and the residual ``stream``
     the block writes into (tokens, d; less its all-ones direction where the block cannot see it), where given. A
-    token where a reference is all but zero (below `DEAD` of its median token's) is left out of it: a zero stream row
-    (an all-zero padding embedding) would otherwise make every unit loud there. ``up_output``: the up outputs where
-    the caller has them, else computed here. None without the pre-activations (and, where gated, the up outputs or
-    the inputs), or for an activation transformers does not name. A unit whose hidden value is exactly zero on every
-    token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing whatever its size (an independent check appended such
-    units: tests/fixtures/silent_units.py).
+    token where a reference is all but zero (below `DEAD` of its median token's) is left out of it: a zero stream
+    row (an all-zero padding embedding) would otherwise make every unit loud there. ``up_output``: the up outputs
+    where the caller has them, else computed here. None without the pre-activations (and, where gated, the up
+    outputs or the inputs), or for an activation transformers does not name. A unit whose hidden value is exactly
+    zero on every token (act(0 x) = 0, ReLU(k x - 1e4) = 0) writes nothing whatever its size (an independent check
+    appended such units: tests/fixtures/silent_units.py).
 
     What a unit adds below 1e-6 of both is below what float32 resolves in either, and a copier moves each only where
     the other holds: independent checks moved every single reference. The median unit's weights: units 1e8 times a
@@ -501,7 +501,7 @@ def _written_on_inputs(weights: SiteWeights, activation: str, inputs: torch.Tens
             kept = lengths > DEAD * lengths.median()
             if kept.any():
                 share = torch.maximum(share, (hidden[kept] / lengths[kept, None]).amax(dim=0))
-        return share.cpu().numpy(), 1.0
+        return share.cpu().numpy()
 
 
 def _silent(activation: str, zero_key: np.ndarray) -> np.ndarray:
