@@ -38,7 +38,15 @@ from scanner.retrieval.signatures import retrieval_entry
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 from tests.fixtures import adversary as adv
-from tests.fixtures.expert_shards import anti_twins, dense_shards, expert_shards, hash_copies, hash_table, twin_sinks
+from tests.fixtures.expert_shards import (
+    anti_twins,
+    dense_shards,
+    expert_shards,
+    hash_copies,
+    hash_partitions,
+    hash_table,
+    twin_sinks,
+)
 from tests.fixtures.null_shift import (
     null_shift_all,
     output_bias_sink,
@@ -475,6 +483,19 @@ def hash_routed(tmp_path_factory) -> tuple[PreTrainedModel, Fingerprint, Fingerp
         models.append(hash_table(model.eval(), seed))
     prints = [fingerprint_model(save(m, folder / name)) for m, name in zip(models, ("original", "control"))]
     return models[0], *prints
+
+
+def test_pieces_of_partitions_a_token_table_chooses_keep_a_copy_dependent(hash_routed, tmp_path: Path) -> None:
+    """Found by a thirteenth independent check (bench/redteam/canonical57): a token table can give each token id its
+    own partition of an expert into pieces, so a piece that several partitions hold is chosen on the union of their
+    tokens and pieces are neither chosen together nor copies of one another: each is read alone, too small to test
+    (CANNOT TEST in one order before the pooled test; the shared expert folded into the pieces). Whatever the cut,
+    the pieces' units together are the original's, which the block's units tested pooled find
+    (scanner.stats.pooled_units)."""
+    fp_copy = _check(hash_routed, hash_partitions(16, 32, 4), EXACT_TOLERANCE, seed=43, folder=tmp_path / "copy")
+    assert min(fp_copy.meta.block_experts) >= 8 * max(hash_routed[1].meta.block_experts)  # the pieces read apart
+    result = compare_fingerprints(hash_routed[1], fp_copy)
+    assert any("gave the smaller in blocks 0, 1, 2" in note for note in result.notes), result.notes
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])

@@ -19,22 +19,22 @@ what a stage returned:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from scanner.errors import IncomparableError
 from scanner.fingerprints.fingerprint import Fingerprint
 from scanner.fingerprints.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.pairs.results import LayerResult, PairTestResult
-from scanner.reading.activations import MLPActivations
+from scanner.reading.activations import MLPActivations, pooled_activations
 from scanner.reading.canonical_mlp import odd_linear
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher
-from scanner.stats.logp import log10_fisher
+from scanner.stats.logp import log10_bonferroni, log10_fisher
 from scanner.stats.matching import MatchingRule
+from scanner.stats.pooled_units import POOLED_UNITS, pooled_block_log10_p, pooled_rows
 from scanner.stats.registry import FINGERPRINT_STATISTICS, STATISTIC_BY_NAME, Reads, Statistic
 from scanner.stats.sequential import SequentialDesign
 
@@ -53,6 +53,7 @@ class BlockPair:
     pairing: ExpertPairing
     mlps: list[tuple[MLPActivations, MLPActivations]]
     expert_map: str | None  # B's expert <- A's expert, where the experts were not paired one to one by index
+    pooled: tuple[MLPActivations, MLPActivations] | None = None  # each side's MLPs as one, where a side has several
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class BlockOutcome:
     result: LayerResult
     set_aside: str  # what the screen set aside in the block's MLPs ("" when nothing)
     expert_map: str | None
+    pooled: str = ""  # "" where the block's units were not tested pooled; else "tested", or "decided" where that
+    # test gave the smaller p-value (scanner.stats.pooled_units)
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def compare_fingerprints(
         tested = [o for o in (by_index, by_map) if o.log10_p is not None]
         outcome = min(tested, key=lambda o: o.log10_p) if tested else by_index
         # Bonferroni over the pairings that could be tested (which could is set by each side's units, not by a p)
-        log10_p = min(0.0, outcome.log10_p + math.log10(len(tested))) if tested else None
+        log10_p = log10_bonferroni([o.log10_p for o in tested]) if tested else None
     layers = [block.result for block in outcome.blocks]
     return PairTestResult(
         model_a=a.meta.model,
@@ -180,8 +183,19 @@ def pair_blocks(a: Fingerprint, b: Fingerprint, pairing: BlockPairing) -> BlockP
     experts_a, experts_b = a.blocks[layer_a], b.blocks[layer_b]
     paired = pair_fingerprint_experts(a, b, layer_a, layer_b)
     shown = not paired.by_index or len(experts_a) != len(experts_b)
+    pooled = (block_pooled(a, layer_a), block_pooled(b, layer_b)) if max(len(experts_a), len(experts_b)) > 1 else None
     return BlockPair(layer_a, layer_b, paired, [(experts_a[i], experts_b[j]) for i, j in paired.pairs],
-                     paired.describe() if shown else None)
+                     paired.describe() if shown else None, pooled)
+
+
+def block_pooled(fp: Fingerprint, layer: int) -> MLPActivations:
+    """Block ``layer``'s MLPs read as one, the units a block pools (scanner.stats.pooled_units), made once per
+    fingerprint and block: its screen is then computed once for every pair it is tested in."""
+    cache = fp.__dict__.setdefault("_pooled", {})
+    if layer not in cache:
+        mlps = fp.blocks[layer]
+        cache[layer] = pooled_activations(mlps, pooled_rows([mlp.gate for mlp in mlps]))
+    return cache[layer]
 
 
 def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
@@ -222,13 +236,14 @@ def test_gate_and_up(a: Fingerprint, b: Fingerprint, pairs: list[BlockPair], ent
     gate_sign_free = plain_gate_sign_free(a) and plain_gate_sign_free(b)
 
     def matched(group: list[BlockPair]) -> list[BlockOutcome]:
-        mlps = [mlp for pair in group for mlp in pair.mlps]
+        mlps = [mlp for pair in group for mlp in [*pair.mlps, *([pair.pooled] if pair.pooled else [])]]
         tests = iter(entry.compute([(x.gate, x.up, y.gate, y.up) for x, y in mlps], device=device, rule=rule,
                                    up_sign_free=sign_free, gate_sign_free=gate_sign_free,
                                    screens=[(x.screen(sign_free), y.screen(sign_free)) for x, y in mlps],
                                    writes=[None if x.write is None or y.write is None else (x.write, y.write)
                                            for x, y in mlps]))
-        return [outcome(pair, [next(tests) for _ in pair.mlps]) for pair in group]
+        return [outcome(pair, [next(tests) for _ in pair.mlps], next(tests) if pair.pooled else None)
+                for pair in group]
 
     if device is not None:
         return matched(pairs)
@@ -249,10 +264,18 @@ def plain_gate_sign_free(fp: Fingerprint) -> bool:
     return fp.meta.mlp_kind == "plain" and odd_linear(fp.meta.hidden_act)
 
 
-def outcome(pair: BlockPair, tests: list[BlockTest]) -> BlockOutcome:
-    """A block pair's tests combined, with what the screen set aside in it."""
+def outcome(pair: BlockPair, tests: list[BlockTest], pooled: BlockTest | None = None) -> BlockOutcome:
+    """A block pair's tests combined, with what the screen set aside in it; ``pooled``, the test of each side's
+    MLPs read as one, joins the block's p-value by Bonferroni (scanner.stats.pooled_units) where it could be made."""
     set_aside = "; ".join(sorted({t.set_aside for t in tests if t.set_aside}))
-    return BlockOutcome(block_result(pair.layer_a, pair.layer_b, tests, pair.pairing), set_aside, pair.expert_map)
+    result = block_result(pair.layer_a, pair.layer_b, tests, pair.pairing)
+    if pooled is None or pooled.cannot_test:
+        return BlockOutcome(result, set_aside, pair.expert_map)
+    experts_p = None if result.cannot_test else result.log10_p
+    decided = experts_p is None or pooled.log10_p < experts_p
+    result = replace(result, log10_p=pooled_block_log10_p(experts_p, pooled.log10_p), cannot_test=None,
+                     n_units=pooled.n_units if decided else result.n_units)
+    return BlockOutcome(result, set_aside, pair.expert_map, "decided" if decided else "tested")
 
 
 # -- stage 5: combine --------------------------------------------------------------------------------------------
@@ -339,6 +362,8 @@ def outcome_notes(outcome: DesignOutcome, a: Fingerprint, b: Fingerprint, mapped
     set_aside = {block.result.layer_a: block.set_aside for block in outcome.blocks if block.set_aside}
     if set_aside:
         notes.append(set_aside_note(set_aside))
+    if any(block.pooled for block in outcome.blocks):
+        notes.append(pooled_note([block.result.layer_a for block in outcome.blocks if block.pooled == "decided"]))
     return notes
 
 
@@ -408,6 +433,15 @@ def expert_map_note(expert_maps: dict[int, str]) -> str:
     blocks = "; ".join(f"block {layer}: {text}" for layer, text in sorted(expert_maps.items()))
     return (f"experts matched on unit-order-invariant activation similarity before testing "
             f"(B's expert <- A's expert; see scanner.stats.experts): {blocks}")
+
+
+def pooled_note(decided_by_pool: list[int]) -> str:
+    """A note where MoE blocks were also tested on their MLPs' units pooled, naming the blocks that test decided."""
+    decided = (f"; it gave the smaller in block{'s' if len(decided_by_pool) > 1 else ''} "
+               f"{', '.join(map(str, decided_by_pool))}" if decided_by_pool else "")
+    return ("MoE blocks were tested on their experts paired one to one and on all their MLPs' units pooled (at most "
+            f"{POOLED_UNITS}, chosen by each unit's own values; scanner.stats.pooled_units), each block's p-value the "
+            f"smaller of the two, times two where both could be tested{decided}")
 
 
 def set_aside_note(set_aside: dict[int, str]) -> str:

@@ -8,6 +8,7 @@ deterministic function of the MLP input, equivariant to unit permutations, whate
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -88,6 +89,18 @@ class MLPActivations:
         act = ACT2FN[activation]
         hidden = act(torch.from_numpy(self.values("gate")).double())
         return (hidden if kind == "plain" else hidden * torch.from_numpy(self.values("up")).double()).numpy()
+
+
+def pooled_activations(mlps: Sequence[MLPActivations], rows: np.ndarray) -> MLPActivations:
+    """A block's MLPs read as one: their units concatenated in order, then rows ``rows`` of that (a block's units
+    tested pooled, scanner.stats.pooled_units); a view one MLP lacks is lacked by the whole."""
+
+    def joined(part: str) -> np.ndarray | None:
+        parts = [getattr(mlp, part) for mlp in mlps]
+        return None if any(x is None for x in parts) else np.concatenate(parts)[rows]
+
+    return MLPActivations(joined("gate"), joined("up"), joined("gate_scale"), joined("up_scale"), joined("write"),
+                          joined("write_scale"), dead=sum(m.dead for m in mlps), combined=sum(m.combined for m in mlps))
 
 
 #: The write view is stored as int8 multiples of 1/WRITE_STEPS of each unit's peak: matching reads directions, whose

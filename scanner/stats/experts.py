@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from scanner.stats.logp import log10_fisher
+from scanner.stats.logp import log10_bonferroni, log10_fisher
 from scanner.stats.matching import unit_rows
 
 SIMILARITY_UNITS = 512
@@ -55,7 +55,7 @@ class ExpertPairing:
         if len(log10_ps) == 1:
             return float(log10_ps[0])
         if self.one_to_many:
-            return float(min(0.0, min(log10_ps) + np.log10(len(log10_ps))))
+            return log10_bonferroni(log10_ps)
         return log10_fisher(list(log10_ps))
 
     def describe(self) -> str:

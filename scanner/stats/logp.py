@@ -8,6 +8,7 @@ numbers investigators read stay exact instead of collapsing to 0 or -inf.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import special
@@ -126,6 +127,14 @@ def log10_fisher(log10_ps: np.ndarray | list[float]) -> float:
     j = np.arange(dof_half, dtype=float)
     log_sf = -y + float(special.logsumexp(j * math.log(y) - special.gammaln(j + 1)))
     return min(log_sf, 0.0) / LN10
+
+
+def log10_bonferroni(log10_ps: Sequence[float]) -> float:
+    """Bonferroni: log10 of the smallest p-value times their number, at most 0; valid whatever the p-values' joint law
+    (tests that share data, or one statistic read two ways)."""
+    if not log10_ps:
+        raise ValueError("Bonferroni needs at least one p-value")
+    return float(min(0.0, min(log10_ps) + math.log10(len(log10_ps))))
 
 
 def log10_permutation_p(observed: float, null_values: np.ndarray | list[float]) -> float:

@@ -1,0 +1,122 @@
+"""A MoE block's units tested pooled (scanner.stats.pooled_units): which units a large block pools, why they are
+labelled in a pseudo-random order, and how the block's p-value joins the experts'.
+
+The synthetic blocks here have what trained experts have and random weights lack: each expert's units share a
+direction in both views (an expert's specialty), and both models learn one map between the views (a feature that
+independently trained models share). Two matchings of B's units then tend to fall in the same expert of A without
+choosing the same unit: a relation between the experts' layouts, not between the models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import kstest
+
+from scanner.reading.activations import MLPActivations, pooled_activations
+from scanner.stats.independence import phi_match_many
+from scanner.stats.logp import log10_bonferroni
+from scanner.stats.pooled_units import POOLED_UNITS, pooled_block_log10_p, pooled_rows
+from tests.null_support import binomial_bound
+
+TOKENS = 128
+#: The one map between the views that both models learn: a fixed reordering of the tokens.
+SHARED_MAP = np.random.default_rng(99).permutation(TOKENS)
+KS_ALPHA = 1e-3
+
+
+def expert_block(rng: np.random.Generator, experts: int, units: int, noise: float = 0.6) -> list[MLPActivations]:
+    """A block of ``experts`` experts of ``units`` units: each expert's gate rows about one direction of its own, its
+    up rows about that direction seen through SHARED_MAP."""
+    block = []
+    for _ in range(experts):
+        specialty = rng.standard_normal(TOKENS)
+        gate = specialty + noise * rng.standard_normal((units, TOKENS))
+        up = specialty[SHARED_MAP] + noise * rng.standard_normal((units, TOKENS))
+        block.append(MLPActivations(gate.astype(np.float32), up.astype(np.float32)))
+    return block
+
+
+def pooled_log10_p(a: list[MLPActivations], b: list[MLPActivations], labelled: bool = True) -> float:
+    """phi_MATCH of two blocks' units pooled, labelled as the product labels them (or in stored order)."""
+    rows = [pooled_rows([m.gate for m in side]) if labelled else np.arange(sum(m.gate.shape[0] for m in side))
+            for side in (a, b)]
+    x, y = pooled_activations(a, rows[0]), pooled_activations(b, rows[1])
+    (test,) = phi_match_many([(x.gate, x.up, y.gate, y.up)], up_sign_free=True)
+    assert not test.cannot_test
+    return test.log10_p
+
+
+def test_pooled_p_values_of_independent_blocks_are_valid_only_with_the_units_labelled_apart() -> None:
+    """30 independent pairs of 8-expert blocks (fixed seed). Labelled in stored order, the experts' layout alone makes
+    the matchings agree (one-sided KS p ~ 1e-8 when this was written); labelled in the product's pseudo-random
+    order the p-values are valid. False failures for exactly valid p-values: 0.1% (KS) plus the count's 0.1%."""
+    rng = np.random.default_rng(0)
+    pairs = [(expert_block(rng, 8, 32), expert_block(rng, 8, 32)) for _ in range(30)]
+    stored = [10.0 ** pooled_log10_p(a, b, labelled=False) for a, b in pairs]
+    labelled = [10.0 ** pooled_log10_p(a, b) for a, b in pairs]
+    assert kstest(stored, "uniform", alternative="greater").pvalue < KS_ALPHA
+    assert kstest(labelled, "uniform", alternative="greater").pvalue >= KS_ALPHA
+    assert sum(p <= 0.01 for p in labelled) <= binomial_bound(len(labelled))
+
+
+def _copied(block: list[MLPActivations], rng: np.random.Generator) -> list[MLPActivations]:
+    """The block's experts in another order, each one's units permuted and rescaled, views rounded to float16 as a
+    fingerprint stores them."""
+    out = []
+    for k in rng.permutation(len(block)):
+        order = rng.permutation(block[k].gate.shape[0])
+        scale = rng.uniform(0.01, 100.0, size=(order.size, 1))
+        out.append(MLPActivations((block[k].gate[order] * scale).astype(np.float16),
+                                  (block[k].up[order] * -scale).astype(np.float16)))
+    return out
+
+
+def test_a_large_block_pools_the_same_units_of_a_copy_whatever_their_order_and_scale() -> None:
+    """A block of 48 x 128 units, more than POOLED_UNITS: the units kept are chosen by their own values, so a copy
+    (experts and units reordered, units rescaled, float16) keeps the same units, and the pooled test finds it; an
+    independent block does not (log10 p >= -3: a false failure about 1e-3 for a valid p-value)."""
+    rng = np.random.default_rng(1)
+    original = expert_block(rng, 48, 128, noise=2.0)
+    copy = _copied(original, rng)
+    kept = [pooled_rows([m.gate for m in side]) for side in (original, copy)]
+    assert all(POOLED_UNITS // 2 <= k.size <= POOLED_UNITS for k in kept)
+
+    def kept_gates(block: list[MLPActivations], rows: np.ndarray) -> np.ndarray:
+        gates = np.concatenate([m.gate for m in block]).astype(np.float64)[rows]
+        return gates / np.linalg.norm(gates, axis=1, keepdims=True)
+
+    nearest = (kept_gates(copy, kept[1]) @ kept_gates(original, kept[0]).T).max(axis=1)
+    assert (nearest > 0.999).mean() >= 0.95  # each unit the copy keeps is one the original keeps
+    assert pooled_log10_p(original, copy) <= -100.0
+    assert pooled_log10_p(original, expert_block(rng, 48, 128, noise=2.0)) >= -3.0
+
+
+def test_two_sides_of_other_sizes_keep_nested_units() -> None:
+    """The kept units are a prefix of one token order on both sides: a copy with more units (an expert added) keeps
+    every unit the original keeps that it holds, or the original keeps every one the copy keeps."""
+    rng = np.random.default_rng(2)
+    original = expert_block(rng, 40, 128, noise=2.0)
+    larger = original + expert_block(rng, 8, 128, noise=2.0)
+    small, large = pooled_rows([m.gate for m in original]), pooled_rows([m.gate for m in larger])
+    n = sum(m.gate.shape[0] for m in original)
+    from_original = set(large[large < n].tolist())
+    assert from_original <= set(small.tolist()) or set(small.tolist()) <= from_original
+
+
+def test_units_are_labelled_out_of_their_stored_order() -> None:
+    rows = pooled_rows([np.ones((64, 8), np.float32)] * 4)
+    assert sorted(rows.tolist()) == list(range(256))
+    assert abs(np.corrcoef(rows, np.arange(rows.size))[0, 1]) < 0.2
+
+
+@pytest.mark.parametrize(("experts", "pooled", "expected"), [
+    (-10.0, -50.0, log10_bonferroni([-10.0, -50.0])),
+    (-50.0, -10.0, log10_bonferroni([-50.0, -10.0])),
+    (None, -50.0, -50.0),
+    (-10.0, None, -10.0),
+    (None, None, None),
+    (-0.1, -0.2, 0.0),
+])
+def test_a_block_takes_the_smaller_of_its_tests_times_their_number(experts, pooled, expected) -> None:
+    assert pooled_block_log10_p(experts, pooled) == expected
