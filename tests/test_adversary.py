@@ -35,6 +35,7 @@ from scanner.reading.architectures.tiny import tiny_config
 from scanner.retrieval.candidates import MIN_SCORE, scored_pairs
 from scanner.retrieval.index import RetrievalIndex
 from scanner.retrieval.signatures import retrieval_entry
+from scanner.stats.pooled_units import POOLED_UNITS
 from scanner.zoo import Zoo
 from tests.adversary_support import KINDS, Kind, disguised, probe_ids, save, trained_model
 from tests.fixtures import adversary as adv
@@ -496,6 +497,18 @@ def test_pieces_of_partitions_a_token_table_chooses_keep_a_copy_dependent(hash_r
     assert min(fp_copy.meta.block_experts) >= 8 * max(hash_routed[1].meta.block_experts)  # the pieces read apart
     result = compare_fingerprints(hash_routed[1], fp_copy)
     assert any("gave the smaller in blocks 0, 1, 2" in note for note in result.notes), result.notes
+
+
+def test_pieces_beside_more_units_than_a_block_pools_keep_a_copy_dependent(hash_routed, tmp_path: Path) -> None:
+    """The pieces of `test_pieces_of_partitions_a_token_table_chooses_keep_a_copy_dependent` padded with random units
+    that each write 5e-6 of the piece's largest column (live: above the canonical form's bar), twice as many units as a
+    block pools (bench/redteam/canonical58 flooded the first version's choice with such units). The block pools the
+    units that contribute most, the real ones first. DeepSeek-V4 hands its layers several streams, so the write is
+    read as each output column's length (fingerprint format 8)."""
+    fp_copy = _check(hash_routed, hash_partitions(16, 32, 4, filler=5e-6), EXACT_TOLERANCE, seed=43,
+                     folder=tmp_path / "copy")
+    assert all(stored - dead > 2 * POOLED_UNITS for stored, dead, _ in fp_copy.meta.summaries["canonical_units"])
+    assert all(mlp.write is None and mlp.written is not None for block in fp_copy.blocks for mlp in block)
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])

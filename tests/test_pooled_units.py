@@ -23,24 +23,31 @@ TOKENS = 128
 #: The one map between the views that both models learn: a fixed reordering of the tokens.
 SHARED_MAP = np.random.default_rng(99).permutation(TOKENS)
 KS_ALPHA = 1e-3
+#: The token whose units the first version pooled first (the first of its fixed token order), where the independent
+#: check made every filler unit's gate peak.
+FLOODED_TOKEN = int(np.random.default_rng(0).permutation(TOKENS)[0])
 
 
 def expert_block(rng: np.random.Generator, experts: int, units: int, noise: float = 0.6) -> list[MLPActivations]:
     """A block of ``experts`` experts of ``units`` units: each expert's gate rows about one direction of its own, its
-    up rows about that direction seen through SHARED_MAP."""
+    up rows about that direction seen through SHARED_MAP; each unit's output column of a random length."""
     block = []
     for _ in range(experts):
         specialty = rng.standard_normal(TOKENS)
         gate = specialty + noise * rng.standard_normal((units, TOKENS))
         up = specialty[SHARED_MAP] + noise * rng.standard_normal((units, TOKENS))
-        block.append(MLPActivations(gate.astype(np.float32), up.astype(np.float32)))
+        block.append(MLPActivations(gate.astype(np.float32), up.astype(np.float32),
+                                    written=rng.uniform(0.5, 2.0, units).astype(np.float32)))
     return block
+
+
+def kept_rows(block: list[MLPActivations]) -> np.ndarray:
+    return pooled_rows([m.magnitude() for m in block])
 
 
 def pooled_log10_p(a: list[MLPActivations], b: list[MLPActivations], labelled: bool = True) -> float:
     """phi_MATCH of two blocks' units pooled, labelled as the product labels them (or in stored order)."""
-    rows = [pooled_rows([m.gate for m in side]) if labelled else np.arange(sum(m.gate.shape[0] for m in side))
-            for side in (a, b)]
+    rows = [kept_rows(side) if labelled else np.arange(sum(m.gate.shape[0] for m in side)) for side in (a, b)]
     x, y = pooled_activations(a, rows[0]), pooled_activations(b, rows[1])
     (test,) = phi_match_many([(x.gate, x.up, y.gate, y.up)], up_sign_free=True)
     assert not test.cannot_test
@@ -60,27 +67,33 @@ def test_pooled_p_values_of_independent_blocks_are_valid_only_with_the_units_lab
     assert sum(p <= 0.01 for p in labelled) <= binomial_bound(len(labelled))
 
 
-def _copied(block: list[MLPActivations], rng: np.random.Generator) -> list[MLPActivations]:
-    """The block's experts in another order, each one's units permuted and rescaled, views rounded to float16 as a
-    fingerprint stores them."""
+def _copied(block: list[MLPActivations], rng: np.random.Generator, filler: int = 0) -> list[MLPActivations]:
+    """The block's experts in another order, each one's units permuted and rescaled (up rows by s, output columns by
+    1/s), views rounded to float16 as a fingerprint stores them; ``filler`` random units beside them in every expert,
+    each writing 1e-5 of the longest column."""
     out = []
     for k in rng.permutation(len(block)):
         order = rng.permutation(block[k].gate.shape[0])
-        scale = rng.uniform(0.01, 100.0, size=(order.size, 1))
-        out.append(MLPActivations((block[k].gate[order] * scale).astype(np.float16),
-                                  (block[k].up[order] * -scale).astype(np.float16)))
+        scale = rng.uniform(0.01, 100.0, size=order.size)
+        gate, up = block[k].gate[order] * scale[:, None], block[k].up[order] * -scale[:, None]
+        written = block[k].written[order] / scale
+        extra = rng.standard_normal((2, filler, TOKENS))
+        extra[0, :, FLOODED_TOKEN] = 10.0  # every filler's gate peaks at one token
+        out.append(MLPActivations(np.concatenate([gate, extra[0]]).astype(np.float16),
+                                  np.concatenate([up, extra[1]]).astype(np.float16),
+                                  written=np.concatenate([written, np.full(filler, 1e-5 * written.max())])))
     return out
 
 
 def test_a_large_block_pools_the_same_units_of_a_copy_whatever_their_order_and_scale() -> None:
-    """A block of 48 x 128 units, more than POOLED_UNITS: the units kept are chosen by their own values, so a copy
+    """A block of 48 x 128 units, more than POOLED_UNITS: the units kept are chosen by what they contribute, so a copy
     (experts and units reordered, units rescaled, float16) keeps the same units, and the pooled test finds it; an
     independent block does not (log10 p >= -3: a false failure about 1e-3 for a valid p-value)."""
     rng = np.random.default_rng(1)
     original = expert_block(rng, 48, 128, noise=2.0)
     copy = _copied(original, rng)
-    kept = [pooled_rows([m.gate for m in side]) for side in (original, copy)]
-    assert all(POOLED_UNITS // 2 <= k.size <= POOLED_UNITS for k in kept)
+    kept = [kept_rows(side) for side in (original, copy)]
+    assert all(k.size == POOLED_UNITS for k in kept)
 
     def kept_gates(block: list[MLPActivations], rows: np.ndarray) -> np.ndarray:
         gates = np.concatenate([m.gate for m in block]).astype(np.float64)[rows]
@@ -93,19 +106,34 @@ def test_a_large_block_pools_the_same_units_of_a_copy_whatever_their_order_and_s
 
 
 def test_two_sides_of_other_sizes_keep_nested_units() -> None:
-    """The kept units are a prefix of one token order on both sides: a copy with more units (an expert added) keeps
-    every unit the original keeps that it holds, or the original keeps every one the copy keeps."""
+    """The kept units are the largest contributors on both sides: a copy with more units (experts added) keeps, of the
+    original's units, only units the original keeps."""
     rng = np.random.default_rng(2)
     original = expert_block(rng, 40, 128, noise=2.0)
     larger = original + expert_block(rng, 8, 128, noise=2.0)
-    small, large = pooled_rows([m.gate for m in original]), pooled_rows([m.gate for m in larger])
+    small, large = kept_rows(original), kept_rows(larger)
     n = sum(m.gate.shape[0] for m in original)
     from_original = set(large[large < n].tolist())
-    assert from_original <= set(small.tolist()) or set(small.tolist()) <= from_original
+    assert from_original <= set(small.tolist()) and len(from_original) >= POOLED_UNITS // 2
+
+
+def test_units_that_write_next_to_nothing_do_not_take_a_copy_s_place() -> None:
+    """Found by an independent check (bench/redteam/canonical58), against a selection by each unit's own values: a copy
+    given more units than the block pools, each writing 1e-5 of what the real ones write, pooled them and not its
+    real units. Kept by what they contribute, the real units are pooled first and the copy is found."""
+    rng = np.random.default_rng(3)
+    original = expert_block(rng, 8, 32)
+    copy = _copied(original, rng, filler=POOLED_UNITS // 4)
+    rows = kept_rows(copy)
+    n_copy = sum(m.gate.shape[0] for m in copy)
+    assert n_copy > POOLED_UNITS and rows.size == POOLED_UNITS
+    real = np.concatenate([np.arange(32) + k * (32 + POOLED_UNITS // 4) for k in range(8)])
+    assert set(real.tolist()) <= set(rows.tolist())
+    assert pooled_log10_p(original, copy) <= -100.0
 
 
 def test_units_are_labelled_out_of_their_stored_order() -> None:
-    rows = pooled_rows([np.ones((64, 8), np.float32)] * 4)
+    rows = pooled_rows([np.ones(64)] * 4)
     assert sorted(rows.tolist()) == list(range(256))
     assert abs(np.corrcoef(rows, np.arange(rows.size))[0, 1]) < 0.2
 

@@ -6,12 +6,12 @@ identity, the input set, per-tensor sha256 of the stored weights (exact copies),
 small permutation-invariant summaries. Comparing two models is then a computation on two files.
 
 The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up|write`, shaped (units, tokens), and
-`blocks.{layer}.{expert}.gate_scale|up_scale|write_scale`, one per unit); the metadata is JSON under the header's
-`__metadata__` together with a sha256 over the tensors, checked on every read. Each unit's activation row is stored
-divided by its largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured effect on
-p-values; the write view as int8 steps of 1/127, a quarter more than the two read views), and that magnitude as
-float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output column is
-rescaled back) keeps its direction, where float16 values would flush it to zero or overflow.
+`blocks.{layer}.{expert}.gate_scale|up_scale|write_scale|written`, one per unit); the metadata is JSON under the
+header's `__metadata__` together with a sha256 over the tensors, checked on every read. Each unit's activation row
+is stored divided by its largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured
+effect on p-values; the write view as int8 steps of 1/127, a quarter more than the two read views), and that
+magnitude as float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output
+column is rescaled back) keeps its direction, where float16 values would flush it to zero or overflow.
 """
 
 from __future__ import annotations
@@ -60,10 +60,14 @@ from scanner.stats.verbatim import sample_layout
 #: gates nearly agree there (scanner.reading.canonical_mlp, `_gate_groups`, `_near_copies_joined`).
 #: Format 7: routed experts that the router weighs in proportion at every canonical token are read as one expert
 #: (scanner.reading.alike_experts), and ``block_experts`` counts them so.
-FINGERPRINT_FORMAT = 7
+#: Format 8: where no write view was read (a layout that hands its layers several streams), each unit's output
+#: column's length (``written``), which a unit's magnitude, and the units a MoE block pools, read
+#: (scanner.stats.pooled_units).
+FINGERPRINT_FORMAT = 8
 STORAGE_DTYPES = ("float16", "float32")
-#: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read).
-STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale")
+#: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read, the
+#: output columns' lengths only where none was).
+STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale", "written")
 #: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _META_KEY = "hubtrace_fingerprint"
@@ -383,14 +387,18 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
     experts = []
     while _tensor_name(layer, len(experts), "gate") in tensors:
         where = f"{path}: block {layer} expert {len(experts)}"
-        gate, up, gate_scale, up_scale, write, write_scale = (tensors.pop(_tensor_name(layer, len(experts), p), None)
-                                                              for p in STORED_PARTS)
+        gate, up, gate_scale, up_scale, write, write_scale, written = (
+            tensors.pop(_tensor_name(layer, len(experts), p), None) for p in STORED_PARTS)
         if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens \
                 or any(s is None or s.shape != (gate.shape[0],) for s in (gate_scale, up_scale)):
             raise FingerprintError(f"{where} has malformed gate/up tensors")
         if (write is None) != (write_scale is None) or write is not None and (
                 write.shape != gate.shape or write.dtype != np.int8 or write_scale.shape != gate_scale.shape):
             raise FingerprintError(f"{where} has a malformed write view (int8 rows beside the gate's, one scale each)")
+        if written is not None and (write is not None or written.shape != gate_scale.shape
+                                    or not np.isfinite(written).all() or (written < 0).any()):
+            raise FingerprintError(f"{where} has malformed output column lengths (one finite length per unit, and "
+                                   "only where no write view is stored)")
         # a NaN would make every statistic NaN
         if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)) or \
                 write_scale is not None and not np.isfinite(write_scale).all():
@@ -400,7 +408,7 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
                 write is not None and ((write_scale < 0).any() or (write == -128).any()):
             raise FingerprintError(f"{where} is not stored as unit-peak rows with non-negative scales")
         experts.append(MLPActivations(gate=gate, up=up, gate_scale=gate_scale, up_scale=up_scale, write=write,
-                                      write_scale=write_scale))
+                                      write_scale=write_scale, written=written))
     if not experts:
         raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
     return experts

@@ -190,11 +190,14 @@ def pair_blocks(a: Fingerprint, b: Fingerprint, pairing: BlockPairing) -> BlockP
 
 def block_pooled(fp: Fingerprint, layer: int) -> MLPActivations:
     """Block ``layer``'s MLPs read as one, the units a block pools (scanner.stats.pooled_units), made once per
-    fingerprint and block: its screen is then computed once for every pair it is tested in."""
+    fingerprint and block: its screen is then computed once for every pair it is tested in. A dense block is its one
+    MLP as it is (its units are one model's own, in its own order; a pair worker may hold them on its GPU)."""
+    mlps = fp.blocks[layer]
+    if len(mlps) == 1:
+        return mlps[0]
     cache = fp.__dict__.setdefault("_pooled", {})
     if layer not in cache:
-        mlps = fp.blocks[layer]
-        cache[layer] = pooled_activations(mlps, pooled_rows([mlp.gate for mlp in mlps]))
+        cache[layer] = pooled_activations(mlps, pooled_rows([mlp.magnitude() for mlp in mlps]))
     return cache[layer]
 
 
@@ -440,7 +443,7 @@ def pooled_note(decided_by_pool: list[int]) -> str:
     decided = (f"; it gave the smaller in block{'s' if len(decided_by_pool) > 1 else ''} "
                f"{', '.join(map(str, decided_by_pool))}" if decided_by_pool else "")
     return ("MoE blocks were tested on their experts paired one to one and on all their MLPs' units pooled (at most "
-            f"{POOLED_UNITS}, chosen by each unit's own values; scanner.stats.pooled_units), each block's p-value the "
+            f"{POOLED_UNITS}, those that contribute most; scanner.stats.pooled_units), each block's p-value the "
             f"smaller of the two, times two where both could be tested{decided}")
 
 

@@ -50,6 +50,7 @@ class MLPActivations:
     write_scale: np.ndarray | None = None
     dead: int = 0
     combined: int = 0
+    written: np.ndarray | None = None  # (units,) float32: each output column's length, where no write view was read
 
     def values(self, part: str) -> np.ndarray:
         """A view's activations (float64 when stored scaled: a product of two rescaled units may exceed float32)."""
@@ -64,7 +65,8 @@ class MLPActivations:
         """Each row divided by its largest magnitude, the magnitudes kept (the form fingerprints store)."""
         (gate, gate_scale), (up, up_scale) = peak_scaled(self.values("gate")), peak_scaled(self.values("up"))
         write, write_scale = peak_scaled(self.values("write")) if self.write is not None else (None, None)
-        return MLPActivations(gate, up, gate_scale, up_scale, write, write_scale, self.dead, self.combined)
+        return MLPActivations(gate, up, gate_scale, up_scale, write, write_scale, self.dead, self.combined,
+                              self.written)
 
     def screen(self, up_sign_free: bool) -> UnitScreen:
         """The units phi_MATCH reads (scanner.stats.degenerate), computed once per object and flag."""
@@ -76,10 +78,13 @@ class MLPActivations:
         return cache[up_sign_free]
 
     def magnitude(self) -> np.ndarray:
-        """How much each unit contributes, |up row| |write row| (|up row| without a write view), from the stored rows
+        """How much each unit contributes, |up row| |write row| (|up row| times its output column's length where the
+        layout gave no residual stream to read the write on; |up row| alone for synthetic views), from the stored rows
         and their scales in float64: unchanged by every output-preserving rescale of a unit."""
         size = _row_lengths(self.up, self.up_scale)
-        return size if self.write is None else size * _row_lengths(self.write, self.write_scale)
+        if self.write is not None:
+            return size * _row_lengths(self.write, self.write_scale)
+        return size if self.written is None else size * np.asarray(self.written, dtype=np.float64)
 
     def hidden(self, activation: str, kind: str = "gated") -> np.ndarray:
         """phi_H's matrix: the down projection's input, sigma(Gx) * (Ux) for a gated MLP, sigma(Wx + b) for a plain
@@ -95,12 +100,22 @@ def pooled_activations(mlps: Sequence[MLPActivations], rows: np.ndarray) -> MLPA
     """A block's MLPs read as one: their units concatenated in order, then rows ``rows`` of that (a block's units
     tested pooled, scanner.stats.pooled_units); a view one MLP lacks is lacked by the whole."""
 
+    offsets = np.cumsum([0] + [mlp.gate.shape[0] for mlp in mlps])
+    owner = np.searchsorted(offsets, rows, side="right") - 1
+
     def joined(part: str) -> np.ndarray | None:
         parts = [getattr(mlp, part) for mlp in mlps]
-        return None if any(x is None for x in parts) else np.concatenate(parts)[rows]
+        if any(x is None for x in parts):
+            return None
+        out = np.empty((rows.size, *parts[0].shape[1:]), dtype=parts[0].dtype)
+        for k in np.unique(owner):  # gathered MLP by MLP: no copy of the whole block's views
+            chosen = owner == k
+            out[chosen] = parts[k][rows[chosen] - offsets[k]]
+        return out
 
     return MLPActivations(joined("gate"), joined("up"), joined("gate_scale"), joined("up_scale"), joined("write"),
-                          joined("write_scale"), dead=sum(m.dead for m in mlps), combined=sum(m.combined for m in mlps))
+                          joined("write_scale"), dead=sum(m.dead for m in mlps), combined=sum(m.combined for m in mlps),
+                          written=joined("written"))
 
 
 #: The write view is stored as int8 multiples of 1/WRITE_STEPS of each unit's peak: matching reads directions, whose
@@ -237,7 +252,8 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
                 up = mlp_input @ w.up.T
                 up = up if w.up_bias is None else up + w.up_bias
             views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up),
-                                        write=None if rows is None else write_view(rows, w.down)))
+                                        write=None if rows is None else write_view(rows, w.down),
+                                        written=column_lengths(w.down) if rows is None else None))
     return [replace(v, dead=c.dead, combined=c.combined) for v, c in zip(views, canonical, strict=True)]
 
 
@@ -254,6 +270,12 @@ def stream_rows(stream: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     rows = stream.reshape(-1, stream.shape[-1]).double()
     rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
     return rows.to(device=down.device, dtype=down.dtype)
+
+
+def column_lengths(down: torch.Tensor) -> np.ndarray:
+    """Each unit's output column's length, (units,) float32: how much it writes where no residual stream was read to
+    read its write view on (a layout that hands its layers several streams), which a unit's magnitude then reads."""
+    return down.float().norm(dim=0).cpu().numpy()
 
 
 def write_view(rows: torch.Tensor, down: torch.Tensor) -> np.ndarray:

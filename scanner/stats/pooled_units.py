@@ -8,12 +8,15 @@ expert (bench/redteam/canonical57: "184 experts read as 124", CANNOT TEST). What
 together are the original's units, so the block is also tested on all its MLPs' units pooled (routed and shared
 experts alike; copies of one unit in several pieces are one unit's evidence, which the duplicate screen keeps once).
 
-Which units a large block pools is chosen by each unit's own values: its key is the canonical token at which its gate
-view peaks (a function of what the unit computes, unchanged by every output-preserving rescale, sign or permutation),
-tokens are taken in a fixed pseudo-random order, and the block keeps the units whose key lies among the first k tokens
-of that order, k the most that keeps at most ``cap`` units. Two sides keep prefixes of one order, so a copy's kept units
-include the original's (or the other way round) whatever their counts, where two independent random samples of a
-quarter of the units each would share a sixteenth.
+Which units a large block pools is chosen by what each unit contributes: its magnitude, the size of what it reads
+times what it writes (scanner.reading.activations.MLPActivations.magnitude: unchanged by every output-preserving
+rescale, sign or permutation of units), the ``cap`` largest kept. A copy's units keep the original's magnitudes (the
+pieces of a cut expert all by one factor), so two sides keep the same units, or nested sets where their counts
+differ. A first version kept the units whose gate view peaks at the first tokens of a fixed order (any content-based
+key keeps a copy's units); an independent check (bench/redteam/canonical58) filled that prefix with 4,224 units that
+write 1e-5 of their expert's output each, and the copy pooled nothing. Units the copier adds beyond the cap must now
+outweigh the real ones, which a unit can only do by writing what the outputs are made of, or by cancelling with
+another unit, which the canonical form joins (scanner.reading.canonical_mlp, scanner.reading.alike_experts).
 
 The pooled units are then given labels in a fixed pseudo-random order. Why the p-value stays valid: the selection and
 the labels are functions of one side's own units, never of the other side's, and phi_MATCH's Spearman statistic reads
@@ -35,34 +38,18 @@ from scanner.stats.logp import log10_bonferroni
 #: The most units a block pools: its matrices are then no larger than one expert's of a mid-sized MoE (Mixtral's experts
 #: hold 14,336 units), so testing a block on its pooled units costs a small fraction of its experts' tests.
 POOLED_UNITS = 4096
-#: The fixed seed of the token order and of the labels (public: a copier knows it and gains nothing, since both sides
-#: are read through it alike).
+#: The fixed seed of the labels (public: a copier knows it and gains nothing, since both sides are read through it
+#: alike).
 POOL_SEED = 0
 
 
-def pooled_rows(gates: Sequence[np.ndarray], cap: int = POOLED_UNITS) -> np.ndarray:
-    """Indices into the concatenation of ``gates`` (each MLP's gate view, shaped (units, tokens)) of the units a block
-    pools, in the order they are labelled (see the module docstring)."""
-    sizes = [int(g.shape[0]) for g in gates]
-    total = sum(sizes)
-    rng = np.random.default_rng(POOL_SEED)
-    if total > cap:
-        keys = np.concatenate([_peak_tokens(g) for g in gates if g.shape[0]])
-        tokens = int(gates[0].shape[1])
-        rank = np.empty(tokens, dtype=np.int64)
-        rank[rng.permutation(tokens)] = np.arange(tokens)
-        within = np.cumsum(np.bincount(rank[keys], minlength=tokens))
-        prefix = int(np.searchsorted(within, cap, side="right"))  # tokens whose units fit within the cap
-        kept = np.flatnonzero(rank[keys] < prefix)
-    else:
-        kept = np.arange(total)
-    return kept[rng.permutation(kept.size)]
-
-
-def _peak_tokens(gate: np.ndarray) -> np.ndarray:
-    """Each unit's key: the canonical token where its gate view's magnitude peaks (the first such token)."""
-    rows = np.asarray(gate)
-    return np.abs(rows.astype(np.float32, copy=False)).argmax(axis=1) if rows.shape[1] else np.zeros(rows.shape[0], int)
+def pooled_rows(magnitudes: Sequence[np.ndarray], cap: int = POOLED_UNITS) -> np.ndarray:
+    """Indices into the concatenation of a block's MLPs' units (``magnitudes``: each MLP's units' magnitudes) of the
+    units the block pools, the ``cap`` largest (ties in stored order), in the order they are labelled (see the module
+    docstring)."""
+    sizes = np.concatenate([np.asarray(m, dtype=np.float64) for m in magnitudes]) if magnitudes else np.zeros(0)
+    kept = np.argsort(-sizes, kind="stable")[:cap] if sizes.size > cap else np.arange(sizes.size)
+    return kept[np.random.default_rng(POOL_SEED).permutation(kept.size)]
 
 
 def pooled_block_log10_p(experts: float | None, pooled: float | None) -> float | None:

@@ -98,8 +98,9 @@ _VERBATIM = ("the verbatim share finds sparse derivations (a TIES or DARE merge 
 STATISTICS: tuple[Statistic, ...] = (
     Statistic(
         "match", "φ_MATCH", "gate and up activations",
-        "per block, Spearman between the MATCH of the gate activations and the MATCH of the up activations; FISHER "
-        "over blocks", PureFunction("independence", "phi_match_many"), "permutation argument", "valid p-value",
+        "per block, Spearman between the MATCH of the gate activations and the MATCH of the up activations (a MoE "
+        "block's experts paired, and its units pooled: Bonferroni); FISHER over blocks",
+        PureFunction("independence", "phi_match_many"), "permutation argument", "valid p-value",
         "phi_MATCH survives T1-T6 camouflage (permutations, rotations, scalings), pruning, fine-tuning and MLP "
         "retraining (tests/test_power_and_validity.py); valid p-value under independence"),
     Statistic(
