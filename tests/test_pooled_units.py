@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import kstest
 
 from scanner.reading.activations import MLPActivations, pooled_activations
+from scanner.stats.experts import pair_experts
 from scanner.stats.independence import phi_match_many
 from scanner.stats.logp import log10_bonferroni
 from scanner.stats.pooled_units import POOLED_UNITS, pooled_block_log10_p, pooled_rows
@@ -42,7 +43,7 @@ def expert_block(rng: np.random.Generator, experts: int, units: int, noise: floa
 
 
 def kept_rows(block: list[MLPActivations]) -> np.ndarray:
-    return pooled_rows([m.magnitude() for m in block])
+    return pooled_rows([m.contribution("silu") for m in block])
 
 
 def pooled_log10_p(a: list[MLPActivations], b: list[MLPActivations], labelled: bool = True) -> float:
@@ -54,6 +55,7 @@ def pooled_log10_p(a: list[MLPActivations], b: list[MLPActivations], labelled: b
     return test.log10_p
 
 
+@pytest.mark.slow  # a calibration study (KS), though a quick one
 def test_pooled_p_values_of_independent_blocks_are_valid_only_with_the_units_labelled_apart() -> None:
     """30 independent pairs of 8-expert blocks (fixed seed). Labelled in stored order, the experts' layout alone makes
     the matchings agree (one-sided KS p ~ 1e-8 when this was written); labelled in the product's pseudo-random
@@ -69,13 +71,14 @@ def test_pooled_p_values_of_independent_blocks_are_valid_only_with_the_units_lab
 
 def _copied(block: list[MLPActivations], rng: np.random.Generator, filler: int = 0) -> list[MLPActivations]:
     """The block's experts in another order, each one's units permuted and rescaled (up rows by s, output columns by
-    1/s), views rounded to float16 as a fingerprint stores them; ``filler`` random units beside them in every expert,
-    each writing 1e-5 of the longest column."""
+    1/s, signs of both flipped; a gate's scale is no free choice where the activation is not homogeneous), views
+    rounded to float16 as a fingerprint stores them; ``filler`` random units beside them in every expert, each writing
+    1e-5 of the longest column."""
     out = []
     for k in rng.permutation(len(block)):
         order = rng.permutation(block[k].gate.shape[0])
         scale = rng.uniform(0.01, 100.0, size=order.size)
-        gate, up = block[k].gate[order] * scale[:, None], block[k].up[order] * -scale[:, None]
+        gate, up = block[k].gate[order], block[k].up[order] * -scale[:, None]
         written = block[k].written[order] / scale
         extra = rng.standard_normal((2, filler, TOKENS))
         extra[0, :, FLOODED_TOKEN] = 10.0  # every filler's gate peaks at one token
@@ -130,6 +133,34 @@ def test_units_that_write_next_to_nothing_do_not_take_a_copy_s_place() -> None:
     real = np.concatenate([np.arange(32) + k * (32 + POOLED_UNITS // 4) for k in range(8)])
     assert set(real.tolist()) <= set(rows.tolist())
     assert pooled_log10_p(original, copy) <= -100.0
+
+
+def _ghosts(rng: np.random.Generator, count: int, gates: np.ndarray) -> MLPActivations:
+    """``count`` units whose gates copy rows of ``gates`` at 2^-20 of their size, with up rows and output columns 30
+    times a real unit's: |up| |write| 900 times a real unit's, what they add 1e-3 of it (bench/redteam/canonical59)."""
+    rows = gates[rng.integers(0, gates.shape[0], count)] * 2.0**-20
+    return MLPActivations(rows.astype(np.float32), (30 * rng.standard_normal((count, TOKENS))).astype(np.float32),
+                          written=np.full(count, 30.0, np.float32))
+
+
+def test_units_large_as_stored_but_gated_to_nothing_neither_fill_the_pool_nor_lead_the_pairing() -> None:
+    """Found by an independent check (bench/redteam/canonical59): units with a gate 2^-20 of a real one's and up rows
+    and output columns large enough to outrank every real unit by |up| |write| filled the pool, and, their gates
+    copies of the next expert's, led the expert pairing to pair every expert with its neighbour. What a unit adds is
+    its hidden row (the gate's activation included) times its write: such units come last."""
+    rng = np.random.default_rng(4)
+    original = expert_block(rng, 4, 64)
+    copy = [MLPActivations(np.concatenate([m.gate, g.gate]), np.concatenate([m.up, g.up]),
+                           written=np.concatenate([m.written, g.written]))
+            for k, m in enumerate(original) for g in [_ghosts(rng, POOLED_UNITS, original[(k + 1) % 4].gate)]]
+    rows = kept_rows(copy)
+    real = np.concatenate([np.arange(64) + k * (64 + POOLED_UNITS) for k in range(4)])
+    assert set(real.tolist()) <= set(rows.tolist())
+    weights = [m.contribution("silu") for m in copy]
+    paired = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy], weights_b=weights)
+    assert paired.pairs == [(k, k) for k in range(4)]
+    unweighed = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy])
+    assert unweighed.pairs != paired.pairs  # what the weights answer
 
 
 def test_units_are_labelled_out_of_their_stored_order() -> None:

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+import numpy as np
+
 from scanner.errors import IncomparableError
 from scanner.fingerprints.fingerprint import Fingerprint
 from scanner.fingerprints.shared_vocab import is_shared_string_input_set, shared_inputs_note
@@ -197,17 +199,27 @@ def block_pooled(fp: Fingerprint, layer: int) -> MLPActivations:
         return mlps[0]
     cache = fp.__dict__.setdefault("_pooled", {})
     if layer not in cache:
-        cache[layer] = pooled_activations(mlps, pooled_rows([mlp.magnitude() for mlp in mlps]))
+        cache[layer] = pooled_activations(mlps, pooled_rows(contributions(fp, layer)))
     return cache[layer]
 
 
 def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
     """Which expert of A's block goes with which of B's (scanner.stats.experts: matched, not paired by index), with
-    each block's own routed-expert count."""
+    each block's own routed-expert count, B's units weighed by what they contribute."""
     return pair_block_experts(
         [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
         a.meta.routed_experts(layer_a), b.meta.routed_experts(layer_b),
+        weights_b=contributions(b, layer_b) if len(b.blocks[layer_b]) > 1 else None,
     )
+
+
+def contributions(fp: Fingerprint, layer: int) -> list[np.ndarray]:
+    """What each unit of each MLP of block ``layer`` adds to its output (MLPActivations.contribution), made once per
+    fingerprint and block."""
+    cache = fp.__dict__.setdefault("_contributions", {})
+    if layer not in cache:
+        cache[layer] = [mlp.contribution(fp.meta.hidden_act, fp.meta.mlp_kind) for mlp in fp.blocks[layer]]
+    return cache[layer]
 
 
 # -- stages 3 and 4: screen and match ----------------------------------------------------------------------------

@@ -12,6 +12,11 @@ reads the gate view alone: a similarity that rewarded the same unit of A for mat
 gate and up cosines, as it once was) would pick the expert pairs whose units agree across views, which is what
 phi_MATCH measures. Among many small experts that selection shows: a random tiny model with 512 experts of 32 units
 per block gave an independent pair log10 p = -5.3 paired on both views, -0.5 on the gate alone.
+In a pair test the mean is weighed by what each unit of B contributes (its hidden row's length times its write's,
+scanner.reading.activations.MLPActivations.contribution) over B's largest contributors: an independent check
+(bench/redteam/canonical59) put units that add next to nothing into each expert of a copy, their gates copies of
+another expert's, and the unweighed mean paired every expert of the original with the wrong one. The weights are a
+function of B alone, so the argument below is unchanged.
 The pairing is the maximum-similarity assignment of s (one-to-one); when one side has a single MLP (a dense
 block against an upcycled MoE), every expert of the other side is paired with it.
 
@@ -67,24 +72,33 @@ def expert_similarity(
     experts_a: Sequence[tuple[np.ndarray, np.ndarray]],
     experts_b: Sequence[tuple[np.ndarray, np.ndarray]],
     units: int = SIMILARITY_UNITS,
+    weights_b: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """(E_a, E_b) similarities s(i, j) of (gate, up) activations shaped (units, tokens); see the module docstring.
     An expert left with no units (its canonical form dropped every one: it computes nothing) is similar to none:
-    0, so the pairing goes on over the others instead of failing on an empty maximum."""
+    0, so the pairing goes on over the others instead of failing on an empty maximum. ``weights_b``: per expert of B,
+    what each unit contributes (the mean over B's units is then weighed by it, and the units sampled are the largest
+    contributors), so units that add next to nothing cannot lead an expert to another's partner."""
+    given = list(weights_b) if weights_b is not None else [None] * len(experts_b)
+    picks = [_sample(g.shape[0], units) if w is None else _largest(w, units) for (g, _), w in zip(experts_b, given)]
     gates_a = [unit_rows(g) for g, _ in experts_a]
-    gates_b = [unit_rows(g[_sample(g.shape[0], units)]) for g, _ in experts_b]
+    gates_b = [unit_rows(g[pick]) for (g, _), pick in zip(experts_b, picks)]
+    weights = [np.ones(pick.size) if w is None else np.asarray(w, dtype=np.float64)[pick]
+               for w, pick in zip(given, picks)]
     out = np.zeros((len(gates_a), len(gates_b)))
     for i, gate_a in enumerate(gates_a):
-        for j, gate_b in enumerate(gates_b):
-            if gate_a.shape[0] and gate_b.shape[0]:
-                out[i, j] = float((gate_b @ gate_a.T).max(axis=1).mean())
+        for j, (gate_b, weight) in enumerate(zip(gates_b, weights)):
+            if gate_a.shape[0] and gate_b.shape[0] and weight.sum() > 0:
+                out[i, j] = float(np.average((gate_b @ gate_a.T).max(axis=1), weights=weight))
     return out
 
 
 def pair_experts(
-    experts_a: Sequence[tuple[np.ndarray, np.ndarray]], experts_b: Sequence[tuple[np.ndarray, np.ndarray]]
+    experts_a: Sequence[tuple[np.ndarray, np.ndarray]], experts_b: Sequence[tuple[np.ndarray, np.ndarray]],
+    weights_b: Sequence[np.ndarray] | None = None,
 ) -> ExpertPairing:
-    """The pairing of A's and B's experts that the block's tests use (see the module docstring)."""
+    """The pairing of A's and B's experts that the block's tests use (see the module docstring); ``weights_b`` as
+    `expert_similarity` takes them."""
     if len(experts_a) == 1 or len(experts_b) == 1:
         pairs = (
             [(0, j) for j in range(len(experts_b))] if len(experts_a) == 1 else [(i, 0) for i in range(len(experts_a))]
@@ -92,7 +106,7 @@ def pair_experts(
         return ExpertPairing(
             pairs=pairs, one_to_many=len(pairs) > 1, similarity=np.ones((len(experts_a), len(experts_b)))
         )
-    similarity = expert_similarity(experts_a, experts_b)
+    similarity = expert_similarity(experts_a, experts_b, weights_b=weights_b)
     rows, cols = linear_sum_assignment(similarity, maximize=True)
     return ExpertPairing(pairs=[(int(i), int(j)) for i, j in zip(rows, cols)], one_to_many=False, similarity=similarity)
 
@@ -102,6 +116,7 @@ def pair_block_experts(
     experts_b: Sequence[tuple[np.ndarray, np.ndarray]],
     routed_a: int,
     routed_b: int,
+    weights_b: Sequence[np.ndarray] | None = None,
 ) -> ExpertPairing:
     """`pair_experts` for whole blocks: routed experts come first, shared experts (Qwen-MoE) after them.
 
@@ -111,9 +126,16 @@ def pair_block_experts(
     if len(experts_a) == 1 or len(experts_b) == 1:
         return pair_experts(experts_a, experts_b)
     routed_a, routed_b = min(routed_a, len(experts_a)), min(routed_b, len(experts_b))
-    routed = pair_experts(experts_a[:routed_a], experts_b[:routed_b])
+    routed = pair_experts(experts_a[:routed_a], experts_b[:routed_b],
+                          None if weights_b is None else list(weights_b)[:routed_b])
     shared = [(routed_a + k, routed_b + k) for k in range(min(len(experts_a) - routed_a, len(experts_b) - routed_b))]
     return ExpertPairing(pairs=routed.pairs + shared, one_to_many=False, similarity=routed.similarity)
+
+
+def _largest(weights: np.ndarray, units: int) -> np.ndarray:
+    """The ``units`` units of largest weight (all where there are no more), in stored order."""
+    weights = np.asarray(weights, dtype=np.float64)
+    return np.arange(weights.size) if weights.size <= units else np.sort(np.argsort(-weights, kind="stable")[:units])
 
 
 def _sample(n: int, units: int) -> np.ndarray:

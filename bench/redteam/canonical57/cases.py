@@ -20,7 +20,7 @@ import bench.redteam.canonical56.cases as c56
 from bench.redteam.case_cli import case_arguments
 
 c49.WORK = Path("/tmp/canonical57")
-c49.RESULTS = Path(__file__).with_name("results.jsonl")
+c49.RESULTS = Path(__file__).with_name(os.environ.get("CANONICAL57_RESULTS", "results.jsonl"))
 CASES: dict = {}
 CODE = os.environ.get("CANONICAL57_CODE", "/tmp/hubtrace-cbba292/")
 
