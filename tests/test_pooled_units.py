@@ -163,6 +163,39 @@ def test_units_large_as_stored_but_gated_to_nothing_neither_fill_the_pool_nor_le
     assert unweighed.pairs != paired.pairs  # what the weights answer
 
 
+def _loud_pairs(rng: np.random.Generator, count: int, gates: np.ndarray, loud: float) -> MLPActivations:
+    """``count`` pairs (gate 2^-20 g, up u, write +c) and (gate 2^-20 u, up g, write -c), g copies of rows of
+    ``gates``: silu(e g.x)(u.x) - silu(e u.x)(g.x) is second order in e, so each pair puts out next to nothing while
+    each unit alone puts out ``loud`` times as much as a real one (bench/redteam/canonical60)."""
+    g = gates[rng.integers(0, gates.shape[0], count)]
+    u = rng.standard_normal((count, TOKENS))
+    c = rng.standard_normal((count, TOKENS))
+    gate = np.concatenate([2.0**-20 * g, 2.0**-20 * u])
+    up = np.concatenate([loud * 2.0**21 * u, loud * 2.0**21 * g])
+    return MLPActivations(gate.astype(np.float32), up.astype(np.float32), write=np.concatenate([c, -c]))
+
+
+def test_loud_pairs_whose_outputs_cancel_neither_fill_the_pool_nor_lead_the_pairing() -> None:
+    """Found by an independent check (bench/redteam/canonical60), against contributions measured unit by unit: pairs
+    of units that each put out 30 times a real unit's output and cancel each other filled the pool and led the expert
+    pairing to each expert's neighbour. Units that put out one function count together, for their sum: nothing."""
+    rng = np.random.default_rng(5)
+    original = [MLPActivations(m.gate, m.up, write=rng.standard_normal((64, TOKENS)))
+                for m in expert_block(rng, 4, 64)]
+    copy = []
+    for k, m in enumerate(original):
+        ghosts = _loud_pairs(rng, POOLED_UNITS // 2, original[(k + 1) % 4].gate, loud=30.0)
+        copy.append(MLPActivations(np.concatenate([m.gate, ghosts.gate]), np.concatenate([m.up, ghosts.up]),
+                                   write=np.concatenate([m.write, ghosts.write])))
+    weights = [m.contribution("silu") for m in copy]
+    real = np.concatenate([np.arange(64) + k * (64 + POOLED_UNITS) for k in range(4)])
+    assert set(real.tolist()) <= set(pooled_rows(weights).tolist())
+    alone = np.concatenate([np.linalg.norm(m.hidden("silu"), axis=1) * np.linalg.norm(m.write, axis=1) for m in copy])
+    assert np.median(alone[np.setdiff1d(np.arange(alone.size), real)]) > 10 * alone[real].max()  # loud alone
+    paired = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy], weights_b=weights)
+    assert paired.pairs == [(k, k) for k in range(4)]
+
+
 def test_units_are_labelled_out_of_their_stored_order() -> None:
     rows = pooled_rows([np.ones(64)] * 4)
     assert sorted(rows.tolist()) == list(range(256))

@@ -23,6 +23,7 @@ from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
 from scanner.reading.canonical_mlp import canonical_mlp, odd_linear
 from scanner.reading.checkpoint import Checkpoint
+from scanner.stats.canonical import output_sizes
 from scanner.stats.degenerate import UnitScreen, host_rows
 from scanner.stats.independence import match_screen
 from scanner.stats.matching import unit_rows_tensor
@@ -91,12 +92,16 @@ class MLPActivations:
         output map reads, `hidden`, the gate's activation included) times its write size, in float64 (`magnitude`
         where the activation is not one transformers names). Unlike `magnitude`, a unit whose gate keeps it near zero
         counts for what it does, not for the size of its up row: units built to look large (an up row and an output
-        column 1e6 times a real unit's behind a gate 2^-20 of one) come last (bench/redteam/canonical59)."""
+        column 1e6 times a real unit's behind a gate 2^-20 of one) come last (bench/redteam/canonical59). Where the
+        write view was read, units that put out one function count together (scanner.stats.canonical.output_sizes):
+        two loud units whose outputs cancel count for nothing (bench/redteam/canonical60); where it was not (only
+        each column's length is kept), each unit is measured alone."""
         if activation not in ACT2FN:
             return self.magnitude()
-        size = np.linalg.norm(self.hidden(activation, kind), axis=1)
+        hidden = self.hidden(activation, kind)
         if self.write is not None:
-            return size * _row_lengths(self.write, self.write_scale)
+            return output_sizes(hidden, self.values("write"))
+        size = np.linalg.norm(hidden, axis=1)
         return size if self.written is None else size * np.asarray(self.written, dtype=np.float64)
 
     def hidden(self, activation: str, kind: str = "gated") -> np.ndarray:
