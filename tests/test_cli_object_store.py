@@ -77,6 +77,7 @@ def test_test_on_urls_equals_test_on_files(sides):
     assert mixed["log10_p"] == from_files["log10_p"]
 
 
+@pytest.mark.usefixtures("sides")  # the bucket: this test once ran first on its worker and found none
 def test_a_model_folder_is_fingerprinted_on_the_input_set_of_a_url_side(tmp_path, s3_env):
     folder = tmp_path / "model"
     save_random(FAMILIES["llama"].config(), folder)

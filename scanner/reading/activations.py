@@ -117,7 +117,6 @@ class MLPActivations:
 def pooled_activations(mlps: Sequence[MLPActivations], rows: np.ndarray) -> MLPActivations:
     """A block's MLPs read as one: their units concatenated in order, then rows ``rows`` of that (a block's units
     tested pooled, scanner.stats.pooled_units); a view one MLP lacks is lacked by the whole."""
-
     offsets = np.cumsum([0] + [mlp.gate.shape[0] for mlp in mlps])
     owner = np.searchsorted(offsets, rows, side="right") - 1
 
