@@ -5,8 +5,9 @@ statistic's p-values with the ones it replaced."""
 from __future__ import annotations
 
 STATISTIC_VERSIONS: dict[str, int] = {"match": 7}
-"""match 7 (2026-11-29): a MoE block is also tested on all its MLPs' units pooled (at most 4,096, chosen by each unit's
-own values), its p-value the smaller of that and its experts' times two (scanner.stats.pooled_units).
+"""match 7 (2026-11-29): a MoE block is also tested on all its MLPs' units pooled (at most 4,096, those that add most
+to its output), its p-value the smaller of that and its experts' times two (scanner.stats.pooled_units); the experts
+are paired with B's units weighed by what they add (scanner.stats.experts).
 match 6 (2026-11-29): read from fingerprints of format 5, whose canonical units and plain sign-free views differ
 from format 4's on some models (scanner.fingerprints.fingerprint.FINGERPRINT_FORMAT); the statistic is unchanged, but
 a test made on format-4 fingerprints is made again on the new ones.
