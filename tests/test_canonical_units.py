@@ -23,9 +23,9 @@ from scanner.reading.canonical_mlp import (
     SAME_FUNCTION_COSINE,
     SAME_GATE_COSINE,
     _directions,
-    _norms,
     canonical_mlp,
     columns_mean_free,
+    row_lengths,
 )
 from scanner.stats.canonical import RowView, close_pairs, leader_groups, leader_order, rank_one_factors
 
@@ -365,7 +365,7 @@ def test_the_pre_activations_read_are_handed_back_for_the_units_as_stored_only()
 
 
 def test_maps_read_a_few_rows_at_a_time_give_what_each_row_gives_alone() -> None:
-    """`_directions` and `_norms` read a map `_ROWS` rows at a time (a 7B MLP's float64 temporaries whole took a
+    """`_directions` and `row_lengths` read a map `_ROWS` rows at a time (a 7B MLP's float64 temporaries whole took a
     quarter of a fingerprint's memory goal): rows on either side of each chunk's edge, of scales 1e-30 to 1e30, get
     the direction and length they get alone."""
     units = 2 * _ROWS + 3
@@ -374,11 +374,11 @@ def test_maps_read_a_few_rows_at_a_time_give_what_each_row_gives_alone() -> None
     rows = torch.randn(units, WIDTH, generator=g, dtype=torch.float64) * scales[:, None]
     bias = torch.randn(units, generator=g, dtype=torch.float64) * scales
     directions, lengths = _directions(rows, bias)
-    norms = _norms(rows)
+    norms = row_lengths(rows)
     for unit in (0, _ROWS - 1, _ROWS, 2 * _ROWS - 1, 2 * _ROWS, units - 1):
         alone, length = _directions(rows[unit:unit + 1], bias[unit:unit + 1])
         assert np.array_equal(directions[unit], alone[0]) and lengths[unit] == length[0]
-        assert norms[unit] == _norms(rows[unit:unit + 1])[0]
+        assert norms[unit] == row_lengths(rows[unit:unit + 1])[0]
         assert math.isclose(norms[unit], float(rows[unit].norm()), rel_tol=1e-6)
 
 

@@ -21,7 +21,7 @@ from scanner.reading.architectures.config import transformers_config
 from scanner.reading.architectures.families import ArchitectureAdapter
 from scanner.reading.architectures.shape import GLUWeights
 from scanner.reading.architectures.sites import SiteWeights
-from scanner.reading.canonical_mlp import canonical_mlp, odd_linear
+from scanner.reading.canonical_mlp import canonical_mlp, odd_linear, row_lengths
 from scanner.reading.checkpoint import Checkpoint
 from scanner.stats.canonical import output_sizes
 from scanner.stats.degenerate import UnitScreen, host_rows
@@ -83,9 +83,8 @@ class MLPActivations:
         layout gave no residual stream to read the write on; |up row| alone for synthetic views), from the stored rows
         and their scales in float64: unchanged by every output-preserving rescale of a unit."""
         size = _row_lengths(self.up, self.up_scale)
-        if self.write is not None:
-            return size * _row_lengths(self.write, self.write_scale)
-        return size if self.written is None else size * np.asarray(self.written, dtype=np.float64)
+        writes = self._write_sizes()
+        return size if writes is None else size * writes
 
     def contribution(self, activation: str, kind: str = "gated") -> np.ndarray:
         """How much each unit adds to its MLP's output on the canonical tokens: the length of its hidden row (what the
@@ -101,8 +100,15 @@ class MLPActivations:
         hidden = self.hidden(activation, kind)
         if self.write is not None:
             return output_sizes(hidden, self.values("write"))
-        size = np.linalg.norm(hidden, axis=1)
-        return size if self.written is None else size * np.asarray(self.written, dtype=np.float64)
+        size, writes = np.linalg.norm(hidden, axis=1), self._write_sizes()
+        return size if writes is None else size * writes
+
+    def _write_sizes(self) -> np.ndarray | None:
+        """Each unit's write size in float64: its write view's length where one was read, else its output column's
+        length where that was kept, else None (synthetic views)."""
+        if self.write is not None:
+            return _row_lengths(self.write, self.write_scale)
+        return None if self.written is None else np.asarray(self.written, dtype=np.float64)
 
     def hidden(self, activation: str, kind: str = "gated") -> np.ndarray:
         """phi_H's matrix: the down projection's input, sigma(Gx) * (Ux) for a gated MLP, sigma(Wx + b) for a plain
@@ -270,7 +276,7 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
                 up = up if w.up_bias is None else up + w.up_bias
             views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up),
                                         write=None if rows is None else write_view(rows, w.down),
-                                        written=column_lengths(w.down) if rows is None else None))
+                                        written=row_lengths(w.down.T).astype(np.float32) if rows is None else None))
     return [replace(v, dead=c.dead, combined=c.combined) for v, c in zip(views, canonical, strict=True)]
 
 
@@ -287,12 +293,6 @@ def stream_rows(stream: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     rows = stream.reshape(-1, stream.shape[-1]).double()
     rows = rows / torch.linalg.vector_norm(rows, dim=1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
     return rows.to(device=down.device, dtype=down.dtype)
-
-
-def column_lengths(down: torch.Tensor) -> np.ndarray:
-    """Each unit's output column's length, (units,) float32: how much it writes where no residual stream was read to
-    read its write view on (a layout that hands its layers several streams), which a unit's magnitude then reads."""
-    return down.float().norm(dim=0).cpu().numpy()
 
 
 def write_view(rows: torch.Tensor, down: torch.Tensor) -> np.ndarray:

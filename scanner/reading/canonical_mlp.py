@@ -116,11 +116,11 @@ def canonical_mlp(weights: SiteWeights, activation: str, inputs: torch.Tensor | 
         pre_activation = _pre_activation(inputs, key_map, key_bias)
     functions = None if pre_activation is None else _directions(pre_activation.T, None)
     degree = HOMOGENEOUS_DEGREE.get(activation, 0)
-    stored = _norms(weights.down.T)
+    stored = row_lengths(weights.down.T)
     written, unseen = stored, np.zeros(units, dtype=bool)
     if mean_unseen:
         weights = replace(weights, down=columns_mean_free(weights.down))
-        written = _norms(weights.down.T)
+        written = row_lengths(weights.down.T)
         unseen = written <= CANCELLED * stored  # all it writes is rounding of a direction the block does not see
     mass = _mass(weights, written, key_norms, degree)
     zero_key = key_norms == 0
@@ -169,7 +169,7 @@ def _near_copies_joined(exact: CanonicalMLP, inputs: torch.Tensor, degree: int, 
     if not first.size:
         return exact
     directions, key_norms = _directions(key_map, key_bias)
-    stored = _norms(w.down.T)
+    stored = row_lengths(w.down.T)
     mass = _mass(w, stored, key_norms, degree)
     groups = leader_groups(w.up.shape[0], first, second, leader_order(mass, directions))
     joined = _combined(w, stored, key_norms, mass, groups, degree, functions)
@@ -427,9 +427,9 @@ def _unit_rows(matrix: torch.Tensor, bias: torch.Tensor | None) -> tuple[np.ndar
     return unit.cpu().numpy(), (lengths[:, 0] * peak[:, 0].double()).cpu().numpy()
 
 
-def _norms(matrix: torch.Tensor) -> np.ndarray:
-    """Row lengths as float64 (rows of any finite scale: each divided by its peak before it is squared), `_ROWS` rows
-    at a time."""
+def row_lengths(matrix: torch.Tensor) -> np.ndarray:
+    """Row lengths as float64 (rows of any finite scale: each divided by its peak before it is squared, so a unit
+    rescaled by 1e-30 or 1e30 neither underflows nor overflows), `_ROWS` rows at a time."""
     lengths = np.empty(matrix.shape[0])
     for start in range(0, matrix.shape[0], _ROWS):
         rows = matrix[start:start + _ROWS].detach().float()

@@ -20,5 +20,5 @@ for i, layer in enumerate(decoder_stack(m).layers):
     key, kb = (w.gate, w.gate_bias) if w.gate is not None else (w.up, w.up_bias)
     pre = cm._pre_activation(x, key, kb)
     sizes = cm._written_on_inputs(w, act, x, pre, None)
-    c = cm._norms(w.down.T) * sizes[0] / sizes[1]
+    c = cm.row_lengths(w.down.T) * sizes[0] / sizes[1]
     print(i, "contribution / total quantiles 10,50,90,max:", np.quantile(c, [0.1, 0.5, 0.9, 1.0]))

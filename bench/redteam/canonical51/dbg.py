@@ -18,7 +18,7 @@ w = site_weights(layer, site)[0]
 x = inp[(0, site.path)].float()
 pre = cm._pre_activation(x, w.gate, w.gate_bias)
 sizes = cm._written_on_inputs(w, "silu", x, pre, None)
-written = cm._norms(w.down.T)
+written = cm.row_lengths(w.down.T)
 c = written * sizes[0]
 print("total", sizes[1], "max contribution", c.max(), "sorted top", np.sort(c)[-3:])
 r = cm.canonical_mlp(w, "silu", x)

@@ -20,7 +20,7 @@ for site in find_sites(layer):
         x = inp[(0, site.path)].float()
         pre = cm._pre_activation(x, w.gate, w.gate_bias)
         sizes = cm._written_on_inputs(w, "silu", x, pre, None)
-        c = cm._norms(w.down.T) * sizes[0]
+        c = cm.row_lengths(w.down.T) * sizes[0]
         print("total", sizes[1], "top", np.sort(c)[-3:], "x shape", x.shape, w.down.shape)
         r = cm.canonical_mlp(w, "silu", x)
         print(r.stored, r.dead, r.combined)
