@@ -504,11 +504,21 @@ def test_pieces_beside_more_units_than_a_block_pools_keep_a_copy_dependent(hash_
     that each write 5e-6 of the piece's largest column (live: above the canonical form's bar), twice as many units as a
     block pools (bench/redteam/canonical58 flooded the first version's choice with such units). The block pools the
     units that contribute most, the real ones first. DeepSeek-V4 hands its layers several streams, so the write is
-    read as each output column's length (fingerprint format 8)."""
+    read as each unit's net write size (fingerprint format 9)."""
     fp_copy = _check(hash_routed, hash_partitions(16, 32, 4, filler=5e-6), EXACT_TOLERANCE, seed=43,
                      folder=tmp_path / "copy")
     assert all(stored - dead > 2 * POOLED_UNITS for stored, dead, _ in fp_copy.meta.summaries["canonical_units"])
     assert all(mlp.write is None and mlp.written is not None for block in fp_copy.blocks for mlp in block)
+
+
+def test_pieces_beside_loud_pairs_that_cancel_keep_a_copy_dependent(hash_routed, tmp_path: Path) -> None:
+    """The pieces padded with pairs of units whose outputs cancel, each unit alone adding about 10 times what the
+    largest real unit adds, more of them than a block pools: found by an independent check (bench/redteam/canonical60,
+    -0.15 / -1.55 when the fingerprint kept each output column's length alone). DeepSeek-V4 has no write view, so the
+    fingerprint keeps each unit's net write size, grouped on the whole output columns: a pair counts for nothing."""
+    fp_copy = _check(hash_routed, hash_partitions(16, 32, 4, loud=10.0), EXACT_TOLERANCE, seed=43,
+                     folder=tmp_path / "copy")
+    assert all(stored - dead > 2 * POOLED_UNITS for stored, dead, _ in fp_copy.meta.summaries["canonical_units"])
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])

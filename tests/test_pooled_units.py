@@ -9,11 +9,14 @@ choosing the same unit: a relation between the experts' layouts, not between the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+import torch
 from scipy.stats import kstest
 
-from scanner.reading.activations import MLPActivations, pooled_activations
+from scanner.reading.activations import MLPActivations, net_written, pooled_activations
 from scanner.stats.experts import pair_experts
 from scanner.stats.independence import phi_match_many
 from scanner.stats.logp import log10_bonferroni
@@ -163,34 +166,51 @@ def test_units_large_as_stored_but_gated_to_nothing_neither_fill_the_pool_nor_le
     assert unweighed.pairs != paired.pairs  # what the weights answer
 
 
-def _loud_pairs(rng: np.random.Generator, count: int, gates: np.ndarray, loud: float) -> MLPActivations:
+def _loud_pairs(rng: np.random.Generator, count: int, gates: np.ndarray, loud: float) -> tuple[MLPActivations,
+                                                                                               np.ndarray]:
     """``count`` pairs (gate 2^-20 g, up u, write +c) and (gate 2^-20 u, up g, write -c), g copies of rows of
     ``gates``: silu(e g.x)(u.x) - silu(e u.x)(g.x) is second order in e, so each pair puts out next to nothing while
-    each unit alone puts out ``loud`` times as much as a real one (bench/redteam/canonical60)."""
+    each unit alone puts out ``loud`` times as much as a real one (bench/redteam/canonical60). Returned as their read
+    views and their writes (one row per unit)."""
     g = gates[rng.integers(0, gates.shape[0], count)]
     u = rng.standard_normal((count, TOKENS))
     c = rng.standard_normal((count, TOKENS))
     gate = np.concatenate([2.0**-20 * g, 2.0**-20 * u])
     up = np.concatenate([loud * 2.0**21 * u, loud * 2.0**21 * g])
-    return MLPActivations(gate.astype(np.float32), up.astype(np.float32), write=np.concatenate([c, -c]))
+    return MLPActivations(gate.astype(np.float32), up.astype(np.float32)), np.concatenate([c, -c])
 
 
-def test_loud_pairs_whose_outputs_cancel_neither_fill_the_pool_nor_lead_the_pairing() -> None:
+def _with_writes(views: MLPActivations, writes: np.ndarray, read_on: str) -> MLPActivations:
+    """The views with what each unit writes: as a write view read on the stream, or, where a layout gives no stream
+    to read it on (DeepSeek-V4), as the fingerprint keeps it then, each unit's net write size made from its output
+    column (``writes`` taken for the columns)."""
+    if read_on == "stream":
+        return replace(views, write=writes)
+    return replace(views, written=net_written(views, torch.from_numpy(writes.T.copy()), "silu"))
+
+
+@pytest.mark.parametrize("read_on", ["stream", "columns"])
+def test_loud_pairs_whose_outputs_cancel_neither_fill_the_pool_nor_lead_the_pairing(read_on: str) -> None:
     """Found by an independent check (bench/redteam/canonical60), against contributions measured unit by unit: pairs
     of units that each put out 30 times a real unit's output and cancel each other filled the pool and led the expert
-    pairing to each expert's neighbour. Units that put out one function count together, for their sum: nothing."""
+    pairing to each expert's neighbour (where the writes are output columns' lengths alone, beside canonical57's
+    pieces in a DeepSeek-V4: -0.15 / -1.55). Units that put out one function count together, for their sum:
+    nothing."""
     rng = np.random.default_rng(5)
-    original = [MLPActivations(m.gate, m.up, write=rng.standard_normal((64, TOKENS)))
-                for m in expert_block(rng, 4, 64)]
-    copy = []
-    for k, m in enumerate(original):
-        ghosts = _loud_pairs(rng, POOLED_UNITS // 2, original[(k + 1) % 4].gate, loud=30.0)
-        copy.append(MLPActivations(np.concatenate([m.gate, ghosts.gate]), np.concatenate([m.up, ghosts.up]),
-                                   write=np.concatenate([m.write, ghosts.write])))
+    experts = expert_block(rng, 4, 64)
+    real_writes = [rng.standard_normal((64, TOKENS)) for _ in experts]
+    original = [_with_writes(m, w, read_on) for m, w in zip(experts, real_writes, strict=True)]
+    copy, copy_writes = [], []
+    for k, (m, w) in enumerate(zip(experts, real_writes, strict=True)):
+        ghosts, ghost_writes = _loud_pairs(rng, POOLED_UNITS // 2, experts[(k + 1) % 4].gate, loud=30.0)
+        copy_writes.append(np.concatenate([w, ghost_writes]))
+        copy.append(_with_writes(MLPActivations(np.concatenate([m.gate, ghosts.gate]),
+                                                np.concatenate([m.up, ghosts.up])), copy_writes[-1], read_on))
     weights = [m.contribution("silu") for m in copy]
     real = np.concatenate([np.arange(64) + k * (64 + POOLED_UNITS) for k in range(4)])
     assert set(real.tolist()) <= set(pooled_rows(weights).tolist())
-    alone = np.concatenate([np.linalg.norm(m.hidden("silu"), axis=1) * np.linalg.norm(m.write, axis=1) for m in copy])
+    alone = np.concatenate([np.linalg.norm(m.hidden("silu"), axis=1) * np.linalg.norm(w, axis=1)
+                            for m, w in zip(copy, copy_writes, strict=True)])
     assert np.median(alone[np.setdiff1d(np.arange(alone.size), real)]) > 10 * alone[real].max()  # loud alone
     paired = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy], weights_b=weights)
     assert paired.pairs == [(k, k) for k in range(4)]
@@ -212,3 +232,17 @@ def test_units_are_labelled_out_of_their_stored_order() -> None:
 ])
 def test_a_block_takes_the_smaller_of_its_tests_times_their_number(experts, pooled, expected) -> None:
     assert pooled_block_log10_p(experts, pooled) == expected
+
+
+def test_net_write_sizes_are_unchanged_by_output_preserving_rescales() -> None:
+    """A unit's up row times s and its output column over s (s from 2^-40 to 2^40) compute the same function: what
+    each unit contributes, read off its net write size where no write view is read, stays within float32 rounding,
+    and units that do not cancel keep their columns' lengths."""
+    rng = np.random.default_rng(6)
+    gate, up = rng.standard_normal((2, 32, TOKENS)).astype(np.float32)
+    columns = rng.standard_normal((32, 48)).astype(np.float32)
+    scale = (2.0 ** rng.integers(-40, 41, 32)).astype(np.float32)
+    before = _with_writes(MLPActivations(gate, up), columns, "columns")
+    after = _with_writes(MLPActivations(gate, up * scale[:, None]), columns / scale[:, None], "columns")
+    np.testing.assert_allclose(after.contribution("silu"), before.contribution("silu"), rtol=1e-5)
+    np.testing.assert_allclose(before.written, np.linalg.norm(columns, axis=1), rtol=1e-5)

@@ -63,7 +63,9 @@ from scanner.stats.verbatim import sample_layout
 #: Format 8: where no write view was read (a layout that hands its layers several streams), each unit's output
 #: column's length (``written``), which a unit's magnitude, and the units a MoE block pools, read
 #: (scanner.stats.pooled_units).
-FINGERPRINT_FORMAT = 8
+#: Format 9: that length is each unit's net write size (scanner.reading.activations.net_written): units that put out
+#: one function count together, so two whose outputs cancel write nothing.
+FINGERPRINT_FORMAT = 9
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read, the
 #: output columns' lengths only where none was).

@@ -51,7 +51,7 @@ class MLPActivations:
     write_scale: np.ndarray | None = None
     dead: int = 0
     combined: int = 0
-    written: np.ndarray | None = None  # (units,) float32: each output column's length, where no write view was read
+    written: np.ndarray | None = None  # (units,) float32: each unit's net write size, where no write view was read
 
     def values(self, part: str) -> np.ndarray:
         """A view's activations (float64 when stored scaled: a product of two rescaled units may exceed float32)."""
@@ -93,8 +93,9 @@ class MLPActivations:
         counts for what it does, not for the size of its up row: units built to look large (an up row and an output
         column 1e6 times a real unit's behind a gate 2^-20 of one) come last (bench/redteam/canonical59). Where the
         write view was read, units that put out one function count together (scanner.stats.canonical.output_sizes):
-        two loud units whose outputs cancel count for nothing (bench/redteam/canonical60); where it was not (only
-        each column's length is kept), each unit is measured alone."""
+        two loud units whose outputs cancel count for nothing (bench/redteam/canonical60); where it was not, the
+        fingerprint kept each unit's share of that same signed sum, made on the output columns themselves
+        (`net_written`)."""
         if activation not in ACT2FN:
             return self.magnitude()
         hidden = self.hidden(activation, kind)
@@ -104,8 +105,8 @@ class MLPActivations:
         return size if writes is None else size * writes
 
     def _write_sizes(self) -> np.ndarray | None:
-        """Each unit's write size in float64: its write view's length where one was read, else its output column's
-        length where that was kept, else None (synthetic views)."""
+        """Each unit's write size in float64: its write view's length where one was read, else its net write size
+        where that was kept (`net_written`), else None (synthetic views)."""
         if self.write is not None:
             return _row_lengths(self.write, self.write_scale)
         return None if self.written is None else np.asarray(self.written, dtype=np.float64)
@@ -274,10 +275,28 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
                     gate = gate if w.gate_bias is None else gate + w.gate_bias
                 up = mlp_input @ w.up.T
                 up = up if w.up_bias is None else up + w.up_bias
-            views.append(MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up),
-                                        write=None if rows is None else write_view(rows, w.down),
-                                        written=row_lengths(w.down.T).astype(np.float32) if rows is None else None))
+            view = MLPActivations(gate=units_by_tokens(gate), up=units_by_tokens(up))
+            views.append(replace(view, write=write_view(rows, w.down)) if rows is not None
+                         else replace(view, written=net_written(view, w.down, activation)))
     return [replace(v, dead=c.dead, combined=c.combined) for v, c in zip(views, canonical, strict=True)]
+
+
+def net_written(view: MLPActivations, down: torch.Tensor, activation: str) -> np.ndarray:
+    """Each unit's write size where the layout gives no write view (several residual streams): its output column's
+    length, counted with the units that put out one function with it (`output_sizes` on the columns themselves, so
+    with the whole write, not a sketch of it), as the unit's share of their signed sum: a unit's hidden row length
+    times this is the group's size. Two loud units whose outputs cancel then write nothing (bench/redteam/canonical60:
+    pairs 30 times a real unit's size, alone as large as that, once filled a DeepSeek-V4 block's pooled units).
+    Float32, overflow-safe (a column rescaled by 1e30 keeps its length)."""
+    lengths = row_lengths(down.T)
+    if activation not in ACT2FN:
+        return lengths.astype(np.float32)
+    hidden = view.hidden(activation)
+    hidden_lengths = np.linalg.norm(hidden, axis=1)
+    totals = output_sizes(hidden, down.T.double().cpu().numpy())
+    shares = np.divide(totals, hidden_lengths, out=np.asarray(lengths, dtype=np.float64).copy(),
+                       where=hidden_lengths > 0)
+    return shares.astype(np.float32)
 
 
 def _mean_free(stream: torch.Tensor) -> bool:
