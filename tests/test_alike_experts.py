@@ -121,7 +121,8 @@ def test_a_group_computes_what_its_members_did_and_the_rest_of_the_block_stays()
     a = _chosen(9)
     routing = _routing(torch.stack([a, a * 0.5, _chosen(10)]))
     weights, routed = joined_routed([*experts, shared], 3, routing, torch.randn(TOKENS, 16, generator=g), "silu")
-    assert routed == 2 and weights[1] is experts[2] and weights[2] is shared
+    assert len(routed) == 2 and weights[1] is experts[2] and weights[2] is shared
+    assert torch.equal(routed[0], a) and torch.equal(routed[1], _chosen(10))  # each as the block weighs it
     one = weights[0]
     assert one.up.shape == (8, 16) and one.down.shape == (16, 8) and one.gate_bias is None
     assert torch.equal(one.up, torch.cat([experts[0].up, experts[1].up]))
@@ -171,7 +172,8 @@ def test_copies_of_one_function_chosen_on_other_tokens_are_one_expert_with_their
     routing = _routing(torch.stack([weight * half, weight * other, weight * ~half, weight * ~other, _chosen(18)]))
     experts = [a, b, _disguised(a, 19), _disguised(b, 20), _gated(4, 21)]
     weights, routed = joined_routed(experts, 5, routing, x, "silu")
-    assert routed == 2 and weights[1] is experts[4]
+    assert len(routed) == 2 and weights[1] is experts[4]
+    torch.testing.assert_close(routed[0], weight.double())  # the group as the block weighs it: the copies' sum
     one = weights[0]
     assert one.up.shape[0] == 16
 
@@ -192,4 +194,4 @@ def test_a_twin_with_negated_writes_is_not_one_function_with_its_expert() -> Non
     some = torch.rand(TOKENS, generator=torch.Generator().manual_seed(25)) < 0.3
     routing = _routing(torch.stack([weight, weight * some]))
     weights, routed = joined_routed([a, anti], 2, routing, x, "silu")
-    assert routed == 2 and weights[0] is a and weights[1] is anti
+    assert len(routed) == 2 and weights[0] is a and weights[1] is anti

@@ -16,7 +16,8 @@ import pytest
 import torch
 from scipy.stats import kstest
 
-from scanner.reading.activations import MLPActivations, net_written, pooled_activations
+from scanner.reading.activations import MLPActivations, block_contributions, net_written, pooled_activations
+from scanner.stats.canonical import output_sizes
 from scanner.stats.experts import pair_experts
 from scanner.stats.independence import phi_match_many
 from scanner.stats.logp import log10_bonferroni
@@ -246,3 +247,44 @@ def test_net_write_sizes_are_unchanged_by_output_preserving_rescales() -> None:
     after = _with_writes(MLPActivations(gate, up * scale[:, None]), columns / scale[:, None], "columns")
     np.testing.assert_allclose(after.contribution("silu"), before.contribution("silu"), rtol=1e-5)
     np.testing.assert_allclose(before.written, np.linalg.norm(columns, axis=1), rtol=1e-5)
+
+
+def test_loud_units_that_cancel_across_routed_and_shared_experts_do_not_fill_the_pool() -> None:
+    """Found by an independent check (bench/redteam/canonical61): where the chosen experts' weights always sum to s
+    (DeepSeek-V3's normalised top-k), a loud unit writing -G in every routed expert and +s G in the shared expert puts
+    out nothing, while each copy alone is 30 times a real unit; 5,120 such copies filled a block's pool ("no evidence",
+    -0.00). What a unit adds is read on the whole block, each routed expert's hidden rows weighed as the block weighs
+    them: the copies count for their sum, nothing."""
+    rng = np.random.default_rng(7)
+    experts, real, s = 4, 64, 2.5
+    chosen = np.argsort(rng.random((TOKENS, experts)), axis=1)[:, :2]  # two experts a token
+    raw = np.zeros((experts, TOKENS))
+    np.put_along_axis(raw.T, chosen, rng.uniform(0.2, 1.0, (TOKENS, 2)), axis=1)
+    routing = s * raw / raw.sum(axis=0, keepdims=True)
+    ghosts = POOLED_UNITS // experts
+    g_gate, g_up = rng.standard_normal((2, ghosts, TOKENS))
+    g_write = 30.0 * rng.standard_normal((ghosts, TOKENS))
+
+    def mlp(sign: float, weight: np.ndarray | None) -> MLPActivations:
+        gate, up = rng.standard_normal((2, real, TOKENS))
+        return MLPActivations(np.concatenate([gate, g_gate]).astype(np.float32),
+                              np.concatenate([up, g_up]).astype(np.float32),
+                              write=np.concatenate([rng.standard_normal((real, TOKENS)), sign * g_write]),
+                              weight=None if weight is None else weight.astype(np.float32))
+
+    block = [mlp(-1.0, routing[e]) for e in range(experts)] + [mlp(s, None)]
+    real_rows = np.concatenate([np.arange(real) + k * (real + ghosts) for k in range(experts + 1)])
+    assert set(real_rows.tolist()) <= set(pooled_rows(block_contributions(block, "silu")).tolist())
+    each_alone = [block_contributions([m], "silu")[0] for m in block]
+    assert not set(real_rows.tolist()) <= set(pooled_rows(each_alone).tolist())  # what reading the block answers
+
+
+def test_parts_within_the_bar_of_each_other_count_for_what_they_put_out_together() -> None:
+    """Two units that read alike and write m + n and -m + (w - n), m a thousand times w: their writes agree up to sign
+    within the bar, so they count together, and together they put out h w^T, a real unit's output, whatever the
+    leader's direction says: each counts for |h| |w|, not for the difference of their sizes."""
+    rng = np.random.default_rng(8)
+    h = rng.standard_normal(TOKENS)
+    m, n, w = 1000.0 * rng.standard_normal(TOKENS), rng.standard_normal(TOKENS), rng.standard_normal(TOKENS)
+    sizes = output_sizes(np.stack([h, h]), np.stack([m + n, -m + (w - n)]))
+    np.testing.assert_allclose(sizes, np.linalg.norm(h) * np.linalg.norm(w), rtol=1e-6)

@@ -6,8 +6,9 @@ identity, the input set, per-tensor sha256 of the stored weights (exact copies),
 small permutation-invariant summaries. Comparing two models is then a computation on two files.
 
 The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up|write`, shaped (units, tokens), and
-`blocks.{layer}.{expert}.gate_scale|up_scale|write_scale|written`, one per unit); the metadata is JSON under the
-header's `__metadata__` together with a sha256 over the tensors, checked on every read. Each unit's activation row
+`blocks.{layer}.{expert}.gate_scale|up_scale|write_scale|written`, one per unit, and `.weight`, one per token); the
+metadata is JSON under the header's `__metadata__` together with a sha256 over the tensors, checked on every read.
+Each unit's activation row
 is stored divided by its largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured
 effect on p-values; the write view as int8 steps of 1/127, a quarter more than the two read views), and that
 magnitude as float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output
@@ -64,12 +65,13 @@ from scanner.stats.verbatim import sample_layout
 #: column's length (``written``), which a unit's magnitude, and the units a MoE block pools, read
 #: (scanner.stats.pooled_units).
 #: Format 9: that length is each unit's net write size (scanner.reading.activations.net_written): units that put out
-#: one function count together, so two whose outputs cancel write nothing.
+#: one function count together, so two whose outputs cancel write nothing; and each routed expert (as joined) keeps
+#: the weight the block gave it on each canonical token (``weight``), which what a unit contributes reads.
 FINGERPRINT_FORMAT = 9
 STORAGE_DTYPES = ("float16", "float32")
 #: The tensors a fingerprint keeps per MLP (the write view and its scale only where a residual stream was read, the
-#: output columns' lengths only where none was).
-STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale", "written")
+#: output columns' lengths only where none was, a routed expert's weight on each token where its routing was seen).
+STORED_PARTS = ("gate", "up", "gate_scale", "up_scale", "write", "write_scale", "written", "weight")
 #: Quantiles of the per-unit activation RMS stored in the summaries (permutation invariant).
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 _META_KEY = "hubtrace_fingerprint"
@@ -389,7 +391,7 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
     experts = []
     while _tensor_name(layer, len(experts), "gate") in tensors:
         where = f"{path}: block {layer} expert {len(experts)}"
-        gate, up, gate_scale, up_scale, write, write_scale, written = (
+        gate, up, gate_scale, up_scale, write, write_scale, written, weight = (
             tensors.pop(_tensor_name(layer, len(experts), p), None) for p in STORED_PARTS)
         if up is None or gate.ndim != 2 or gate.shape != up.shape or gate.shape[1] != n_tokens \
                 or any(s is None or s.shape != (gate.shape[0],) for s in (gate_scale, up_scale)):
@@ -401,6 +403,8 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
                                     or not np.isfinite(written).all() or (written < 0).any()):
             raise FingerprintError(f"{where} has malformed output column lengths (one finite length per unit, and "
                                    "only where no write view is stored)")
+        if weight is not None and (weight.shape != (n_tokens,) or not np.isfinite(weight).all()):
+            raise FingerprintError(f"{where} has a malformed routing weight (one finite weight per token)")
         # a NaN would make every statistic NaN
         if not all(np.isfinite(t).all() for t in (gate, up, gate_scale, up_scale)) or \
                 write_scale is not None and not np.isfinite(write_scale).all():
@@ -410,7 +414,7 @@ def checked_block(path: str | Path, meta: FingerprintMeta, layer: int,
                 write is not None and ((write_scale < 0).any() or (write == -128).any()):
             raise FingerprintError(f"{where} is not stored as unit-peak rows with non-negative scales")
         experts.append(MLPActivations(gate=gate, up=up, gate_scale=gate_scale, up_scale=up_scale, write=write,
-                                      write_scale=write_scale, written=written))
+                                      write_scale=write_scale, written=written, weight=weight))
     if not experts:
         raise FingerprintError(f"{path}: block {layer} of {meta.n_layers} has no activations")
     return experts

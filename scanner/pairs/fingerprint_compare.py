@@ -30,7 +30,7 @@ from scanner.errors import IncomparableError
 from scanner.fingerprints.fingerprint import Fingerprint
 from scanner.fingerprints.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.pairs.results import LayerResult, PairTestResult
-from scanner.reading.activations import MLPActivations, pooled_activations
+from scanner.reading.activations import MLPActivations, block_contributions, pooled_activations
 from scanner.reading.canonical_mlp import odd_linear
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher
@@ -214,11 +214,11 @@ def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer
 
 
 def contributions(fp: Fingerprint, layer: int) -> list[np.ndarray]:
-    """What each unit of each MLP of block ``layer`` adds to its output (MLPActivations.contribution), made once per
-    fingerprint and block."""
+    """What each unit of each MLP of block ``layer`` adds to its output (scanner.reading.activations.
+    block_contributions), made once per fingerprint and block."""
     cache = fp.__dict__.setdefault("_contributions", {})
     if layer not in cache:
-        cache[layer] = [mlp.contribution(fp.meta.hidden_act, fp.meta.mlp_kind) for mlp in fp.blocks[layer]]
+        cache[layer] = block_contributions(fp.blocks[layer], fp.meta.hidden_act, fp.meta.mlp_kind)
     return cache[layer]
 
 

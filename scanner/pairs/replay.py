@@ -32,7 +32,7 @@ import torch
 
 from scanner.fingerprints.fingerprint import model_token_range
 from scanner.fingerprints.inputs import InputSet, InputSpec, canonical_inputs
-from scanner.reading.activations import MLPActivations, check_sequence_length, glu_activations
+from scanner.reading.activations import MLPActivations, check_sequence_length, glu_activations, weighed
 from scanner.reading.alike_experts import joined_routed, observed_routing
 from scanner.reading.architectures.families import ArchitectureAdapter, adapter_for
 from scanner.reading.architectures.shape import GLUWeights
@@ -103,13 +103,14 @@ class _Model:
             for handle in handles:
                 handle.remove()
         mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
-        experts, _ = joined_routed(experts, routed, observed_routing(*routing.get("experts", (None, None)), routed),
-                                   mlp_input, self.adapter.shape.hidden_act)
+        experts, routing_weights = joined_routed(
+            experts, routed, observed_routing(*routing.get("experts", (None, None)), routed), mlp_input,
+            self.adapter.shape.hidden_act)
         weights = [
             GLUWeights(*(w.to(device=self.device, dtype=self.dtype) for w in (e.gate, e.up, e.down))) for e in experts
         ]
-        return (out[0] if isinstance(out, tuple) else out), glu_activations(
-            mlp_input, weights, activation=self.adapter.shape.hidden_act, stream=hidden)
+        return (out[0] if isinstance(out, tuple) else out), weighed(glu_activations(
+            mlp_input, weights, activation=self.adapter.shape.hidden_act, stream=hidden), routing_weights)
 
 
 def residual_basis(

@@ -52,6 +52,8 @@ class MLPActivations:
     dead: int = 0
     combined: int = 0
     written: np.ndarray | None = None  # (units,) float32: each unit's net write size, where no write view was read
+    weight: np.ndarray | None = None  # (tokens,) float32: the weight the block gave this routed expert's output on
+    # each token (its routing, 0 where not chosen); None where it is always 1 (dense, shared) or was not seen
 
     def values(self, part: str) -> np.ndarray:
         """A view's activations (float64 when stored scaled: a product of two rescaled units may exceed float32)."""
@@ -67,7 +69,7 @@ class MLPActivations:
         (gate, gate_scale), (up, up_scale) = peak_scaled(self.values("gate")), peak_scaled(self.values("up"))
         write, write_scale = peak_scaled(self.values("write")) if self.write is not None else (None, None)
         return MLPActivations(gate, up, gate_scale, up_scale, write, write_scale, self.dead, self.combined,
-                              self.written)
+                              self.written, self.weight)
 
     def screen(self, up_sign_free: bool) -> UnitScreen:
         """The units phi_MATCH reads (scanner.stats.degenerate), computed once per object and flag."""
@@ -87,22 +89,8 @@ class MLPActivations:
         return size if writes is None else size * writes
 
     def contribution(self, activation: str, kind: str = "gated") -> np.ndarray:
-        """How much each unit adds to its MLP's output on the canonical tokens: the length of its hidden row (what the
-        output map reads, `hidden`, the gate's activation included) times its write size, in float64 (`magnitude`
-        where the activation is not one transformers names). Unlike `magnitude`, a unit whose gate keeps it near zero
-        counts for what it does, not for the size of its up row: units built to look large (an up row and an output
-        column 1e6 times a real unit's behind a gate 2^-20 of one) come last (bench/redteam/canonical59). Where the
-        write view was read, units that put out one function count together (scanner.stats.canonical.output_sizes):
-        two loud units whose outputs cancel count for nothing (bench/redteam/canonical60); where it was not, the
-        fingerprint kept each unit's share of that same signed sum, made on the output columns themselves
-        (`net_written`)."""
-        if activation not in ACT2FN:
-            return self.magnitude()
-        hidden = self.hidden(activation, kind)
-        if self.write is not None:
-            return output_sizes(hidden, self.values("write"))
-        size, writes = np.linalg.norm(hidden, axis=1), self._write_sizes()
-        return size if writes is None else size * writes
+        """`block_contributions` of this MLP alone (a dense block)."""
+        return block_contributions([self], activation, kind)[0]
 
     def _write_sizes(self) -> np.ndarray | None:
         """Each unit's write size in float64: its write view's length where one was read, else its net write size
@@ -119,6 +107,39 @@ class MLPActivations:
         act = ACT2FN[activation]
         hidden = act(torch.from_numpy(self.values("gate")).double())
         return (hidden if kind == "plain" else hidden * torch.from_numpy(self.values("up")).double()).numpy()
+
+
+def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: str = "gated") -> list[np.ndarray]:
+    """How much each unit of a block's MLPs adds to the block's output on the canonical tokens, float64, one array per
+    MLP: its hidden row (what the output map reads, `hidden`, the gate's activation included) as the block weighs it
+    (its expert's routing weight on each token, `weight`) times its write size; `magnitude` where the activation is
+    not one transformers names. Unlike `magnitude`, a unit whose gate keeps it near zero counts for what it does, not
+    for the size of its up row: units built to look large (an up row and an output column 1e6 times a real unit's
+    behind a gate 2^-20 of one) come last (bench/redteam/canonical59). Where every MLP's write view was read, units
+    that put out one function, in one MLP or several, count together, each for the size of their summed output
+    (scanner.stats.canonical.output_sizes): two loud units whose outputs cancel count for nothing
+    (bench/redteam/canonical60), and so do loud units in every routed expert whose weights always sum to what a
+    shared expert's unit takes back (bench/redteam/canonical61). Where it was not (several residual streams), the
+    fingerprint kept each unit's share of its MLP's such sums (`net_written`)."""
+    if activation not in ACT2FN:
+        return [mlp.magnitude() for mlp in mlps]
+    hidden = [mlp.hidden(activation, kind) for mlp in mlps]
+    weighed_rows = [h if mlp.weight is None else h * np.asarray(mlp.weight, dtype=np.float64)[None, :]
+                    for h, mlp in zip(hidden, mlps, strict=True)]
+    if all(mlp.write is not None for mlp in mlps):
+        sizes = output_sizes(np.concatenate(hidden), np.concatenate([mlp.values("write") for mlp in mlps]),
+                             weighed_hidden=np.concatenate(weighed_rows))
+        return np.split(sizes, np.cumsum([h.shape[0] for h in hidden])[:-1])
+    alone = [np.linalg.norm(rows, axis=1) for rows in weighed_rows]
+    writes = [mlp._write_sizes() for mlp in mlps]
+    return [size if w is None else size * w for size, w in zip(alone, writes, strict=True)]
+
+
+def weighed(views: list[MLPActivations], weights: Sequence[torch.Tensor | None]) -> list[MLPActivations]:
+    """``views`` with the first ``len(weights)`` (a block's routed experts, as joined) given the weight the block gave
+    each on each token (scanner.reading.alike_experts.joined_routed), the rest as they are."""
+    return [replace(v, weight=w.float().cpu().numpy()) if w is not None else v
+            for v, w in zip(views, list(weights) + [None] * (len(views) - len(weights)), strict=True)]
 
 
 def pooled_activations(mlps: Sequence[MLPActivations], rows: np.ndarray) -> MLPActivations:

@@ -162,10 +162,13 @@ def same_functions(sketches: Sequence[torch.Tensor]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class Group:
-    """Experts read as one: their indices in stored order, and each one's weight relative to the first's."""
+    """Experts read as one: their indices in stored order, each one's weight relative to the first's, and the weight
+    the block gave the group's output (read as one) on each canonical token, (tokens,) float64, where the routing was
+    seen (the contributions that choose a block's pooled units read it: scanner.reading.activations)."""
 
     experts: list[int]
     ratios: list[float]
+    weight: torch.Tensor | None = None
 
 
 def alike_groups(routing: Routing | None, experts: int, functions: list[list[int]] | None = None) -> list[Group]:
@@ -175,8 +178,10 @@ def alike_groups(routing: Routing | None, experts: int, functions: list[list[int
     ratio; those chosen on no token left out. Every expert alone where the routing was not seen, is not of this many
     experts or chooses none of them (a block whose routed experts do no work is read as it is stored, and its units
     then write nothing)."""
-    alone = [Group([e], [1.0]) for e in range(experts)]
-    if routing is None or routing.weights.shape[0] != experts or experts < 2:
+    if routing is None or routing.weights.shape[0] != experts:
+        return [Group([e], [1.0]) for e in range(experts)]
+    alone = [Group([e], [1.0], routing.weights[e]) for e in range(experts)]
+    if experts < 2:
         return alone
     functions = functions if functions is not None and sorted(e for f in functions for e in f) == list(range(experts)) \
         else [[e] for e in range(experts)]
@@ -190,14 +195,15 @@ def alike_groups(routing: Routing | None, experts: int, functions: list[list[int
     for one in (f for f in range(len(functions)) if bool(chosen[f].any())):
         lead = next((g for g in joined if _one_expert(chosen, logs, weights, g.experts[0], one, bar)), None)
         if lead is None:
-            joined.append(Group([one], [1.0]))
+            joined.append(Group([one], [1.0], weights[one]))
             continue
         first = lead.experts[0]
         on = chosen[first]
         lead.experts.append(one)
         lead.ratios.append(float((weights[one, on] / weights[first, on]).mean()))
     return [Group([e for f in g.experts for e in functions[f]],
-                  [r / len(functions[f]) for f, r in zip(g.experts, g.ratios, strict=True) for _ in functions[f]])
+                  [r / len(functions[f]) for f, r in zip(g.experts, g.ratios, strict=True) for _ in functions[f]],
+                  g.weight)
             for g in joined]
 
 
@@ -215,16 +221,18 @@ def _one_expert(chosen: torch.Tensor, logs: torch.Tensor, weights: torch.Tensor,
 
 
 def joined_routed(experts: Sequence[Weights], routed: int, routing: Routing | None, site_input: torch.Tensor,
-                  activation: str) -> tuple[list[Weights], int]:
+                  activation: str) -> tuple[list[Weights], list[torch.Tensor | None]]:
     """A block's MLPs with its first ``routed`` (the routed experts) joined by `alike_groups` (those never chosen left
     out; the experts' functions compared on ``site_input``) and the rest (shared experts, a dense MLP) as they are;
-    and how many routed experts that leaves."""
+    and the weight the block gives each joined routed expert on each token (None where the routing was not seen; as
+    many as the routed experts left)."""
     functions = None
     if routing is not None and routed > 1:
         directions = sketch_directions(experts[0].down.shape[0])
         functions = same_functions([output_sketch(site_input, w, activation, directions) for w in experts[:routed]])
     groups = alike_groups(routing, routed, functions)
-    return [*(as_one([experts[e] for e in g.experts], g.ratios) for g in groups), *experts[routed:]], len(groups)
+    return [*(as_one([experts[e] for e in g.experts], g.ratios) for g in groups), *experts[routed:]], \
+        [g.weight for g in groups]
 
 
 def as_one(members: Sequence[Weights], ratios: Sequence[float] | None = None) -> Weights:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from scanner.errors import CheckpointError
-from scanner.reading.activations import MLPActivations, site_activations
+from scanner.reading.activations import MLPActivations, site_activations, weighed
 from scanner.reading.alike_experts import (
     Group,
     alike_groups,
@@ -139,11 +139,11 @@ class StreamedExperts:
             self.groups = alike_groups(seen, self.site.experts, same_functions(sketches) if seen is not None else None)
             for group in self.groups:  # experts read as one are read again together (only in a disguised block)
                 if len(group.experts) == 1:
-                    self.activations.append(alone[group.experts[0]])
+                    self.activations += weighed([alone[group.experts[0]]], [group.weight])
                     continue
                 members = [self.weights(expert) for expert in group.experts]
-                self.activations += site_activations(x, [as_one(members, group.ratios)], activation=activation,
-                                                     stream=rows)
+                self.activations += weighed(site_activations(x, [as_one(members, group.ratios)],
+                                                             activation=activation, stream=rows), [group.weight])
                 del members
                 _return_freed_heap()
             return out

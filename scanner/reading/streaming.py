@@ -39,6 +39,7 @@ from scanner.reading.activations import (
     MLPActivations,
     check_sequence_length,
     site_activations,
+    weighed,
 )
 from scanner.reading.alike_experts import (
     Routing,
@@ -154,11 +155,12 @@ def stream_blocks(
             mlp_input = captured[0].reshape(-1, captured[0].shape[-1])
             seen = observed_routing(*routing.get("experts", (None, None)), routed)
             routing_seen = (seen is not None or routed < 2) if routed else None  # one expert: nothing to group
-            experts, routed = joined_routed(experts, routed, seen, mlp_input, adapter.shape.hidden_act)
+            experts, routing_weights = joined_routed(experts, routed, seen, mlp_input, adapter.shape.hidden_act)
+            routed = len(routing_weights)
             on_device = [SiteWeights(*(w.to(device=device, dtype=dtype) for w in (e.up, e.down, e.gate)))
                          for e in experts]
-            activations = site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act, stream=stream,
-                                           computed=computed)
+            activations = weighed(site_activations(mlp_input, on_device, activation=adapter.shape.hidden_act,
+                                                   stream=stream, computed=computed), routing_weights)
             del captured, outputs, out, mlp_input, on_device, computed, stream
         yield StreamedBlock(layer, experts, activations, routed, routing_seen, adapter.routed_experts(layer))
         del experts  # else this block's MLP weights stay alive while the next block is read
@@ -268,9 +270,10 @@ def _forward_layer_by_layer(
                         seen = _seen_routing(module, site, routing, router_outputs)
                         site_input = _site_input(captured, site, weights[0].up.shape[1])
                         weights, alike = joined_routed(weights, site.experts, seen, site_input, activation)
-                        routed += alike
+                        routed += len(alike)
                         routing_seen = (seen is not None or site.experts < 2) and routing_seen is not False
-                    activations += _site_views(captured, site, weights, stream, activation)
+                    activations += weighed(_site_views(captured, site, weights, stream, activation),
+                                           alike if site.experts else [])
                     experts += [_on_cpu(w) for w in weights]
             finally:
                 for handle in handles:

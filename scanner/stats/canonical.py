@@ -115,29 +115,34 @@ def leader_groups(units: int, first: np.ndarray, second: np.ndarray, order: np.n
 SAME_OUTPUT_COSINE = 0.9999
 
 
-def output_sizes(hidden: np.ndarray, writes: np.ndarray) -> np.ndarray:
-    """How much each unit adds to its MLP's output, counted with the units that put out one function with it: the
-    outer products h_u w_u^T of units whose hidden rows and write rows agree to `SAME_OUTPUT_COSINE` (each up to sign;
-    bounded groups, the largest unit leading) add as one, and every member counts for the size of their signed sum.
-    A pair whose outputs cancel (a unit beside one that reads alike and writes the opposite) counts for nothing,
-    however much each adds alone (bench/redteam/canonical60: such pairs 30 times a real unit's size each once filled
-    a MoE block's pooled units and led its expert pairing)."""
+def output_sizes(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.ndarray | None = None) -> np.ndarray:
+    """How much each unit adds to its block's output, counted with the units that put out one function with it:
+    units whose hidden rows and write rows agree to `SAME_OUTPUT_COSINE` (each up to sign; bounded groups, the largest
+    unit leading) add as one, and every member counts for the size of their summed output, the Frobenius norm of
+    sum_u h_u w_u^T computed exactly (not along the leader's direction: parts within the bar of one another that
+    sum to a real unit's output count for that output). ``weighed_hidden``: the hidden rows as the block weighs them
+    (a routed expert's by its routing weight on each token), which the sums and sizes read; ``hidden`` alone decides
+    who is alike. A pair whose outputs cancel (a unit beside one that reads alike and writes the opposite) counts
+    for nothing, however much each adds alone (bench/redteam/canonical60: such pairs 30 times a real unit's size
+    each once filled a MoE block's pooled units), and so does a unit in every routed expert whose weights always sum
+    to what a shared expert's copy takes back (bench/redteam/canonical61)."""
     h = np.asarray(hidden, dtype=np.float64)
     w = np.asarray(writes, dtype=np.float64)
+    out = h if weighed_hidden is None else np.asarray(weighed_hidden, dtype=np.float64)
     h_size, w_size = np.linalg.norm(h, axis=1), np.linalg.norm(w, axis=1)
-    size = h_size * w_size
+    sizes = np.linalg.norm(out, axis=1) * w_size
     h_dirs = h / np.where(h_size > 0, h_size, 1.0)[:, None]
     w_dirs = w / np.where(w_size > 0, w_size, 1.0)[:, None]
     first, second = close_pairs([RowView(h_dirs, sign_free=True), RowView(w_dirs, sign_free=True)],
                                 SAME_OUTPUT_COSINE)
     if not first.size:
-        return size
-    leader = leader_groups(size.size, first, second, leader_order(size, h_dirs))
-    turned = np.sign(np.einsum("ij,ij->i", h_dirs, h_dirs[leader])) * np.sign(
-        np.einsum("ij,ij->i", w_dirs, w_dirs[leader]))
-    total = np.zeros(size.size)
-    np.add.at(total, leader, turned * size)
-    return np.abs(total[leader])
+        return sizes
+    leader = leader_groups(sizes.size, first, second, leader_order(h_size * w_size, h_dirs))
+    grouped = np.flatnonzero(np.bincount(leader, minlength=leader.size)[leader] > 1)
+    order = grouped[np.argsort(leader[grouped], kind="stable")]
+    for members in np.split(order, np.flatnonzero(np.diff(leader[order])) + 1):
+        sizes[members] = np.linalg.norm(out[members].T @ w[members])
+    return sizes
 
 
 @dataclass(frozen=True)

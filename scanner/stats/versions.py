@@ -4,8 +4,11 @@ statistic's p-values with the ones it replaced."""
 
 from __future__ import annotations
 
-STATISTIC_VERSIONS: dict[str, int] = {"match": 7}
-"""match 7 (2026-11-29): a MoE block is also tested on all its MLPs' units pooled (at most 4,096, those that add most
+STATISTIC_VERSIONS: dict[str, int] = {"match": 8}
+"""match 8 (2026-11-29): the units a MoE block pools and the weights of its expert pairing read what each unit adds
+to the whole block (routed experts weighed by their routing, units of every MLP that put out one function summed
+exactly: scanner.reading.activations.block_contributions), from fingerprints of format 9.
+match 7 (2026-11-29): a MoE block is also tested on all its MLPs' units pooled (at most 4,096, those that add most
 to its output), its p-value the smaller of that and its experts' times two (scanner.stats.pooled_units); the experts
 are paired with B's units weighed by what they add (scanner.stats.experts).
 match 6 (2026-11-29): read from fingerprints of format 5, whose canonical units and plain sign-free views differ
