@@ -8,9 +8,9 @@ small permutation-invariant summaries. Comparing two models is then a computatio
 The file is a safetensors file (tensors `blocks.{layer}.{expert}.gate|up|write`, shaped (units, tokens), and
 `blocks.{layer}.{expert}.gate_scale|up_scale|write_scale|written`, one per unit, and `.weight`, one per token); the
 metadata is JSON under the header's `__metadata__` together with a sha256 over the tensors, checked on every read.
-Each unit's activation row
-is stored divided by its largest magnitude, as float16 (halving the size; see docs/fingerprints.md for the measured
-effect on p-values; the write view as int8 steps of 1/127, a quarter more than the two read views), and that
+Each unit's activation row is stored divided by its largest magnitude, as float16 (halving the size; see
+docs/fingerprints.md for the measured effect on p-values; the write view as int8 steps of 1/127, a quarter more than
+the two read views), and that
 magnitude as float32: a unit rescaled by 1e-30 or 1e30 (which leaves a model's outputs unchanged when its output
 column is rescaled back) keeps its direction, where float16 values would flush it to zero or overflow.
 """

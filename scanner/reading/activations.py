@@ -88,10 +88,6 @@ class MLPActivations:
         writes = self._write_sizes()
         return size if writes is None else size * writes
 
-    def contribution(self, activation: str, kind: str = "gated") -> np.ndarray:
-        """`block_contributions` of this MLP alone (a dense block)."""
-        return block_contributions([self], activation, kind)[0]
-
     def _write_sizes(self) -> np.ndarray | None:
         """Each unit's write size in float64: its write view's length where one was read, else its net write size
         where that was kept (`net_written`), else None (synthetic views)."""
@@ -120,7 +116,9 @@ def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: s
     (scanner.stats.canonical.output_sizes): two loud units whose outputs cancel count for nothing
     (bench/redteam/canonical60), and so do loud units in every routed expert whose weights always sum to what a
     shared expert's unit takes back (bench/redteam/canonical61). Where it was not (several residual streams), the
-    fingerprint kept each unit's share of its MLP's such sums (`net_written`)."""
+    fingerprint kept each unit's share of its MLP's such sums (`net_written`), and units are not summed across MLPs.
+    Where a router weighs an expert's input rather than its output (Llama 4), its weight is read as if it weighed the
+    output: a ranking of units, not the block's exact output."""
     if activation not in ACT2FN:
         return [mlp.magnitude() for mlp in mlps]
     hidden = [mlp.hidden(activation, kind) for mlp in mlps]
@@ -305,10 +303,10 @@ def site_activations(mlp_input: torch.Tensor, experts: list[SiteWeights], *, act
 def net_written(view: MLPActivations, down: torch.Tensor, activation: str) -> np.ndarray:
     """Each unit's write size where the layout gives no write view (several residual streams): its output column's
     length, counted with the units that put out one function with it (`output_sizes` on the columns themselves, so
-    with the whole write, not a sketch of it), as the unit's share of their signed sum: a unit's hidden row length
-    times this is the group's size. Two loud units whose outputs cancel then write nothing (bench/redteam/canonical60:
-    pairs 30 times a real unit's size, alone as large as that, once filled a DeepSeek-V4 block's pooled units).
-    Float32, overflow-safe (a column rescaled by 1e30 keeps its length)."""
+    with the whole write, not a sketch of it), as the unit's share of their summed output: a unit's hidden row
+    length times this is the size of the group's output. Two loud units whose outputs cancel then write nothing
+    (bench/redteam/canonical60: pairs 30 times a real unit's size, alone as large as that, once filled a DeepSeek-V4
+    block's pooled units). Float32, overflow-safe (a column rescaled by 1e30 keeps its length)."""
     lengths = row_lengths(down.T)
     if activation not in ACT2FN:
         return lengths.astype(np.float32)

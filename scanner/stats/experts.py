@@ -13,7 +13,7 @@ gate and up cosines, as it once was) would pick the expert pairs whose units agr
 phi_MATCH measures. Among many small experts that selection shows: a random tiny model with 512 experts of 32 units
 per block gave an independent pair log10 p = -5.3 paired on both views, -0.5 on the gate alone.
 In a pair test the mean is weighed by what each unit of B contributes (its hidden row's length times its write's,
-scanner.reading.activations.MLPActivations.contribution) over B's largest contributors: an independent check
+scanner.reading.activations.block_contributions) over B's largest contributors: an independent check
 (bench/redteam/canonical59) put units that add next to nothing into each expert of a copy, their gates copies of
 another expert's, and the unweighed mean paired every expert of the original with the wrong one. The weights are a
 function of B alone, so the argument below is unchanged.

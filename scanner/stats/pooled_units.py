@@ -8,16 +8,18 @@ expert (bench/redteam/canonical57: "184 experts read as 124", CANNOT TEST). What
 together are the original's units, so the block is also tested on all its MLPs' units pooled (routed and shared
 experts alike; copies of one unit in several pieces are one unit's evidence, which the duplicate screen keeps once).
 
-Which units a large block pools is chosen by what each unit contributes to its MLP's output: its hidden row on the
-canonical tokens (the gate's activation included) times its write size (scanner.reading.activations.MLPActivations
-.contribution: unchanged by every output-preserving rescale, sign or permutation of units), the ``cap`` largest kept.
+Which units a large block pools is chosen by what each unit adds to the block's output: its hidden row on the
+canonical tokens (the gate's activation included) as the block weighs it, times its write size, units of any of the
+block's MLPs that put out one function counted for their summed output (scanner.reading.activations
+.block_contributions: unchanged by every output-preserving rescale, sign or permutation of units), the ``cap``
+largest kept.
 A copy's units keep the original's contributions, so a copy pools the original's units, or, where it holds more units
 than the original, only units the original pools too. Two earlier choices were broken by independent checks: units
 whose gate peaks at the first tokens of a fixed order (bench/redteam/canonical58: 4,224 units writing 1e-5 of their
 expert's output, all peaking at the first token, and the copy pooled nothing), and units largest by |up row| |write|
-(bench/redteam/canonical59: units large as stored behind gates 2^-20 of a real one's). Not answered: a unit's
-contribution is measured alone, so pairs of loud units whose outputs cancel, which the canonical form does not join
-where their gates differ, still fill the pool (bench/redteam/canonical60, docs/statistics.md).
+(bench/redteam/canonical59: units large as stored behind gates 2^-20 of a real one's); and two measured unit by
+unit, or MLP by MLP: loud units whose outputs cancel, in one expert (bench/redteam/canonical60) or across routed and
+shared experts (bench/redteam/canonical61), filled the pool.
 
 The pooled units are then given labels in a fixed pseudo-random order. Why the p-value stays valid: the selection and
 the labels are functions of one side's own units, never of the other side's, and phi_MATCH's Spearman statistic reads
