@@ -249,31 +249,51 @@ def test_net_write_sizes_are_unchanged_by_output_preserving_rescales() -> None:
     np.testing.assert_allclose(before.written, np.linalg.norm(columns, axis=1), rtol=1e-5)
 
 
-def test_loud_units_that_cancel_across_routed_and_shared_experts_do_not_fill_the_pool() -> None:
-    """Found by an independent check (bench/redteam/canonical61): where the chosen experts' weights always sum to s
-    (DeepSeek-V3's normalised top-k), a loud unit writing -G in every routed expert and +s G in the shared expert puts
-    out nothing, while each copy alone is 30 times a real unit; 5,120 such copies filled a block's pool ("no evidence",
-    -0.00). What a unit adds is read on the whole block, each routed expert's hidden rows weighed as the block weighs
-    them: the copies count for their sum, nothing."""
+#: One unit's (gate, up, write) views.
+UnitViews = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _ghost_units(rng: np.random.Generator, ghosts: int, construction: str, s: float
+                 ) -> tuple[list[UnitViews], list[UnitViews]]:
+    """Loud units that the block's weighing cancels, as (gate, up, write) views for every routed expert and for the
+    shared expert, where the chosen experts' weights always sum to ``s``. "same" (bench/redteam/canonical61): one unit
+    writing -G in every routed expert and +s G in the shared one. "odd" (bench/redteam/canonical62): silu(z) -
+    silu(-z) = z, so (k, r, s w), (r, k, -s w) in the shared expert and (-k, r, -w), (-r, k, w) in every routed
+    one sum to s w ((k.x)(r.x) - (r.x)(k.x)) = 0, though no two of their hidden rows are alike."""
+    k, r = rng.standard_normal((2, ghosts, TOKENS))
+    w = 30.0 * rng.standard_normal((ghosts, TOKENS))
+    if construction == "same":
+        return [(k, r, -w)], [(k, r, s * w)]
+    return [(-k, r, -w), (-r, k, w)], [(k, r, s * w), (r, k, -s * w)]
+
+
+@pytest.mark.parametrize("construction", ["same", "odd"])
+def test_loud_units_that_cancel_across_routed_and_shared_experts_do_not_fill_the_pool(construction: str) -> None:
+    """Found by independent checks (bench/redteam/canonical61, canonical62): where the chosen experts' weights always
+    sum to s (DeepSeek-V3's normalised top-k), loud units in every routed expert and in the shared expert that the
+    block's weighing cancels (`_ghost_units`), each alone 30 times a real unit, filled a block's pool ("no evidence",
+    -0.00 and -0.01). What a unit adds is read on the whole block, each routed expert's hidden rows weighed as the
+    block weighs them, units that write along one direction summed: the ghosts count for their sum, nothing."""
     rng = np.random.default_rng(7)
     experts, real, s = 4, 64, 2.5
     chosen = np.argsort(rng.random((TOKENS, experts)), axis=1)[:, :2]  # two experts a token
     raw = np.zeros((experts, TOKENS))
     np.put_along_axis(raw.T, chosen, rng.uniform(0.2, 1.0, (TOKENS, 2)), axis=1)
     routing = s * raw / raw.sum(axis=0, keepdims=True)
-    ghosts = POOLED_UNITS // experts
-    g_gate, g_up = rng.standard_normal((2, ghosts, TOKENS))
-    g_write = 30.0 * rng.standard_normal((ghosts, TOKENS))
+    routed_ghosts, shared_ghosts = _ghost_units(rng, POOLED_UNITS // 4 if construction == "same" else POOLED_UNITS // 8,
+                                                construction, s)
 
-    def mlp(sign: float, weight: np.ndarray | None) -> MLPActivations:
+    def mlp(ghosts: list[UnitViews], weight: np.ndarray | None) -> MLPActivations:
         gate, up = rng.standard_normal((2, real, TOKENS))
-        return MLPActivations(np.concatenate([gate, g_gate]).astype(np.float32),
-                              np.concatenate([up, g_up]).astype(np.float32),
-                              write=np.concatenate([rng.standard_normal((real, TOKENS)), sign * g_write]),
+        views = [np.concatenate([part, *(g[i] for g in ghosts)])
+                 for i, part in enumerate((gate, up, rng.standard_normal((real, TOKENS))))]
+        return MLPActivations(views[0].astype(np.float32), views[1].astype(np.float32), write=views[2],
                               weight=None if weight is None else weight.astype(np.float32))
 
-    block = [mlp(-1.0, routing[e]) for e in range(experts)] + [mlp(s, None)]
-    real_rows = np.concatenate([np.arange(real) + k * (real + ghosts) for k in range(experts + 1)])
+    block = [mlp(routed_ghosts, routing[e]) for e in range(experts)] + [mlp(shared_ghosts, None)]
+    sizes = [m.gate.shape[0] for m in block]
+    real_rows = np.concatenate([np.arange(real) + sum(sizes[:k]) for k in range(experts + 1)])
+    assert sum(sizes) > POOLED_UNITS + real * (experts + 1)
     assert set(real_rows.tolist()) <= set(pooled_rows(block_contributions(block, "silu")).tolist())
     each_alone = [block_contributions([m], "silu")[0] for m in block]
     assert not set(real_rows.tolist()) <= set(pooled_rows(each_alone).tolist())  # what reading the block answers

@@ -109,23 +109,26 @@ def leader_groups(units: int, first: np.ndarray, second: np.ndarray, order: np.n
     return leader
 
 
-#: Units whose hidden rows (what the output map reads) and writes agree to this cosine, each up to sign, put out one
-#: function: their outputs add as one (`output_sizes`). Two units kept below it differ by more than about 1.4% in
-#: what they put out, so a pair that cancels leaves that much of each unit's output in the model's.
+#: Units whose writes agree to this cosine, up to sign, write along one direction: their outputs add as one
+#: (`output_sizes`). Two units kept below it write directions more than about 1.4% apart, so a pair that cancels
+#: leaves that much of each unit's output in the model's.
 SAME_OUTPUT_COSINE = 0.9999
 
 
 def output_sizes(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.ndarray | None = None) -> np.ndarray:
-    """How much each unit adds to its block's output, counted with the units that put out one function with it:
-    units whose hidden rows and write rows agree to `SAME_OUTPUT_COSINE` (each up to sign; bounded groups, the largest
-    unit leading) add as one, and every member counts for the size of their summed output, the Frobenius norm of
-    sum_u h_u w_u^T computed exactly (not along the leader's direction: parts within the bar of one another that
-    sum to a real unit's output count for that output). ``weighed_hidden``: the hidden rows as the block weighs them
-    (a routed expert's by its routing weight on each token), which the sums and sizes read; ``hidden`` alone decides
-    who is alike. A pair whose outputs cancel (a unit beside one that reads alike and writes the opposite) counts
-    for nothing, however much each adds alone (bench/redteam/canonical60: such pairs 30 times a real unit's size
-    each once filled a MoE block's pooled units), and so does a unit in every routed expert whose weights always sum
-    to what a shared expert's copy takes back (bench/redteam/canonical61)."""
+    """How much each unit adds to its block's output, counted with the units that write along one direction with it:
+    units whose write rows agree to `SAME_OUTPUT_COSINE` (up to sign; bounded groups, the largest unit leading) add
+    as one, and every member counts for the size of their summed output, the Frobenius norm of sum_u h_u w_u^T
+    computed exactly (not along the leader's direction: parts within the bar of one another that sum to a real
+    unit's output count for that output). Whatever their hidden rows: units that write along one direction cancel
+    only where their hidden rows, as the block weighs them, sum to nothing, and such a sum is what the group counts.
+    ``weighed_hidden``: the hidden rows as the block weighs them (a routed expert's by its routing weight on each
+    token), which the sums and sizes read. So a pair whose outputs cancel (a unit beside one that reads alike and
+    writes the opposite) counts for nothing, however much each adds alone (bench/redteam/canonical60: such pairs 30
+    times a real unit's size each once filled a MoE block's pooled units), and so do a unit in every routed expert
+    whose weights always sum to what a shared expert's copy takes back (bench/redteam/canonical61) and four units
+    whose hidden rows differ but sum to nothing by act(z) - act(-z) = z, spread over the routed and shared experts
+    (bench/redteam/canonical62). Cancellation among units whose writes span more than one direction is not seen."""
     h = np.asarray(hidden, dtype=np.float64)
     w = np.asarray(writes, dtype=np.float64)
     out = h if weighed_hidden is None else np.asarray(weighed_hidden, dtype=np.float64)
@@ -133,8 +136,7 @@ def output_sizes(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.ndar
     sizes = np.linalg.norm(out, axis=1) * w_size
     h_dirs = h / np.where(h_size > 0, h_size, 1.0)[:, None]
     w_dirs = w / np.where(w_size > 0, w_size, 1.0)[:, None]
-    first, second = close_pairs([RowView(h_dirs, sign_free=True), RowView(w_dirs, sign_free=True)],
-                                SAME_OUTPUT_COSINE)
+    first, second = close_pairs([RowView(w_dirs, sign_free=True)], SAME_OUTPUT_COSINE)
     if not first.size:
         return sizes
     leader = leader_groups(sizes.size, first, second, leader_order(h_size * w_size, h_dirs))
