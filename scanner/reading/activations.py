@@ -112,10 +112,10 @@ def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: s
     not one transformers names. Unlike `magnitude`, a unit whose gate keeps it near zero counts for what it does, not
     for the size of its up row: units built to look large (an up row and an output column 1e6 times a real unit's
     behind a gate 2^-20 of one) come last (bench/redteam/canonical59). Where every MLP's write view was read, units
-    that put out one function, in one MLP or several, count together, each for the size of their summed output
+    that write along one direction, in one MLP or several, count together, each for the size of their summed output
     (scanner.stats.canonical.output_sizes): two loud units whose outputs cancel count for nothing
     (bench/redteam/canonical60), and so do loud units in every routed expert whose weights always sum to what a
-    shared expert's unit takes back (bench/redteam/canonical61). Where it was not (several residual streams), the
+    shared expert's units take back (bench/redteam/canonical61, canonical62). Where it was not (several streams), the
     fingerprint kept each unit's share of its MLP's such sums (`net_written`), and units are not summed across MLPs.
     Where a router weighs an expert's input rather than its output (Llama 4), its weight is read as if it weighed the
     output: a ranking of units, not the block's exact output."""
