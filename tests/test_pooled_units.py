@@ -308,3 +308,26 @@ def test_parts_within_the_bar_of_each_other_count_for_what_they_put_out_together
     m, n, w = 1000.0 * rng.standard_normal(TOKENS), rng.standard_normal(TOKENS), rng.standard_normal(TOKENS)
     sizes = output_sizes(np.stack([h, h]), np.stack([m + n, -m + (w - n)]))
     np.testing.assert_allclose(sizes, np.linalg.norm(h) * np.linalg.norm(w), rtol=1e-6)
+
+
+def test_units_repeated_in_every_expert_do_not_lead_the_pairing() -> None:
+    """Independent checks (bench/redteam/canonical61, canonical62) put the same loud units in every routed expert of a
+    copy whose experts they had rolled by one: every expert's largest units were then alike, the experts' similarities
+    tied exactly, and the pairing fell to stored order, pairing every expert with the wrong one. Units counted with
+    another MLP's tell no expert from another, so the pairing weighs them as nothing."""
+    rng = np.random.default_rng(9)
+    original = [MLPActivations(m.gate, m.up, write=rng.standard_normal((64, TOKENS)))
+                for m in expert_block(rng, 4, 64)]
+    gate, up = rng.standard_normal((2, 600, TOKENS))
+    write = 30.0 * rng.standard_normal((600, TOKENS))
+    rolled = original[1:] + original[:1]
+    copy = [MLPActivations(np.concatenate([m.gate, gate]).astype(np.float32),
+                           np.concatenate([m.up, up]).astype(np.float32), write=np.concatenate([m.write, write]))
+            for m in rolled]
+    truth = [(k, (k - 1) % 4) for k in range(4)]
+    distinct = block_contributions(copy, "silu", distinct=True)
+    paired = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy], weights_b=distinct)
+    assert sorted(paired.pairs) == truth
+    alike = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy],
+                         weights_b=block_contributions(copy, "silu"))
+    assert sorted(alike.pairs) != truth  # what leaving them out answers

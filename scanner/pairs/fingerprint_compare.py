@@ -205,21 +205,24 @@ def block_pooled(fp: Fingerprint, layer: int) -> MLPActivations:
 
 def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer_b: int) -> ExpertPairing:
     """Which expert of A's block goes with which of B's (scanner.stats.experts: matched, not paired by index), with
-    each block's own routed-expert count, B's units weighed by what they contribute."""
+    each block's own routed-expert count, B's units weighed by what they add to the block, units repeated in another
+    MLP as nothing (they do not tell B's experts apart)."""
     return pair_block_experts(
         [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
         a.meta.routed_experts(layer_a), b.meta.routed_experts(layer_b),
-        weights_b=contributions(b, layer_b) if len(b.blocks[layer_b]) > 1 else None,
+        weights_b=contributions(b, layer_b, distinct=True) if len(b.blocks[layer_b]) > 1 else None,
     )
 
 
-def contributions(fp: Fingerprint, layer: int) -> list[np.ndarray]:
+def contributions(fp: Fingerprint, layer: int, distinct: bool = False) -> list[np.ndarray]:
     """What each unit of each MLP of block ``layer`` adds to its output (scanner.reading.activations.
-    block_contributions), made once per fingerprint and block."""
+    block_contributions; ``distinct``: units counted with another MLP's as nothing), made once per fingerprint,
+    block and kind."""
     cache = fp.__dict__.setdefault("_contributions", {})
-    if layer not in cache:
-        cache[layer] = block_contributions(fp.blocks[layer], fp.meta.hidden_act, fp.meta.mlp_kind)
-    return cache[layer]
+    if (layer, distinct) not in cache:
+        cache[layer, distinct] = block_contributions(fp.blocks[layer], fp.meta.hidden_act, fp.meta.mlp_kind,
+                                                     distinct=distinct)
+    return cache[layer, distinct]
 
 
 # -- stages 3 and 4: screen and match ----------------------------------------------------------------------------

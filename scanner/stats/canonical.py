@@ -116,6 +116,20 @@ SAME_OUTPUT_COSINE = 0.9999
 
 
 def output_sizes(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.ndarray | None = None) -> np.ndarray:
+    """`output_groups`' sizes."""
+    return output_groups(hidden, writes, weighed_hidden).sizes
+
+
+@dataclass(frozen=True)
+class OutputGroups:
+    """What each unit adds to its block's output (``sizes``) and the leader of the group it is counted with
+    (``leader``, itself where alone)."""
+
+    sizes: np.ndarray
+    leader: np.ndarray
+
+
+def output_groups(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.ndarray | None = None) -> OutputGroups:
     """How much each unit adds to its block's output, counted with the units that write along one direction with it:
     units whose write rows agree to `SAME_OUTPUT_COSINE` (up to sign; bounded groups, the largest unit leading) add
     as one, and every member counts for the size of their summed output, the Frobenius norm of sum_u h_u w_u^T
@@ -138,13 +152,13 @@ def output_sizes(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.ndar
     w_dirs = w / np.where(w_size > 0, w_size, 1.0)[:, None]
     first, second = close_pairs([RowView(w_dirs, sign_free=True)], SAME_OUTPUT_COSINE)
     if not first.size:
-        return sizes
+        return OutputGroups(sizes, np.arange(sizes.size))
     leader = leader_groups(sizes.size, first, second, leader_order(h_size * w_size, h_dirs))
     grouped = np.flatnonzero(np.bincount(leader, minlength=leader.size)[leader] > 1)
     order = grouped[np.argsort(leader[grouped], kind="stable")]
     for members in np.split(order, np.flatnonzero(np.diff(leader[order])) + 1):
         sizes[members] = np.linalg.norm(out[members].T @ w[members])
-    return sizes
+    return OutputGroups(sizes, leader)
 
 
 @dataclass(frozen=True)
