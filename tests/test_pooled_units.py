@@ -47,7 +47,7 @@ def expert_block(rng: np.random.Generator, experts: int, units: int, noise: floa
 
 
 def kept_rows(block: list[MLPActivations]) -> np.ndarray:
-    return pooled_rows(block_contributions(block, "silu"))
+    return pooled_rows(block_contributions(block, "silu").sizes)
 
 
 def pooled_log10_p(a: list[MLPActivations], b: list[MLPActivations], labelled: bool = True) -> float:
@@ -160,7 +160,7 @@ def test_units_large_as_stored_but_gated_to_nothing_neither_fill_the_pool_nor_le
     rows = kept_rows(copy)
     real = np.concatenate([np.arange(64) + k * (64 + POOLED_UNITS) for k in range(4)])
     assert set(real.tolist()) <= set(rows.tolist())
-    weights = block_contributions(copy, "silu")
+    weights = block_contributions(copy, "silu").sizes
     paired = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy], weights_b=weights)
     assert paired.pairs == [(k, k) for k in range(4)]
     unweighed = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy])
@@ -207,7 +207,7 @@ def test_loud_pairs_whose_outputs_cancel_neither_fill_the_pool_nor_lead_the_pair
         copy_writes.append(np.concatenate([w, ghost_writes]))
         copy.append(_with_writes(MLPActivations(np.concatenate([m.gate, ghosts.gate]),
                                                 np.concatenate([m.up, ghosts.up])), copy_writes[-1], read_on))
-    weights = block_contributions(copy, "silu")
+    weights = block_contributions(copy, "silu").sizes
     real = np.concatenate([np.arange(64) + k * (64 + POOLED_UNITS) for k in range(4)])
     assert set(real.tolist()) <= set(pooled_rows(weights).tolist())
     alone = np.concatenate([np.linalg.norm(m.hidden("silu"), axis=1) * np.linalg.norm(w, axis=1)
@@ -245,7 +245,7 @@ def test_net_write_sizes_are_unchanged_by_output_preserving_rescales() -> None:
     scale = (2.0 ** rng.integers(-40, 41, 32)).astype(np.float32)
     before = _with_writes(MLPActivations(gate, up), columns, "columns")
     after = _with_writes(MLPActivations(gate, up * scale[:, None]), columns / scale[:, None], "columns")
-    np.testing.assert_allclose(*(block_contributions([m], "silu")[0] for m in (after, before)), rtol=1e-5)
+    np.testing.assert_allclose(*(block_contributions([m], "silu").sizes[0] for m in (after, before)), rtol=1e-5)
     np.testing.assert_allclose(before.written, np.linalg.norm(columns, axis=1), rtol=1e-5)
 
 
@@ -294,8 +294,8 @@ def test_loud_units_that_cancel_across_routed_and_shared_experts_do_not_fill_the
     sizes = [m.gate.shape[0] for m in block]
     real_rows = np.concatenate([np.arange(real) + sum(sizes[:k]) for k in range(experts + 1)])
     assert sum(sizes) > POOLED_UNITS + real * (experts + 1)
-    assert set(real_rows.tolist()) <= set(pooled_rows(block_contributions(block, "silu")).tolist())
-    each_alone = [block_contributions([m], "silu")[0] for m in block]
+    assert set(real_rows.tolist()) <= set(pooled_rows(block_contributions(block, "silu").sizes).tolist())
+    each_alone = [block_contributions([m], "silu").sizes[0] for m in block]
     assert not set(real_rows.tolist()) <= set(pooled_rows(each_alone).tolist())  # what reading the block answers
 
 
@@ -325,9 +325,9 @@ def test_units_repeated_in_every_expert_do_not_lead_the_pairing() -> None:
                            np.concatenate([m.up, up]).astype(np.float32), write=np.concatenate([m.write, write]))
             for m in rolled]
     truth = [(k, (k - 1) % 4) for k in range(4)]
-    distinct = block_contributions(copy, "silu", distinct=True)
+    distinct = block_contributions(copy, "silu").distinct
     paired = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy], weights_b=distinct)
     assert sorted(paired.pairs) == truth
     alike = pair_experts([(m.gate, m.up) for m in original], [(m.gate, m.up) for m in copy],
-                         weights_b=block_contributions(copy, "silu"))
+                         weights_b=block_contributions(copy, "silu").sizes)
     assert sorted(alike.pairs) != truth  # what leaving them out answers

@@ -24,13 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-import numpy as np
-
 from scanner.errors import IncomparableError
 from scanner.fingerprints.fingerprint import Fingerprint
 from scanner.fingerprints.shared_vocab import is_shared_string_input_set, shared_inputs_note
 from scanner.pairs.results import LayerResult, PairTestResult
-from scanner.reading.activations import MLPActivations, block_contributions, pooled_activations
+from scanner.reading.activations import BlockContributions, MLPActivations, block_contributions, pooled_activations
 from scanner.reading.canonical_mlp import odd_linear
 from scanner.stats.experts import ExpertPairing, pair_block_experts
 from scanner.stats.independence import BlockTest, fisher
@@ -199,7 +197,7 @@ def block_pooled(fp: Fingerprint, layer: int) -> MLPActivations:
         return mlps[0]
     cache = fp.__dict__.setdefault("_pooled", {})
     if layer not in cache:
-        cache[layer] = pooled_activations(mlps, pooled_rows(contributions(fp, layer)))
+        cache[layer] = pooled_activations(mlps, pooled_rows(contributions(fp, layer).sizes))
     return cache[layer]
 
 
@@ -210,19 +208,17 @@ def pair_fingerprint_experts(a: Fingerprint, b: Fingerprint, layer_a: int, layer
     return pair_block_experts(
         [(x.gate, x.up) for x in a.blocks[layer_a]], [(y.gate, y.up) for y in b.blocks[layer_b]],
         a.meta.routed_experts(layer_a), b.meta.routed_experts(layer_b),
-        weights_b=contributions(b, layer_b, distinct=True) if len(b.blocks[layer_b]) > 1 else None,
+        weights_b=contributions(b, layer_b).distinct if len(b.blocks[layer_b]) > 1 else None,
     )
 
 
-def contributions(fp: Fingerprint, layer: int, distinct: bool = False) -> list[np.ndarray]:
+def contributions(fp: Fingerprint, layer: int) -> BlockContributions:
     """What each unit of each MLP of block ``layer`` adds to its output (scanner.reading.activations.
-    block_contributions; ``distinct``: units counted with another MLP's as nothing), made once per fingerprint,
-    block and kind."""
+    block_contributions), made once per fingerprint and block."""
     cache = fp.__dict__.setdefault("_contributions", {})
-    if (layer, distinct) not in cache:
-        cache[layer, distinct] = block_contributions(fp.blocks[layer], fp.meta.hidden_act, fp.meta.mlp_kind,
-                                                     distinct=distinct)
-    return cache[layer, distinct]
+    if layer not in cache:
+        cache[layer] = block_contributions(fp.blocks[layer], fp.meta.hidden_act, fp.meta.mlp_kind)
+    return cache[layer]
 
 
 # -- stages 3 and 4: screen and match ----------------------------------------------------------------------------

@@ -105,8 +105,19 @@ class MLPActivations:
         return (hidden if kind == "plain" else hidden * torch.from_numpy(self.values("up")).double()).numpy()
 
 
-def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: str = "gated", *,
-                        distinct: bool = False) -> list[np.ndarray]:
+@dataclass(frozen=True)
+class BlockContributions:
+    """What each unit of a block's MLPs adds to the block's output (`block_contributions`), one array per MLP:
+    ``sizes``, which choose the units a block pools; ``distinct``, the same with units counted with units of another
+    MLP as nothing: what tells one expert from another, which the expert pairing weighs (a unit repeated in every
+    expert made every expert's largest units alike, and the pairing fell to stored order: bench/redteam/canonical61,
+    canonical62)."""
+
+    sizes: list[np.ndarray]
+    distinct: list[np.ndarray]
+
+
+def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: str = "gated") -> BlockContributions:
     """How much each unit of a block's MLPs adds to the block's output on the canonical tokens, float64, one array per
     MLP: its hidden row (what the output map reads, `hidden`, the gate's activation included) as the block weighs it
     (its expert's routing weight on each token, `weight`) times its write size; `magnitude` where the activation is
@@ -119,12 +130,10 @@ def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: s
     shared expert's units take back (bench/redteam/canonical61, canonical62). Where it was not (several streams), the
     fingerprint kept each unit's share of its MLP's such sums (`net_written`), and units are not summed across MLPs.
     Where a router weighs an expert's input rather than its output (Llama 4), its weight is read as if it weighed the
-    output: a ranking of units, not the block's exact output. ``distinct``: units counted with units of another MLP
-    count for nothing: what tells one expert from another, which the expert pairing weighs (a unit repeated in every
-    expert made every expert's largest units alike, and the pairing fell to stored order: bench/redteam/canonical61,
-    canonical62)."""
+    output: a ranking of units, not the block's exact output. Both readings come from one grouping."""
     if activation not in ACT2FN:
-        return [mlp.magnitude() for mlp in mlps]
+        sizes = [mlp.magnitude() for mlp in mlps]
+        return BlockContributions(sizes, sizes)
     hidden = [mlp.hidden(activation, kind) for mlp in mlps]
     weighed_rows = [h if mlp.weight is None else h * np.asarray(mlp.weight, dtype=np.float64)[None, :]
                     for h, mlp in zip(hidden, mlps, strict=True)]
@@ -132,17 +141,17 @@ def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: s
     if all(mlp.write is not None for mlp in mlps):
         groups = output_groups(np.concatenate(hidden), np.concatenate([mlp.values("write") for mlp in mlps]),
                                weighed_hidden=np.concatenate(weighed_rows))
-        sizes = groups.sizes
-        if distinct:
-            owner = np.repeat(np.arange(len(mlps)), counts)
-            lowest, highest = owner.copy(), owner.copy()
-            np.minimum.at(lowest, groups.leader, owner)
-            np.maximum.at(highest, groups.leader, owner)
-            sizes = np.where(lowest[groups.leader] != highest[groups.leader], 0.0, sizes)
-        return np.split(sizes, np.cumsum(counts)[:-1])
+        owner = np.repeat(np.arange(len(mlps)), counts)
+        lowest, highest = owner.copy(), owner.copy()
+        np.minimum.at(lowest, groups.leader, owner)
+        np.maximum.at(highest, groups.leader, owner)
+        distinct = np.where(lowest[groups.leader] != highest[groups.leader], 0.0, groups.sizes)
+        splits = np.cumsum(counts)[:-1]
+        return BlockContributions(np.split(groups.sizes, splits), np.split(distinct, splits))
     alone = [np.linalg.norm(rows, axis=1) for rows in weighed_rows]
     writes = [mlp._write_sizes() for mlp in mlps]
-    return [size if w is None else size * w for size, w in zip(alone, writes, strict=True)]
+    sizes = [size if w is None else size * w for size, w in zip(alone, writes, strict=True)]
+    return BlockContributions(sizes, sizes)
 
 
 def weighed(views: list[MLPActivations], weights: Sequence[torch.Tensor | None]) -> list[MLPActivations]:
