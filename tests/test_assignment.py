@@ -67,10 +67,12 @@ def test_rectangular_pruned_pair_matches_scipy(dependent: bool) -> None:
     assert similarity.shape == (700, 1200)
     result = solve_assignment(similarity)
     _assert_same_as_scipy(similarity, result)
-    assert result.stats.method == "sparse"
-    assert result.stats.solver == "scipy-sparse"
-    if dependent:
+    if dependent:  # every kept unit's best match is its own original: no solver needed
+        assert result.stats.method == "row-maxima"
         assert np.mean(result.col_ind == kept) > 0.99
+    else:
+        assert result.stats.method == "sparse"
+        assert result.stats.solver == "scipy-sparse"
 
 
 def _band_adversary(n: int, half: int, seed: int) -> np.ndarray:
@@ -87,6 +89,40 @@ def _band_adversary(n: int, half: int, seed: int) -> np.ndarray:
     similarity[rows, rows] = np.where(prefers_next, 1.0, 1.1) + 1e-3 * rng.random(n)
     similarity[rows, (rows + 1) % n] = np.where(prefers_next, 1.1, 1.0) + 1e-3 * rng.random(n)
     return similarity
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_rows_whose_maxima_fall_in_distinct_columns_take_them_without_a_solve(device: str | None) -> None:
+    rng = np.random.default_rng(14)
+    a = _gaussian(rng, 1000, 128)
+    b = a[rng.permutation(1000)] + 1.0 * _gaussian(rng, 1000, 128)
+    similarity = cosine_similarity_matrix(a, b, device=device)
+    dense = similarity if device is None else similarity.numpy()
+    assert np.unique(dense.argmax(axis=1)).size == 1000  # the premise: no two rows share a best column
+    result = solve_assignment(similarity)
+    _assert_same_as_scipy(dense, result)
+    assert result.stats.method == "row-maxima" and result.stats.rounds == 0 and result.stats.gap_bound == 0.0
+    assert "candidates" not in result.stats.seconds  # no candidate graph was built
+
+
+def test_two_rows_sharing_a_best_column_go_on_to_the_certified_solve() -> None:
+    rng = np.random.default_rng(15)
+    similarity = 0.1 * rng.random((1000, 1000))
+    similarity[np.arange(1000), rng.permutation(1000)] = 0.9  # row maxima in distinct columns ...
+    similarity[1, :] = similarity[0, :] - 0.01 * rng.random(1000)  # ... but row 1's best is row 0's
+    result = solve_assignment(similarity)
+    _assert_same_as_scipy(similarity, result)
+    assert result.stats.method == "sparse"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_nan_or_inf_is_refused_even_where_the_maxima_fall_in_distinct_columns(bad: float) -> None:
+    similarity = np.eye(300) + 0.01 * np.random.default_rng(16).random((300, 300))
+    similarity[3, 3] = bad  # NaN and +inf both count as row 3's maximum, in its own column
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        max_weight_assignment(similarity)
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        max_weight_assignment(torch.from_numpy(similarity))
 
 
 def test_adversarial_top_k_forces_enlargement_then_certifies() -> None:

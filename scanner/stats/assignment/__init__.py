@@ -9,6 +9,9 @@ that the answer is optimal for the dense problem.
 
 How
 ---
+0. Row maxima. Where every row's largest entry lies in a column no other row's does, taking them all is optimal:
+   no assignment totals more than the sum of the rows' maxima (stats.method == "row-maxima"; one pass over the
+   matrix). Related blocks end here, a permuted copy or a close fine-tune; the rest go on.
 1. Candidates. Row i gets a threshold t_i and keeps every entry s_ij > t_i (about ``candidates`` of
    them: t_i is estimated from a sample of the row's columns, and taken exactly, as the
    (candidates+1)-th largest entry, where the estimate gives fewer than candidates/2 or more than

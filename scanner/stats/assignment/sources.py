@@ -28,6 +28,11 @@ class SimilaritySource(Protocol):
         estimate from a sample keeps fewer than ``kmin`` or more than ``kmax``). Raises ValueError on NaN/+inf."""
         ...
 
+    def row_maxima(self) -> tuple[np.ndarray, np.ndarray]:
+        """(column, float64 value) of each row's largest entry, the first where several tie; a NaN counts as the
+        largest (as numpy's and torch's argmax count it), so a matrix holding one shows it in the values."""
+        ...
+
     def exact_thresholds(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
         """The (ks+1)-th largest entry of each given row (-inf for rows shorter than that)."""
         ...
@@ -114,6 +119,10 @@ class NumpySource:
         np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
         return thr, indptr, np.concatenate(cols_out).astype(np.int32), values
 
+    def row_maxima(self) -> tuple[np.ndarray, np.ndarray]:
+        columns = np.argmax(self.s, axis=1)
+        return columns, self.s[np.arange(self.shape[0]), columns].astype(np.float64)
+
     def exact_thresholds(self, rows: np.ndarray, ks: np.ndarray) -> np.ndarray:
         out = np.empty(rows.size, dtype=self.s.dtype)
         for k in np.unique(ks):
@@ -183,6 +192,10 @@ class TorchSource:
         indptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         return thr_np, indptr, indices, values
+
+    def row_maxima(self) -> tuple[np.ndarray, np.ndarray]:
+        values, columns = self.t.max(dim=1)
+        return columns.cpu().numpy(), values.to(self.torch.float64).cpu().numpy()
 
     def _kth_largest(self, block: Any, k: int) -> Any:
         if k > block.shape[1]:
