@@ -250,7 +250,7 @@ def test_an_actor_the_cluster_has_no_room_for_gets_no_model_and_the_scan_says_so
 
 def test_a_scan_none_of_whose_actors_can_start_stops_with_the_reason(zoo, local_ray, tmp_path):
     root = copy_models(zoo, SUBSET[:1], tmp_path / "hub")
-    config = scan_config(root, tmp_path / "out", ray={"actor_start_timeout_s": 10})
+    config = scan_config(root, tmp_path / "out", ray={"actor_start_timeout_s": 2})
     squatters = _squat(2)
     try:
         with pytest.raises(WorkersNotStartedError) as refused:
@@ -258,7 +258,7 @@ def test_a_scan_none_of_whose_actors_can_start_stops_with_the_reason(zoo, local_
     finally:
         for squatter in squatters:
             ray.kill(squatter)
-    assert str(refused.value) == ("none of the 2 fingerprint actors started within 10 s (ray.actor_start_timeout_s), "
+    assert str(refused.value) == ("none of the 2 fingerprint actors started within 2 s (ray.actor_start_timeout_s), "
                                   "each asking for 1 CPU(s); the cluster has 0 CPU, 2 GPU free of 2 CPU, 2 GPU")
     run = query(config.db_path, "SELECT status, summary FROM scan_runs")
     assert run["status"].to_list() == ["failed"] and str(refused.value) in run["summary"][0]

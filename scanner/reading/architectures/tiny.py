@@ -155,10 +155,14 @@ def _fields_only(shrunk: dict[str, Any], default: dict[str, Any], config_class: 
     """The shrunk dict without what the class derives in `__post_init__` from the widths, which from_dict would set
     back to the default model's value: attributes that are no field (Zamba2's mamba_headdim, DeepSeek's qk_head_dim),
     and fields declared None that the default config filled in and the shrink left alone (Zamba's
-    attention_hidden_size, RWKV's)."""
+    attention_hidden_size, RWKV's). A key the dict holds under another name than its field's (`attribute_map`: Bailing
+    Hybrid's field num_local_experts is stored as num_experts) is that field's: dropped, it would leave the default
+    model's 512 experts in a tiny one."""
     if not dataclasses.is_dataclass(config_class):
         return shrunk
     fields = {f.name: f for f in dataclasses.fields(config_class)}
+    fields |= {stored: fields[name] for name, stored in (getattr(config_class, "attribute_map", None) or {}).items()
+               if name in fields and stored not in fields}
     kept = {}
     for key, value in shrunk.items():
         field = fields.get(key)
