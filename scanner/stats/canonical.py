@@ -31,8 +31,9 @@ import numpy as np
 
 #: Candidate pairs come from a sketch of each row in `_SKETCH` dimensions (a fixed Gaussian projection), checked in
 #: full; `_SKETCH_MARGIN` below the bar keeps every pair at the bar but for a chance below 1e-4 (the sketch's cosine
-#: errs by about (1 - c^2) / sqrt(_SKETCH)); `_CHUNK` rows at a time bound the memory.
-_SKETCH, _SKETCH_MARGIN, _CHUNK, _SEED = 32, 0.25, 2048, 20261126
+#: errs by about (1 - c^2) / sqrt(_SKETCH)); `_CHUNK` rows at a time, fewer where a chunk's similarities would pass
+#: `_CHUNK_ENTRIES` (a DeepSeek-V3 block's 526,336 units: 2,048 rows took 4.3 GB), bound the memory.
+_SKETCH, _SKETCH_MARGIN, _CHUNK, _CHUNK_ENTRIES, _SEED = 32, 0.25, 2048, 1 << 28, 20261126
 #: Candidate pairs checked in full at a time: their rows gathered take _CHECK x dims x 8 bytes (134 MB at 256 tokens),
 #: however many candidates there are (a real model's gates on the canonical tokens: up to a third of all pairs).
 _CHECK = 65536
@@ -60,8 +61,9 @@ def close_pairs(views: Sequence[RowView], cosine: float) -> tuple[np.ndarray, np
     bar = cosine - _SKETCH_MARGIN
     firsts, seconds = [], []
     first = torch.from_numpy(sketches[0])
-    for start in range(0, units, _CHUNK):  # torch: its threaded products and comparisons are several times numpy's
-        similarity = first[start:start + _CHUNK] @ first.T
+    chunk = max(1, min(_CHUNK, _CHUNK_ENTRIES // units))
+    for start in range(0, units, chunk):  # torch: its threaded products and comparisons are several times numpy's
+        similarity = first[start:start + chunk] @ first.T
         found = torch.nonzero((similarity.abs_() if views[0].sign_free else similarity) >= bar).numpy()
         rows, cols = found[:, 0] + start, found[:, 1]
         later = cols > rows
@@ -148,11 +150,12 @@ def output_groups(hidden: np.ndarray, writes: np.ndarray, weighed_hidden: np.nda
     out = h if weighed_hidden is None else np.asarray(weighed_hidden, dtype=np.float64)
     h_size, w_size = np.linalg.norm(h, axis=1), np.linalg.norm(w, axis=1)
     sizes = np.linalg.norm(out, axis=1) * w_size
-    h_dirs = h / np.where(h_size > 0, h_size, 1.0)[:, None]
     w_dirs = w / np.where(w_size > 0, w_size, 1.0)[:, None]
     first, second = close_pairs([RowView(w_dirs, sign_free=True)], SAME_OUTPUT_COSINE)
+    del w_dirs  # a whole MoE block's units: each such copy is a gigabyte at DeepSeek-V3's shape
     if not first.size:
         return OutputGroups(sizes, np.arange(sizes.size))
+    h_dirs = h / np.where(h_size > 0, h_size, 1.0)[:, None]
     leader = leader_groups(sizes.size, first, second, leader_order(h_size * w_size, h_dirs))
     grouped = np.flatnonzero(np.bincount(leader, minlength=leader.size)[leader] > 1)
     order = grouped[np.argsort(leader[grouped], kind="stable")]
