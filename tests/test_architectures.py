@@ -176,6 +176,14 @@ def _save_three(model_type: str, task: Task, base: Path, copy: Path, other: Path
     model.save_pretrained(other)
 
 
+@pytest.mark.parametrize("model_type", ["bailing_hybrid", "kimi_linear", "kolibri1", "qwen3_moe", "mellum"])
+def test_a_tiny_config_has_few_experts_whatever_name_the_class_stores_them_under(model_type: str) -> None:
+    """These classes store their expert count under another name than its field's (`attribute_map`); the shrink
+    once dropped it, and the type was built with its default model's 64 to 512 experts (the table's slowest shard)."""
+    stored = tiny_config(model_type).to_dict()
+    assert max(value for key, value in stored.items() if key in ("num_experts", "num_local_experts")) <= 4
+
+
 def test_a_refused_architecture_is_one_clear_error(tmp_path: Path) -> None:
     for model_type, words in (("mamba", "no feed-forward"), ("reformer", "not verified")):
         _save(model_type, tmp_path / model_type, seed=0)
