@@ -125,7 +125,7 @@ def block_contributions(mlps: Sequence[MLPActivations], activation: str, kind: s
     for the size of its up row: units built to look large (an up row and an output column 1e6 times a real unit's
     behind a gate 2^-20 of one) come last (bench/redteam/canonical59). Where every MLP's write view was read, units
     that write along one direction, in one MLP or several, count together, each for the size of their summed output
-    (scanner.stats.canonical.output_sizes): two loud units whose outputs cancel count for nothing
+    (scanner.stats.canonical.output_groups): two loud units whose outputs cancel count for nothing
     (bench/redteam/canonical60), and so do loud units in every routed expert whose weights always sum to what a
     shared expert's units take back (bench/redteam/canonical61, canonical62). Where it was not (several streams), the
     fingerprint kept each unit's share of its MLP's such sums (`net_written`), and units are not summed across MLPs.
